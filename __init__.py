@@ -1,0 +1,24 @@
+"""shardplan: a compiler-style sharding planner for ML computation graphs.
+
+``import shardplan`` needs neither torch nor jax; only ``shardplan.frontend`` imports them, lazily.
+"""
+
+from .api import plan
+from .ir import (
+    Graph,
+    InfeasiblePlanError,
+    Mesh,
+    Origin,
+    Role,
+    Sharding,
+    ShardplanError,
+    TensorType,
+    UnsupportedOpWarning,
+)
+from .solver.plan import Plan, load_plan
+
+__version__ = "0.1.0"
+__all__ = [
+    "Graph", "InfeasiblePlanError", "Mesh", "Origin", "Plan", "Role", "Sharding", "ShardplanError",
+    "TensorType", "UnsupportedOpWarning", "load_plan", "plan",
+]  # fmt: skip

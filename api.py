@@ -1,0 +1,59 @@
+"""``shardplan.plan``: the one entry point, for IR graphs, torch modules and JAX callables."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any
+
+from .ir import FrontendError, Graph, Mesh, Sharding
+from .solver.plan import Plan
+
+
+def _is_torch_module(obj: object) -> bool:
+    return any(c.__module__.startswith("torch.nn") for c in type(obj).__mro__)
+
+
+def plan(
+    model_or_fn: Any,
+    *example_args: Any,
+    mesh: Mesh,
+    pins: Mapping[str, Sharding] | None = None,
+    memory_limit: float | None = None,
+    time_limit: float = 30.0,
+    **options: Any,
+) -> Plan:
+    """Plan shardings for a model on ``mesh``.
+
+    Args:
+      model_or_fn: an IR ``Graph``, a ``torch.nn.Module`` (training step captured by default),
+        or a JAX callable.
+      example_args: example inputs; real, meta/fake tensors or ``jax.ShapeDtypeStruct``.
+      mesh: the device mesh and cluster.
+      pins: value name or origin path -> required sharding (GSPMD-style user constraints).
+      memory_limit: per-device bytes; defaults to the cluster's device memory.
+      time_limit: solver wall-clock limit in seconds.
+      options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``).
+    Returns:
+      the Plan (``print(plan)`` shows it).
+    """
+    from .solver.planner import plan_graph
+
+    context: object | None = None
+    if isinstance(model_or_fn, Graph):
+        graph = model_or_fn
+    elif _is_torch_module(model_or_fn):
+        from .frontend.torch.capture import capture
+
+        graph, context = capture(model_or_fn, *example_args, **options)
+    elif callable(model_or_fn):
+        from .frontend.jax.capture import capture
+
+        graph, context = capture(model_or_fn, *example_args, **options)
+    else:
+        raise FrontendError(
+            f"cannot plan a {type(model_or_fn).__name__}: pass an IR Graph, a torch.nn.Module "
+            "with example inputs, or a JAX callable with example arguments"
+        )
+    result = plan_graph(graph, mesh, pins=pins, memory_limit=memory_limit, time_limit=time_limit)
+    result.frontend_context = context
+    return result

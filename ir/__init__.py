@@ -1,0 +1,24 @@
+"""The sharding IR: meshes, types, shardings, factor rules, ops and graphs (no torch, no jax)."""
+
+from .errors import (
+    FrontendError,
+    InfeasiblePlanError,
+    IRParseError,
+    IRVerifyError,
+    ShardingError,
+    ShardplanError,
+    UnsupportedOpWarning,
+)
+from .graph import Graph, Op, Origin, Role, Use, Value
+from .mesh import Mesh
+from .registry import known_kinds, op_flops, op_info, register_rule, rule_for
+from .rules import ShardingRule
+from .sharding import Sharding
+from .types import DTYPE_BYTES, TensorType
+
+__all__ = [
+    "DTYPE_BYTES", "FrontendError", "Graph", "IRParseError", "IRVerifyError", "InfeasiblePlanError",
+    "Mesh", "Op", "Origin", "Role", "ShardingError", "ShardingRule", "Sharding", "ShardplanError",
+    "TensorType", "UnsupportedOpWarning", "Use", "Value", "known_kinds", "op_flops", "op_info",
+    "register_rule", "rule_for",
+]  # fmt: skip

@@ -1,0 +1,31 @@
+"""The error hierarchy: every failure a user can see is a ShardplanError with a hint."""
+
+from __future__ import annotations
+
+
+class ShardplanError(Exception):
+    """Base of every error shardplan raises on purpose (never a bare stack trace from deep inside)."""
+
+
+class IRVerifyError(ShardplanError):
+    """The graph breaks an IR invariant (types, shardings, use lists, rule arity)."""
+
+
+class IRParseError(ShardplanError):
+    """The text form could not be parsed; the message shows line:column and a caret."""
+
+
+class ShardingError(ShardplanError):
+    """A sharding is malformed or does not fit a shape (indivisible, axis used twice, unknown axis)."""
+
+
+class InfeasiblePlanError(ShardplanError):
+    """No plan satisfies the constraints (memory budget, pins); says the minimum needed."""
+
+
+class FrontendError(ShardplanError):
+    """The model or function could not be captured or emitted by a framework binding."""
+
+
+class UnsupportedOpWarning(UserWarning):
+    """An op has no sharding rule; it was given the safe all-need-replication rule."""

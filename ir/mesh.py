@@ -1,0 +1,77 @@
+"""Logical device mesh: ordered named axes (outer/major first)."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping
+from dataclasses import dataclass
+
+from .errors import ShardingError
+
+
+@dataclass(frozen=True, slots=True, init=False)
+class Mesh:
+    """An ordered set of named mesh axes and the cluster the devices belong to.
+
+    Invariants:
+      - axis names are unique identifiers, sizes are >= 1;
+      - order is major -> minor (row-major device numbering); the cost model maps the
+        innermost axes inside a node and the outer ones across nodes.
+
+    Example: ``Mesh({"dp": 8, "tp": 8}, cluster="h100-sxm")`` prints as ``<["dp"=8, "tp"=8]>``.
+    """
+
+    axes: tuple[tuple[str, int], ...]
+    """(name, size) pairs, major to minor."""
+    cluster: str
+    """Name of a cluster in the cost-model catalogue (or a user cluster registered there)."""
+
+    def __init__(
+        self,
+        axes: Mapping[str, int] | Iterable[tuple[str, int]],
+        cluster: str = "cpu-test",
+    ) -> None:
+        pairs = tuple(axes.items()) if isinstance(axes, Mapping) else tuple(axes)
+        pairs = tuple((str(name), int(size)) for name, size in pairs)
+        names = [name for name, _ in pairs]
+        if len(set(names)) != len(names):
+            raise ShardingError(f"mesh axis names must be unique, got {names}")
+        for name, size in pairs:
+            if not name.isidentifier():
+                raise ShardingError(f"mesh axis name {name!r} must be an identifier like 'dp'")
+            if size < 1:
+                raise ShardingError(f"mesh axis {name!r} has size {size}; sizes must be >= 1")
+        object.__setattr__(self, "axes", pairs)
+        object.__setattr__(self, "cluster", cluster)
+
+    @property
+    def axis_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.axes)
+
+    @property
+    def shape(self) -> dict[str, int]:
+        return dict(self.axes)
+
+    @property
+    def size(self) -> int:
+        return math.prod(size for _, size in self.axes)
+
+    def axis_size(self, name: str) -> int:
+        for axis, size in self.axes:
+            if axis == name:
+                return size
+        raise ShardingError(f"unknown mesh axis {name!r}; the mesh has axes {list(self.axis_names)}")
+
+    def group_size(self, names: Iterable[str]) -> int:
+        """Number of devices in one group spanning the given axes."""
+        return math.prod(self.axis_size(name) for name in names)
+
+    def axis_index(self, name: str) -> int:
+        self.axis_size(name)
+        return self.axis_names.index(name)
+
+    def __str__(self) -> str:
+        return "<[" + ", ".join(f'"{name}"={size}' for name, size in self.axes) + "]>"
+
+    def __repr__(self) -> str:
+        return f"Mesh({dict(self.axes)!r}, cluster={self.cluster!r})"

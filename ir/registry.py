@@ -1,0 +1,495 @@
+"""The rule registry: canonical op kind -> sharding rule builder (and a FLOP estimate).
+
+Adding an op is one line::
+
+    register_rule("gelu", elementwise)              # shape-generic builder
+    register_rule("dot", "ik,kj->ij", flops="dot")  # fixed factor spec
+
+A builder gets the operand and result types and the op attributes and returns a ShardingRule.
+An unknown kind gets the safe rule (every factor need-replication) and an UnsupportedOpWarning.
+"""
+
+from __future__ import annotations
+
+import math
+import warnings
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .errors import IRVerifyError, UnsupportedOpWarning
+from .rules import FACTOR_LETTERS, ShardingRule, TensorFactors
+from .types import TensorType
+
+Types = Sequence[TensorType]
+Attrs = Mapping[str, object]
+RuleBuilder = Callable[[Types, Types, Attrs], ShardingRule]
+FlopModel = str  # "dot": 2 x product of factor sizes; "elementwise": result elements; "attention"; "none"
+
+
+@dataclass(frozen=True, slots=True)
+class OpInfo:
+    build: RuleBuilder
+    flops: FlopModel = "elementwise"
+    linear: bool = False
+    """Partial (pending-sum) operands may flow through unchanged (reshape, add, convert...)."""
+
+
+_REGISTRY: dict[str, OpInfo] = {}
+
+
+def register_rule(
+    kind: str,
+    rule: str | RuleBuilder,
+    need_replication: str = "",
+    flops: FlopModel = "elementwise",
+    linear: bool = False,
+) -> None:
+    """Register a canonical op: a fixed spec like ``"ik,kj->ij"`` or a builder function."""
+    if isinstance(rule, str):
+        spec = rule
+
+        def build(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+            return ShardingRule.from_spec(
+                spec, [t.shape for t in ins], [t.shape for t in outs], need_replication
+            )
+
+        _REGISTRY[kind] = OpInfo(build, flops, linear)
+    else:
+        _REGISTRY[kind] = OpInfo(rule, flops, linear)
+
+
+def known_kinds() -> list[str]:
+    return sorted(_REGISTRY)
+
+
+def op_info(kind: str) -> OpInfo | None:
+    return _REGISTRY.get(kind)
+
+
+def rule_for(kind: str, ins: Types, outs: Types, attrs: Attrs, origin: object = "") -> ShardingRule:
+    """The rule for one op; unknown kinds get the safe rule and a warning naming op and origin."""
+    info = _REGISTRY.get(kind)
+    if info is None:
+        where = f" at {origin}" if str(origin) else ""
+        warnings.warn(
+            f"no sharding rule for op {kind!r}{where}; it will run replicated "
+            "(register one with shardplan.ir.register_rule to let it shard)",
+            UnsupportedOpWarning,
+            stacklevel=3,
+        )
+        return replicated_rule(ins, outs)
+    return info.build(ins, outs, attrs)
+
+
+def op_flops(kind: str, rule: ShardingRule, ins: Types, outs: Types) -> float:
+    """Global FLOPs of one op, from its factor sizes (sharding divides them evenly)."""
+    info = _REGISTRY.get(kind)
+    model = info.flops if info else "elementwise"
+    if model == "dot":
+        return 2.0 * math.prod(rule.size_of.values())
+    if model == "attention":  # QK^T and PV: 2*b*h*s*t*(d+e) over the factors b,h,s,t,d,e
+        return 2.0 * math.prod(rule.size_of.values()) / rule.size_of["d"] * 2
+    if model == "attention_backward":
+        return 2.5 * 4.0 * math.prod(rule.size_of.values()) / rule.size_of["d"]
+    if model == "none":
+        return 0.0
+    return float(sum(t.numel for t in outs))
+
+
+# -- rule builders ---------------------------------------------------------------------------
+
+
+def _letters(n: int) -> list[str]:
+    if n > len(FACTOR_LETTERS):
+        raise IRVerifyError(f"an op with {n} factors exceeds the {len(FACTOR_LETTERS)} rule letters")
+    return list(FACTOR_LETTERS[:n])
+
+
+def _make(
+    operands: list[list[tuple[str, ...]]],
+    results: list[list[tuple[str, ...]]],
+    sizes: dict[str, int],
+    need_replication: set[str] | frozenset[str] = frozenset(),
+) -> ShardingRule:
+    order: list[str] = []
+    for t in operands + results:
+        for dim in t:
+            order.extend(f for f in dim if f not in order)
+    return ShardingRule(
+        tuple(tuple(t) for t in operands),
+        tuple(tuple(t) for t in results),
+        tuple((f, sizes[f]) for f in order),
+        frozenset(need_replication) & frozenset(order),
+    )
+
+
+def replicated_rule(ins: Types, outs: Types) -> ShardingRule:
+    """Safe rule: every dimension its own need-replication factor."""
+    letters = iter(_letters(sum(t.rank for t in list(ins) + list(outs))))
+    sizes: dict[str, int] = {}
+    tensors = []
+    for t in list(ins) + list(outs):
+        dims = []
+        for size in t.shape:
+            f = next(letters)
+            sizes[f] = size
+            dims.append((f,))
+        tensors.append(dims)
+    return _make(tensors[: len(ins)], tensors[len(ins) :], sizes, set(sizes))
+
+
+def _broadcast_map(t: TensorType, result: TensorType, letters: list[str]) -> list[tuple[str, ...]]:
+    """Right-aligned (numpy) broadcasting of ``t`` against the result's factor letters."""
+    offset = result.rank - t.rank
+    if offset < 0:
+        raise IRVerifyError(f"operand {t} has higher rank than the elementwise result {result}")
+    dims: list[tuple[str, ...]] = []
+    for i, size in enumerate(t.shape):
+        full = result.shape[offset + i]
+        if size == full:
+            dims.append((letters[offset + i],))
+        elif size == 1:
+            dims.append(())
+        else:
+            raise IRVerifyError(f"operand {t} does not broadcast to {result}")
+    return dims
+
+
+def elementwise(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """n-ary elementwise with numpy broadcasting; every result has the same shape."""
+    out = max(outs, key=lambda t: t.rank) if outs else max(ins, key=lambda t: t.rank)
+    letters = _letters(out.rank)
+    sizes = dict(zip(letters, out.shape, strict=True))
+    operands = [_broadcast_map(t, out, letters) for t in ins]
+    results = [_broadcast_map(t, out, letters) for t in outs]
+    return _make(operands, results, sizes)
+
+
+def _axes(attrs: Attrs, key: str, rank: int, default: Sequence[int]) -> list[int]:
+    value = attrs.get(key, tuple(default))
+    axes = [value] if isinstance(value, int) else list(value)  # type: ignore[arg-type]
+    return sorted(a % rank if rank else 0 for a in axes)
+
+
+def reduce(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """Reduce over ``axes`` (sum/mean/max): reduced factors are reduction factors.
+
+    Extra operands of rank 0 (init values) get no dims; results either drop the reduced dims or
+    keep them as size 1 (keepdims).
+    """
+    x = ins[0]
+    axes = set(_axes(attrs, "axes", x.rank, range(x.rank)))
+    letters = _letters(x.rank)
+    sizes = dict(zip(letters, x.shape, strict=True))
+    operands = [[(letters[d],) for d in range(x.rank)]] + [[] for _ in ins[1:]]
+    results = [_reduced_dims(t, x, axes, letters) for t in outs]
+    need = set(letters[a] for a in axes) if attrs.get("need_replication") else set()
+    return _make(operands, results, sizes, need)
+
+
+def _reduced_dims(t: TensorType, x: TensorType, axes: set[int], letters: list[str]) -> list:
+    if t.rank == x.rank:  # keepdims
+        return [() if d in axes else (letters[d],) for d in range(x.rank)]
+    kept = [d for d in range(x.rank) if d not in axes]
+    if len(kept) != t.rank:
+        raise IRVerifyError(f"reduction of {x} over axes {sorted(axes)} cannot give {t}")
+    return [(letters[d],) for d in kept]
+
+
+def argreduce(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """argmax/argmin: the reduced dim cannot be split (indices are not partial sums)."""
+    return reduce(ins, outs, {**attrs, "need_replication": True})
+
+
+def rowwise(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """Ops that mix values along ``axis`` (softmax, norms, cross-entropy, cumsum, sort).
+
+    The mixed axes need replication; every other dim passes through. Lower-rank tensors align
+    to the leading dims when the missing dims are mixed ones (mean, rstd, labels), else to the
+    trailing dims (norm weights). Batch dims missing from a result are reductions (mean loss).
+    """
+    x = max(ins, key=lambda t: t.rank)
+    mixed = set(_axes(attrs, "axis", x.rank, [x.rank - 1]))
+    letters = _letters(x.rank)
+    sizes = dict(zip(letters, x.shape, strict=True))
+    operands = [_align(t, x, mixed, letters) for t in ins]
+    results = [_align(t, x, mixed, letters) for t in outs]
+    return _make(operands, results, sizes, {letters[a] for a in mixed})
+
+
+def _align(t: TensorType, x: TensorType, mixed: set[int], letters: list[str]) -> list:
+    if t.rank == x.rank:
+        return [(letters[d],) if t.shape[d] == x.shape[d] else () for d in range(x.rank)]
+    leading = set(range(t.rank, x.rank)) <= mixed and t.shape == x.shape[: t.rank]
+    positions = range(t.rank) if leading else range(x.rank - t.rank, x.rank)
+    return [(letters[d],) if size == x.shape[d] else () for d, size in zip(positions, t.shape)]
+
+
+def transpose(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """Result dim j is operand dim ``perm[j]``."""
+    x = ins[0]
+    perm = list(attrs.get("perm", tuple(reversed(range(x.rank)))))  # type: ignore[arg-type]
+    letters = _letters(x.rank)
+    sizes = dict(zip(letters, x.shape, strict=True))
+    return _make([[(f,) for f in letters]], [[(letters[p],) for p in perm]], sizes)
+
+
+def reshape(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """Shardy's GCD factorisation: ``(8,4)->(2,16)`` is ``(ij)k->i(jk)`` with i=2, j=4, k=4.
+
+    Walking both shapes, while the consumed products agree the next shared factor is the gcd of
+    the remaining dim sizes; when they disagree, whole dims become input-only (need-replication)
+    or output-only factors until the products meet again.
+    """
+    a, b = ins[0].shape, outs[0].shape
+    in_f: list[list[str]] = [[] for _ in a]
+    out_f: list[list[str]] = [[] for _ in b]
+    sizes: dict[str, int] = {}
+    need: set[str] = set()
+    names = iter(FACTOR_LETTERS)
+    i = j = 0
+    ra, rb = (a[0] if a else 1), (b[0] if b else 1)
+    done_in = done_out = 1
+    while True:
+        while i < len(a) and a[i] == 1:
+            i += 1
+            ra = a[i] if i < len(a) else 1
+        while j < len(b) and b[j] == 1:
+            j += 1
+            rb = b[j] if j < len(b) else 1
+        if i >= len(a) and j >= len(b):
+            break
+        f = next(names)
+        g = math.gcd(ra, rb) if done_in == done_out and i < len(a) and j < len(b) else 1
+        if g > 1:
+            sizes[f] = g
+            in_f[i].append(f)
+            out_f[j].append(f)
+            ra, rb, done_in, done_out = ra // g, rb // g, done_in * g, done_out * g
+        elif j >= len(b) or (i < len(a) and done_in <= done_out):
+            sizes[f], need = ra, need | {f}
+            in_f[i].append(f)
+            done_in, ra = done_in * ra, 1
+        else:
+            sizes[f] = rb
+            out_f[j].append(f)
+            done_out, rb = done_out * rb, 1
+        if ra == 1 and i < len(a):
+            i += 1
+            ra = a[i] if i < len(a) else 1
+        if rb == 1 and j < len(b):
+            j += 1
+            rb = b[j] if j < len(b) else 1
+    return _make([[tuple(d) for d in in_f]], [[tuple(d) for d in out_f]], sizes, need)
+
+
+def dot_general(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """XLA dot_general: batch pairs, lhs free, rhs free -> result; contracting pairs reduce.
+
+    Attributes: ``lhs_contracting``, ``rhs_contracting``, ``lhs_batch``, ``rhs_batch`` (tuples).
+    """
+    lhs, rhs = ins[0], ins[1]
+    lc, rc = list(attrs.get("lhs_contracting", (lhs.rank - 1,))), list(attrs.get("rhs_contracting", (0,)))  # type: ignore[arg-type]
+    lb, rb = list(attrs.get("lhs_batch", ())), list(attrs.get("rhs_batch", ()))  # type: ignore[arg-type]
+    letters = iter(FACTOR_LETTERS)
+    lhs_f: list[str] = [""] * lhs.rank
+    rhs_f: list[str] = [""] * rhs.rank
+    sizes: dict[str, int] = {}
+    out: list[str] = []
+    for dl, dr in zip(lb, rb, strict=True):
+        f = next(letters)
+        lhs_f[dl], rhs_f[dr], sizes[f] = f, f, lhs.shape[dl]
+        out.append(f)
+    for dl, dr in zip(lc, rc, strict=True):
+        f = next(letters)
+        lhs_f[dl], rhs_f[dr], sizes[f] = f, f, lhs.shape[dl]
+    for factors, t in ((lhs_f, lhs), (rhs_f, rhs)):
+        for d in range(t.rank):
+            if not factors[d]:
+                f = next(letters)
+                factors[d], sizes[f] = f, t.shape[d]
+                out.append(f)
+    result = [(f,) if sizes[f] == s else () for f, s in zip(out, outs[0].shape, strict=True)]
+    return _make([[(f,) for f in lhs_f], [(f,) for f in rhs_f]], [result], sizes)
+
+
+def matmul(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """numpy/torch matmul ``[...,m,k] @ [...,k,n]`` with broadcast batch dims (incl. 1-D cases)."""
+    lhs, rhs, out = ins[0], ins[1], outs[0]
+    letters = _letters(out.rank + 1)
+    k = letters[-1]
+    sizes = dict(zip(letters, out.shape, strict=False))
+    sizes[k] = lhs.shape[-1]
+    lhs_dims = _broadcast_map(TensorType(lhs.shape[:-1] + (1,) * (rhs.rank > 1), lhs.dtype), out, letters)
+    if rhs.rank == 1:
+        rhs_dims: list[tuple[str, ...]] = [(k,)]
+        lhs_dims = _broadcast_map(TensorType(lhs.shape[:-1], lhs.dtype), out, letters)
+    else:
+        rhs_dims = _broadcast_map(TensorType(rhs.shape[:-2] + (1, rhs.shape[-1]), rhs.dtype), out, letters)
+        rhs_dims[-2] = (k,)
+    if lhs.rank == 1:
+        lhs_dims = [(k,)]
+    else:
+        lhs_dims[-1] = (k,)
+        if rhs.rank > 1:
+            lhs_dims[-2] = (letters[out.rank - 2],) if lhs.shape[-2] == out.shape[-2] else ()
+    return _make([lhs_dims, rhs_dims], [[(f,) for f in letters[: out.rank]]], sizes)
+
+
+def einsum(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """``equation`` attribute in einsum notation, e.g. ``"bsh,hf->bsf"``."""
+    equation = str(attrs["equation"]).replace(" ", "")
+    return ShardingRule.from_spec(equation, [t.shape for t in ins], [t.shape for t in outs])
+
+
+def broadcast_in_dim(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """Operand dim i becomes result dim ``dims[i]``; an expanded size-1 dim is unmapped."""
+    x, out = ins[0], outs[0]
+    dims = list(attrs.get("dims", range(out.rank - x.rank, out.rank)))  # type: ignore[arg-type]
+    letters = _letters(out.rank)
+    sizes = dict(zip(letters, out.shape, strict=True))
+    operand = [(letters[d],) if x.shape[i] == out.shape[d] else () for i, d in enumerate(dims)]
+    operands = [operand] + [[] for _ in ins[1:]]
+    return _make(operands, [[(f,) for f in letters]], sizes)
+
+
+def resize(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """slice / pad / dynamic_slice / concat: dims that change size cannot be split in the input.
+
+    Unchanged dims pass through. A changed dim gets an input-only need-replication factor per
+    operand and an output-only factor (splitting the output of a replicated input is local).
+    Extra scalar operands (start indices) get no dims.
+    """
+    out = outs[0]
+    letters = iter(FACTOR_LETTERS)
+    shared = {}
+    sizes: dict[str, int] = {}
+    need: set[str] = set()
+    operands = []
+    for t in ins:
+        if t.rank != out.rank:  # index operands: their own unsplittable factors
+            dims = [(next(letters),) for _ in t.shape]
+            for (f,), size in zip(dims, t.shape, strict=True):
+                sizes[f] = size
+                need.add(f)
+            operands.append(dims)
+            continue
+        dims = []
+        for d, size in enumerate(t.shape):
+            if size == out.shape[d]:
+                f = shared.setdefault(d, next(letters))
+            else:
+                f = next(letters)
+                need.add(f)
+            sizes[f] = size
+            dims.append((f,))
+        operands.append(dims)
+    result = []
+    for d, size in enumerate(out.shape):
+        f = shared.get(d) or next(letters)
+        sizes[f] = size
+        result.append((f,))
+    return _make(operands, [result], sizes, need)
+
+
+def embedding(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """table[v,h] indexed by ids[...] -> out[...,h]. A vocab split leaves partial sums (v reduces)."""
+    table, ids, out = ins[0], ins[1], outs[0]
+    letters = _letters(ids.rank + 2)
+    v, h, batch = letters[0], letters[1], letters[2:]
+    sizes = {v: table.shape[0], h: table.shape[1], **dict(zip(batch, ids.shape, strict=True))}
+    result = [(f,) for f in batch] + [(h,)]
+    return _make([[(v,), (h,)], [(f,) for f in batch]], [result], sizes)
+
+
+def embedding_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """grad[...,h], ids[...] -> table_grad[v,h]: tokens reduce, each device may own a vocab slice."""
+    grad, ids, out = ins[0], ins[1], outs[0]
+    letters = _letters(ids.rank + 2)
+    v, h, batch = letters[0], letters[1], letters[2:]
+    sizes = {v: out.shape[0], h: out.shape[1], **dict(zip(batch, ids.shape, strict=True))}
+    grad_dims = [(f,) for f in batch] + [(h,)]
+    return _make([grad_dims, [(f,) for f in batch]], [[(v,), (h,)]], sizes)
+
+
+def attention(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """Fused attention q[b,h,s,d], k[b,h,t,d], v[b,h,t,e] -> o[b,h,s,e] (+ lse[b,h,s]).
+
+    Batch, heads and queries split freely; keys (softmax axis) and the contracted head dim d need
+    replication; the value head dim e passes through. A causal mask needs no extra factor.
+    """
+    q, k, v = ins[0], ins[1], ins[2]
+    sizes = dict(b=q.shape[0], h=q.shape[1], s=q.shape[2], d=q.shape[3], t=k.shape[2], e=v.shape[3])
+    operands = [[("b",), ("h",), ("s",), ("d",)], [("b",), ("h",), ("t",), ("d",)]]
+    operands.append([("b",), ("h",), ("t",), ("e",)])
+    operands += [[("b",), ("h",), ("s",), ("t",)][: t.rank] for t in ins[3:]]  # mask
+    results = [[("b",), ("h",), ("s",), ("e",)]] + [[("b",), ("h",), ("s",)] for _ in outs[1:]]
+    return _make(operands, results, sizes, {"d", "t"})
+
+
+def attention_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """(grad_o, q, k, v, o, lse) -> (grad_q, grad_k, grad_v): batch and heads split only."""
+    g, q, k = ins[0], ins[1], ins[2]
+    sizes = dict(b=q.shape[0], h=q.shape[1], s=q.shape[2], d=q.shape[3], t=k.shape[2], e=g.shape[3])
+    by_name = {
+        "g": [("b",), ("h",), ("s",), ("e",)], "q": [("b",), ("h",), ("s",), ("d",)],
+        "k": [("b",), ("h",), ("t",), ("d",)], "v": [("b",), ("h",), ("t",), ("e",)],
+        "o": [("b",), ("h",), ("s",), ("e",)], "lse": [("b",), ("h",), ("s",)],
+    }  # fmt: skip
+    order = ["g", "q", "k", "v", "o", "lse"]
+    operands = [by_name[order[i]] if i < len(order) else [] for i in range(len(ins))]
+    results = [by_name["q"], by_name["k"], by_name["v"]][: len(outs)]
+    return _make(operands, results, sizes, {"d", "t", "s", "e"})
+
+
+def iota(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """Results made from nothing (iota, zeros, full): every dim is an output-only factor."""
+    return elementwise([], outs, attrs)
+
+
+def gather_rows(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """General gather/index fallback: data dims need replication, index dims pass through."""
+    return replicated_rule(ins, outs)
+
+
+# -- the canonical op set ---------------------------------------------------------------------
+
+ELEMENTWISE_LINEAR = "add sub neg convert copy sum_n".split()
+ELEMENTWISE = """mul div max min pow exp log tanh logistic sigmoid rsqrt sqrt erf relu gelu silu
+abs sign floor ceil round where select eq ne lt le gt ge and or not xor integer_pow square
+reciprocal expm1 log1p sin cos clamp stop_gradient dropout relu_backward gelu_backward
+silu_backward tanh_backward sigmoid_backward threshold_backward fill isfinite rem""".split()
+
+for _kind in ELEMENTWISE_LINEAR:
+    register_rule(_kind, elementwise, linear=True)
+for _kind in ELEMENTWISE:
+    register_rule(_kind, elementwise)
+for _kind in ("reduce_sum", "sum", "mean", "reduce_mean"):
+    register_rule(_kind, reduce, linear=True)
+for _kind in ("reduce_max", "reduce_min", "max_reduce", "amax", "amin"):
+    register_rule(_kind, reduce)
+for _kind in ("argmax", "argmin"):
+    register_rule(_kind, argreduce)
+for _kind in """softmax log_softmax softmax_backward log_softmax_backward layer_norm rms_norm
+layer_norm_backward rms_norm_backward cross_entropy cross_entropy_backward nll_loss
+nll_loss_backward cumsum sort topk""".split():
+    register_rule(_kind, rowwise)
+register_rule("reshape", reshape, flops="none", linear=True)
+register_rule("transpose", transpose, flops="none", linear=True)
+register_rule("broadcast_in_dim", broadcast_in_dim, flops="none", linear=True)
+register_rule("broadcast", broadcast_in_dim, flops="none", linear=True)
+register_rule("dot", "ik,kj->ij", flops="dot", linear=True)
+register_rule("dot_general", dot_general, flops="dot", linear=True)
+register_rule("matmul", matmul, flops="dot", linear=True)
+register_rule("einsum", einsum, flops="dot", linear=True)
+register_rule("slice", resize, flops="none", linear=True)
+register_rule("dynamic_slice", resize, flops="none")
+register_rule("pad", resize, flops="none")
+register_rule("concat", resize, flops="none", linear=True)
+register_rule("embedding", embedding, flops="none", linear=True)
+register_rule("embedding_backward", embedding_backward)
+register_rule("attention", attention, flops="attention")
+register_rule("attention_backward", attention_backward, flops="attention_backward")
+register_rule("iota", iota, flops="none")
+register_rule("constant", iota, flops="none")
+register_rule("gather", gather_rows, flops="none")

@@ -1,0 +1,186 @@
+"""Factor-based sharding rules (Shardy's OpShardingRule) and their compact string form.
+
+A rule names each tensor dimension by one factor, or by a compound of factors (major first),
+e.g. matmul ``ik,kj->ij`` and reshape ``(ij)k->i(jk)``. Sharding a factor on mesh axes splits
+every tensor dimension that carries it; a *reduction* factor (absent from the results) makes
+the results partial over those axes; a *need-replication* factor may not be split at all.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass
+
+from .errors import IRVerifyError
+
+TensorFactors = tuple[tuple[str, ...], ...]
+"""Per dimension, the factors (major to minor) it is made of; ``()`` is an unmapped size-1 dim."""
+
+
+@dataclass(frozen=True, slots=True)
+class ShardingRule:
+    """Einsum-like factor mapping of an op's operands and results.
+
+    Invariants:
+      - every factor has a size, and each dimension's size is the product of its factors;
+      - reduction factors appear in operands only; need-replication wins over reduction.
+
+    Text form: ``ik,kj->ij {i=16, j=256, k=64} reduction={k}``.
+    """
+
+    operands: tuple[TensorFactors, ...]
+    results: tuple[TensorFactors, ...]
+    sizes: tuple[tuple[str, int], ...]
+    """Factor sizes, in order of first appearance (the canonical factor order)."""
+    need_replication: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        object.__setattr__(self, "need_replication", frozenset(self.need_replication))
+        unknown = self.need_replication - set(self.factor_names)
+        if unknown:
+            raise IRVerifyError(f"rule {self.spec}: need_replication names unknown factors {unknown}")
+
+    # -- derived views --------------------------------------------------------------------
+    @property
+    def factor_names(self) -> tuple[str, ...]:
+        return tuple(name for name, _ in self.sizes)
+
+    @property
+    def size_of(self) -> dict[str, int]:
+        return dict(self.sizes)
+
+    @property
+    def result_factors(self) -> frozenset[str]:
+        return frozenset(f for t in self.results for dim in t for f in dim)
+
+    @property
+    def reduction(self) -> frozenset[str]:
+        """Factors that appear in operands but in no result: sharding them leaves partial sums."""
+        return frozenset(self.factor_names) - self.result_factors - self.need_replication
+
+    @property
+    def spec(self) -> str:
+        return _tensors_text(self.operands) + "->" + _tensors_text(self.results)
+
+    def compound_only_sizes(self) -> dict[str, int]:
+        """Sizes that cannot be read off the shapes (factors seen only inside compounds)."""
+        alone = {dim[0] for t in self.operands + self.results for dim in t if len(dim) == 1}
+        return {name: size for name, size in self.sizes if name not in alone}
+
+    def __str__(self) -> str:
+        text = self.spec + " {" + ", ".join(f"{n}={s}" for n, s in self.sizes) + "}"
+        if self.reduction:
+            text += " reduction={" + ", ".join(sorted(self.reduction)) + "}"
+        if self.need_replication:
+            text += " need_replication={" + ", ".join(sorted(self.need_replication)) + "}"
+        return text
+
+    # -- construction ---------------------------------------------------------------------
+    @staticmethod
+    def from_spec(
+        spec: str,
+        operand_shapes: Sequence[Sequence[int]],
+        result_shapes: Sequence[Sequence[int]],
+        need_replication: Iterable[str] = (),
+        sizes: Mapping[str, int] | None = None,
+    ) -> ShardingRule:
+        """Build a rule from ``"ik,kj->ij"`` and the shapes, inferring factor sizes.
+
+        Factors that only appear inside compounds need their size in ``sizes``.
+        """
+        operands, results = parse_spec(spec)
+        if len(operands) != len(operand_shapes) or len(results) != len(result_shapes):
+            raise IRVerifyError(
+                f"rule {spec!r} has {len(operands)} operands and {len(results)} results, but the op "
+                f"has {len(operand_shapes)} operands and {len(result_shapes)} results"
+            )
+        known = dict(sizes or {})
+        order: list[str] = []
+        pairs = list(zip(operands, operand_shapes, strict=True))
+        pairs += list(zip(results, result_shapes, strict=True))
+        for factors, shape in pairs:
+            _bind_sizes(spec, factors, tuple(shape), known, order)
+        for factors, shape in pairs:  # second sweep: compounds whose members are now known
+            _bind_sizes(spec, factors, tuple(shape), known, order, final=True)
+        return ShardingRule(
+            tuple(operands), tuple(results), tuple((f, known[f]) for f in order),
+            frozenset(need_replication),
+        )  # fmt: skip
+
+
+def parse_spec(spec: str) -> tuple[list[TensorFactors], list[TensorFactors]]:
+    """Parse ``"(ij)k,1k->i(jk)"`` into per-tensor, per-dim factor tuples."""
+    if spec.count("->") != 1:
+        raise IRVerifyError(f"rule spec {spec!r} must contain exactly one '->'")
+    lhs, rhs = spec.replace(" ", "").split("->")
+    return _parse_side(lhs, spec), _parse_side(rhs, spec)
+
+
+def _parse_side(text: str, spec: str) -> list[TensorFactors]:
+    if text == "":
+        return []
+    tensors: list[TensorFactors] = []
+    for part in text.split(","):
+        dims: list[tuple[str, ...]] = []
+        i = 0
+        while i < len(part):
+            ch = part[i]
+            if ch == "(":
+                end = part.find(")", i)
+                if end < 0:
+                    raise IRVerifyError(f"rule spec {spec!r}: unclosed '('")
+                dims.append(tuple(part[i + 1 : end]))
+                i = end + 1
+            elif ch == "1":
+                dims.append(())
+                i += 1
+            elif ch.isalpha():
+                dims.append((ch,))
+                i += 1
+            else:
+                raise IRVerifyError(f"rule spec {spec!r}: unexpected character {ch!r}")
+        tensors.append(tuple(dims))
+    return tensors
+
+
+def _bind_sizes(
+    spec: str,
+    factors: TensorFactors,
+    shape: tuple[int, ...],
+    known: dict[str, int],
+    order: list[str],
+    final: bool = False,
+) -> None:
+    if len(factors) != len(shape):
+        raise IRVerifyError(f"rule {spec!r}: a tensor of rank {len(shape)} is given {len(factors)} dims")
+    for dim, size in zip(factors, shape, strict=True):
+        for f in dim:
+            if f not in order:
+                order.append(f)
+        if not dim:
+            if size != 1:
+                raise IRVerifyError(f"rule {spec!r}: unmapped dim '1' has size {size}, expected 1")
+            continue
+        missing = [f for f in dim if f not in known]
+        if len(missing) == 1:
+            rest = math.prod(known[f] for f in dim if f in known)
+            if rest == 0 or size % rest:
+                raise IRVerifyError(f"rule {spec!r}: dim of size {size} cannot hold factors {dim}")
+            known[missing[0]] = size // rest
+        elif missing and final:
+            raise IRVerifyError(f"rule {spec!r}: give sizes for compound factors {missing}")
+        elif not missing and math.prod(known[f] for f in dim) != size:
+            sizes = {f: known[f] for f in dim}
+            raise IRVerifyError(f"rule {spec!r}: dim of size {size} does not match factors {sizes}")
+
+
+def _tensors_text(tensors: Sequence[TensorFactors]) -> str:
+    parts = []
+    for t in tensors:
+        parts.append("".join(dim[0] if len(dim) == 1 else f"({''.join(dim)})" if dim else "1" for dim in t))
+    return ",".join(parts)
+
+
+FACTOR_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+"""Factor names handed out by rule builders, in order."""

@@ -1,0 +1,120 @@
+"""Tensor shardings in Shardy's form: per-dimension mesh axes plus pending-sum (partial) axes."""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from .errors import ShardingError
+from .mesh import Mesh
+from .types import TensorType
+
+
+@dataclass(frozen=True, slots=True)
+class Sharding:
+    """How one tensor is laid out on a mesh.
+
+    ``dims[d]`` lists the mesh axes (major to minor) that split tensor dimension ``d``;
+    ``partial`` are axes over which each device holds a pending sum (DTensor ``Partial``,
+    JAX ``unreduced``). Mesh axes used nowhere mean the tensor is replicated over them.
+
+    Invariants:
+      - an axis appears at most once across all dims and ``partial``;
+      - shardings are even: each dim size is divisible by the product of its axes
+        (uneven splits are refused, not padded: the planner never proposes them and
+        the verifier rejects them; see docs/design.md).
+
+    Text form: ``[{"dp"}, {}, {"tp"}]`` or ``[{"dp", "tp"}, {}] partial={"sp"}``.
+    """
+
+    dims: tuple[tuple[str, ...], ...]
+    partial: frozenset[str] = frozenset()
+
+    def __post_init__(self) -> None:
+        dims = tuple(tuple(axes) for axes in self.dims)
+        object.__setattr__(self, "dims", dims)
+        object.__setattr__(self, "partial", frozenset(self.partial))
+        used = [axis for axes in dims for axis in axes] + sorted(self.partial)
+        if len(set(used)) != len(used):
+            dup = sorted({a for a in used if used.count(a) > 1})
+            raise ShardingError(
+                f"sharding {self} uses mesh axis {dup[0]!r} more than once; "
+                "an axis shards at most one dimension"
+            )
+
+    @staticmethod
+    def replicated(rank: int) -> Sharding:
+        return Sharding(((),) * rank)
+
+    @staticmethod
+    def of(*dims: str | Sequence[str] | None, partial: Iterable[str] = ()) -> Sharding:
+        """PartitionSpec-like constructor: ``Sharding.of("dp", None, ("tp", "sp"))``."""
+        norm: list[tuple[str, ...]] = []
+        for d in dims:
+            if d is None:
+                norm.append(())
+            elif isinstance(d, str):
+                norm.append((d,))
+            else:
+                norm.append(tuple(d))
+        return Sharding(tuple(norm), frozenset(partial))
+
+    @property
+    def rank(self) -> int:
+        return len(self.dims)
+
+    @property
+    def sharded_axes(self) -> frozenset[str]:
+        return frozenset(axis for axes in self.dims for axis in axes)
+
+    @property
+    def used_axes(self) -> frozenset[str]:
+        return self.sharded_axes | self.partial
+
+    @property
+    def is_replicated(self) -> bool:
+        return not self.used_axes
+
+    def without_partial(self) -> Sharding:
+        return Sharding(self.dims)
+
+    def shard_count(self, mesh: Mesh) -> int:
+        """Number of distinct shards (devices holding different data) of the tensor."""
+        return math.prod(mesh.axis_size(a) for a in self.sharded_axes)
+
+    def local_shape(self, type_: TensorType, mesh: Mesh) -> tuple[int, ...]:
+        self.check(type_, mesh)
+        return tuple(
+            size // mesh.group_size(axes) for size, axes in zip(type_.shape, self.dims, strict=True)
+        )
+
+    def local_bytes(self, type_: TensorType, mesh: Mesh) -> int:
+        return math.prod(self.local_shape(type_, mesh)) * type_.itemsize
+
+    def check(self, type_: TensorType, mesh: Mesh) -> None:
+        """Raise ShardingError unless this sharding fits ``type_`` on ``mesh`` evenly."""
+        if self.rank != type_.rank:
+            raise ShardingError(
+                f"sharding {self} has rank {self.rank} but the value {type_} has rank {type_.rank}"
+            )
+        for axis in self.used_axes:
+            mesh.axis_size(axis)
+        for d, (size, axes) in enumerate(zip(type_.shape, self.dims, strict=True)):
+            split = mesh.group_size(axes)
+            if size % split:
+                raise ShardingError(
+                    f"dimension {d} of {type_} (size {size}) is not divisible by "
+                    f"{'x'.join(axes)}={split} in sharding {self}; shard a divisible dimension "
+                    "or pad the model"
+                )
+
+    def __str__(self) -> str:
+        text = "[" + ", ".join("{" + ", ".join(f'"{a}"' for a in axes) + "}" for axes in self.dims)
+        text += "]"
+        if self.partial:
+            text += " partial={" + ", ".join(f'"{a}"' for a in sorted(self.partial)) + "}"
+        return text
+
+    def __repr__(self) -> str:
+        return f"Sharding({self})"

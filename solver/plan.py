@@ -1,0 +1,172 @@
+"""The Plan: a sharding for every value, the collectives on every edge, and what it costs."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from ..costmodel.collective import Collective
+from ..ir import Graph, Mesh, Role, Sharding, ShardplanError
+
+PLAN_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class Reshard:
+    """Layout change on one edge: producer value -> consumer operand (or graph output / alias)."""
+
+    value: str
+    """Name of the value being moved."""
+    consumer: str
+    """``op:<index>:<operand>`` for an op operand, ``output:<index>`` or ``alias:<index>``."""
+    src: Sharding
+    dst: Sharding
+    collectives: tuple[Collective, ...]
+
+    @property
+    def time(self) -> float:
+        return sum(c.time for c in self.collectives)
+
+
+@dataclass(frozen=True, slots=True)
+class SolverStats:
+    status: str
+    """``OPTIMAL``, ``FEASIBLE`` (time limit hit), or ``TRIVIAL`` (one choice everywhere)."""
+    objective: float
+    """Modelled seconds the solver minimised."""
+    bound: float
+    """Best proven lower bound (equals objective when optimal)."""
+    wall_time: float
+    num_variables: int
+    num_choices: int
+    """Decision points after follower merging and dedup."""
+
+    @property
+    def gap(self) -> float:
+        return 0.0 if self.objective <= 0 else max(0.0, (self.objective - self.bound) / self.objective)
+
+
+@dataclass(eq=False)
+class Plan:
+    """The result of ``shardplan.plan``.
+
+    ``shardings`` maps every value name (graph inputs and op results) to its layout;
+    ``operand_shardings[(op_index, operand_index)]`` is what each op consumes (after resharding);
+    ``reshards`` lists every edge whose layout changes and the collectives that do it.
+    """
+
+    graph: Graph
+    mesh: Mesh
+    shardings: dict[str, Sharding]
+    operand_shardings: dict[tuple[int, int], Sharding]
+    reshards: list[Reshard]
+    compute_time: float
+    comm_time: float
+    peak_memory_bytes: int
+    memory: dict[str, int]
+    """Per-device bytes by kind: parameters, optimizer_states, inputs, activations..."""
+    solver: SolverStats
+    output_shardings: list[Sharding] = field(default_factory=list)
+    frontend_context: object | None = None
+    """Framework data for emitters (pytree structure, module FQNs); never serialised."""
+
+    @property
+    def step_time(self) -> float:
+        """Modelled seconds of one step (compute + exposed communication)."""
+        return self.compute_time + self.comm_time
+
+    def sharding_of(self, name: str) -> Sharding:
+        try:
+            return self.shardings[name]
+        except KeyError:
+            raise ShardplanError(f"the plan has no value named %{name}") from None
+
+    def collectives(self) -> list[Collective]:
+        """Every collective the plan predicts, in graph order."""
+        return [c for r in self.reshards for c in r.collectives]
+
+    def input_shardings(self) -> list[Sharding]:
+        return [self.shardings[v.name] for v in self.graph.inputs]
+
+    def parameter_shardings(self) -> dict[str, Sharding]:
+        """Origin path (FQN / pytree path) -> layout, for parameters and optimizer states."""
+        roles = (Role.PARAMETER, Role.OPTIMIZER_STATE)
+        return {v.origin.path or v.name: self.shardings[v.name] for v in self.graph.inputs if v.role in roles}
+
+    # -- serialisation --------------------------------------------------------------------------
+    def to_json(self) -> str:
+        from .serialize import plan_to_json
+
+        return plan_to_json(self)
+
+    def save(self, path: str | Path) -> None:
+        Path(path).write_text(self.to_json())
+
+    def __str__(self) -> str:
+        from .report import format_plan
+
+        return format_plan(self)
+
+
+def load_plan(path: str | Path) -> Plan:
+    from .serialize import plan_from_json
+
+    return plan_from_json(json.loads(Path(path).read_text()))
+
+
+def _jax_emit():
+    from ..frontend.jax import emit
+
+    return emit
+
+
+def _torch_emit():
+    from ..frontend.torch import emit
+
+    return emit
+
+
+# Emitters live in frontend/ (the only place torch/jax are imported); Plan forwards to them.
+def _plan_in_shardings(self: Plan, jax_mesh):
+    """Pytree of NamedSharding matching the example arguments."""
+    return _jax_emit().in_shardings(self, jax_mesh)
+
+
+def _plan_out_shardings(self: Plan, jax_mesh):
+    """Pytree of NamedSharding matching the function's outputs."""
+    return _jax_emit().out_shardings(self, jax_mesh)
+
+
+def _plan_jit(self: Plan, fn, jax_mesh):
+    """``jax.jit`` of ``fn`` with planned in/out shardings and internal sharding constraints."""
+    return _jax_emit().jit(self, fn, jax_mesh)
+
+
+def _plan_to_partition_specs(self: Plan):
+    """Pytree of PartitionSpec for the inputs (for users who build their own jit)."""
+    return _jax_emit().to_partition_specs(self)
+
+
+def _plan_to_placements(self: Plan):
+    """``{param_fqn: (Shard|Replicate|Partial, ...) per mesh dim}``."""
+    return _torch_emit().to_placements(self)
+
+
+def _plan_apply(self: Plan, model, device_mesh):
+    """The same module with DTensor parameters and boundary redistribution, trained as planned."""
+    return _torch_emit().apply(self, model, device_mesh)
+
+
+def _plan_to_parallelize_plan(self: Plan):
+    """``parallelize_module`` styles and ``fully_shard`` calls where the plan is expressible."""
+    return _torch_emit().to_parallelize_plan(self)
+
+
+Plan.in_shardings = _plan_in_shardings  # type: ignore[attr-defined]
+Plan.out_shardings = _plan_out_shardings  # type: ignore[attr-defined]
+Plan.jit = _plan_jit  # type: ignore[attr-defined]
+Plan.to_partition_specs = _plan_to_partition_specs  # type: ignore[attr-defined]
+Plan.to_placements = _plan_to_placements  # type: ignore[attr-defined]
+Plan.apply = _plan_apply  # type: ignore[attr-defined]
+Plan.to_parallelize_plan = _plan_to_parallelize_plan  # type: ignore[attr-defined]
