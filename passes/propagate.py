@@ -1,0 +1,322 @@
+"""Sharding propagation through factor rules, forward and backward, to a fixed point (§4.2).
+
+Per op, as Shardy does: project every known operand/result sharding onto the rule's factors,
+merge the axes per factor, keep each mesh axis on at most one factor, then project back and
+refine the values that are not pinned. Semantics (see docs in ``PropagateOptions``):
+
+- only *refinement* is written: a dimension's axes may grow at the minor end, ``partial`` may
+  grow; nothing is ever removed, so sweeps are monotone and reach a fixed point; user pins are
+  never changed;
+- a factor's axes come from the compatible candidates (every one a prefix of the longest); on a
+  conflict the candidate of the highest-priority tensor wins: pinned first, then larger tensors,
+  then lower position (operands before results); ``conservative`` keeps only the agreed prefix;
+- mesh axes go to factors in the order of their winning tensor, then factor index; a factor
+  whose axes another factor already took is truncated before the first taken axis;
+- need-replication factors are never sharded; reduction factors sharded on axes make the results
+  ``partial`` over those axes (Shardy's ``unreduced``); partial never propagates backward;
+- a value still unknown that would come out fully replicated is left ``None`` (no hint).
+"""
+
+from __future__ import annotations
+
+import warnings
+from collections.abc import Iterable
+from dataclasses import dataclass
+from typing import Literal
+
+from shardplan.ir.errors import ShardingError, ShardplanError
+from shardplan.ir.graph import Graph, Op, Value
+from shardplan.ir.mesh import Mesh
+from shardplan.ir.rules import TensorFactors
+from shardplan.ir.sharding import Sharding
+
+from .factor_projection import dim_axes, project_tensor
+from .manager import register_pass
+
+Direction = Literal["both", "forward", "backward"]
+Priority = tuple[bool, int, int]
+"""Sort key of a tensor in an op: (not pinned, -elements, position); smaller wins."""
+
+
+@dataclass(frozen=True, slots=True)
+class PropagateOptions:
+    """Options of the ``propagate`` pass.
+
+    ``max_iterations`` bounds the sweeps over the graph (a warning says when it was too few);
+    ``direction`` picks which values an op may refine: results (forward), operands (backward)
+    or both; ``conservative`` stops at conflicts instead of resolving them by priority.
+    """
+
+    max_iterations: int = 100
+    direction: Direction = "both"
+    conservative: bool = False
+
+    def __post_init__(self) -> None:
+        if self.max_iterations < 1:
+            raise ShardplanError(f"max_iterations must be >= 1, got {self.max_iterations}")
+        if self.direction not in ("both", "forward", "backward"):
+            raise ShardplanError(
+                f"direction must be 'both', 'forward' or 'backward', got {self.direction!r}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class PropagationStats:
+    """What one propagation run did: sweeps over the graph, values refined, fixed point reached."""
+
+    sweeps: int
+    updates: int
+    converged: bool
+
+
+@dataclass(slots=True)
+class _OpFactors:
+    """Static view of one op's rule, computed once per run."""
+
+    tensors: tuple[TensorFactors, ...]
+    num_operands: int
+    sizes: tuple[tuple[str, int], ...]
+    size_of: dict[str, int]
+    index: dict[str, int]
+    reduction: frozenset[str]
+    need_replication: frozenset[str]
+
+    @staticmethod
+    def of(op: Op) -> _OpFactors:
+        rule = op.rule
+        return _OpFactors(
+            rule.operands + rule.results, len(rule.operands), rule.sizes, dict(rule.sizes),
+            {f: i for i, f in enumerate(rule.factor_names)}, rule.reduction, rule.need_replication,
+        )  # fmt: skip
+
+
+@register_pass("propagate", options=PropagateOptions)
+def propagate(graph: Graph, options: PropagateOptions | None = None) -> Graph:
+    """Infer shardings from user pins through factor rules, forward and backward (GSPMD mode)."""
+    run_propagation(graph, options or PropagateOptions())
+    return graph
+
+
+def propagate_shardings(
+    graph: Graph, options: PropagateOptions | None = None
+) -> dict[Value, Sharding]:
+    """Propagate in place and return every known sharding (pins and hints), e.g. for warm starts."""
+    run_propagation(graph, options or PropagateOptions())
+    return {v: v.sharding for v in graph.values() if v.sharding is not None}
+
+
+def run_propagation(graph: Graph, options: PropagateOptions) -> PropagationStats:
+    """Sweep the ops (alternating directions for ``both``) until no value changes.
+
+    Only ops next to a value that changed are revisited, so a sweep costs little once the
+    shardings settle.
+    """
+    mesh = _checked_mesh(graph)
+    ops = graph.ops
+    if mesh is None or not ops:
+        return PropagationStats(0, 0, True)
+    position = {id(op): i for i, op in enumerate(ops)}
+    infos = [_OpFactors.of(op) for op in ops]
+    dirty = [True] * len(ops)
+    updates = 0
+    for sweep in range(options.max_iterations):
+        if not any(dirty):
+            return PropagationStats(sweep, updates, True)
+        for i in _sweep_order(len(ops), sweep, options.direction):
+            if dirty[i]:
+                dirty[i] = False
+                for value in _propagate_op(ops[i], infos[i], mesh, options):
+                    updates += 1
+                    _mark_neighbours(value, position, dirty)
+    converged = not any(dirty)
+    if not converged:
+        warnings.warn(
+            f"propagate did not reach a fixed point in {options.max_iterations} sweeps over "
+            f"@{graph.name}; raise max_iterations",
+            RuntimeWarning,
+            stacklevel=2,
+        )
+    return PropagationStats(options.max_iterations, updates, converged)
+
+
+def _checked_mesh(graph: Graph) -> Mesh | None:
+    """The graph's mesh, after checking that every known sharding fits its value."""
+    known = [v for v in graph.values() if v.sharding is not None]
+    if graph.mesh is None:
+        if known:
+            raise ShardingError(f"graph @{graph.name} has shardings but no mesh; set graph.mesh")
+        return None
+    for value in known:
+        assert value.sharding is not None
+        try:
+            value.sharding.check(value.type, graph.mesh)
+        except ShardingError as err:
+            raise ShardingError(
+                f"cannot propagate from %{value.name} ({value.origin}): {err}"
+            ) from err
+    return graph.mesh
+
+
+def _sweep_order(n: int, sweep: int, direction: Direction) -> Iterable[int]:
+    backward = direction == "backward" or (direction == "both" and sweep % 2 == 1)
+    return range(n - 1, -1, -1) if backward else range(n)
+
+
+def _mark_neighbours(value: Value, position: dict[int, int], dirty: list[bool]) -> None:
+    if value.producer is not None:
+        dirty[position[id(value.producer)]] = True
+    for use in value.uses:
+        dirty[position[id(use.op)]] = True
+
+
+# -- one op -----------------------------------------------------------------------------------
+
+
+def _propagate_op(op: Op, info: _OpFactors, mesh: Mesh, options: PropagateOptions) -> list[Value]:
+    """Refine the op's operands/results from each other; returns the values that changed."""
+    tensors = [*op.operands, *op.results]
+    if all(v.sharding is None for v in tensors):
+        return []
+    candidates = _candidates(tensors, info, mesh)
+    targets: dict[str, tuple[str, ...]] = {}
+    sources: dict[str, Priority] = {}
+    for factor, found in candidates.items():
+        if factor in info.need_replication:
+            continue
+        axes, source = _merge_factor(found, options.conservative)
+        if axes and source is not None:
+            targets[factor], sources[factor] = axes, source
+    _keep_axes_unique(targets, sources, info)
+    return _write_back(tensors, targets, info, mesh, options.direction)
+
+
+def _candidates(
+    tensors: list[Value], info: _OpFactors, mesh: Mesh
+) -> dict[str, list[tuple[Priority, tuple[str, ...]]]]:
+    """Per factor, the axes each known tensor puts on it, with the tensor's priority."""
+    found: dict[str, list[tuple[Priority, tuple[str, ...]]]] = {}
+    for position, (value, factors) in enumerate(zip(tensors, info.tensors, strict=True)):
+        if value.sharding is None:
+            continue
+        key = (not value.pinned, -value.type.numel, position)
+        projected, _overflow = project_tensor(value.sharding.dims, factors, info.sizes, mesh)
+        for factor, axes in projected:
+            found.setdefault(factor, []).append((key, axes))
+    return found
+
+
+def _merge_factor(
+    found: list[tuple[Priority, tuple[str, ...]]], conservative: bool
+) -> tuple[tuple[str, ...], Priority | None]:
+    """The axes one factor gets and the priority of the tensor they come from.
+
+    Going down the tensors by priority, a candidate that extends the axes refines them and a
+    prefix agrees; anything else is a conflict, which the higher-priority tensor wins. With
+    ``conservative``, the axes are Shardy's compatible major axes: the longest prefix that
+    every candidate either is a prefix of or extends (conflicts stop propagation).
+    """
+    found = sorted(found, key=lambda item: item[0])
+    all_axes = [axes for _, axes in found]
+    if conservative:
+        target = _agreed_prefix(max(all_axes, key=len), all_axes)
+    else:
+        target = ()
+        for axes in all_axes:
+            if len(axes) > len(target) and axes[: len(target)] == target:
+                target = axes
+    for key, axes in found:
+        if axes and _common_prefix(axes, target) == min(len(axes), len(target)):
+            return target, key
+    return (), None
+
+
+def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> int:
+    n = 0
+    while n < min(len(a), len(b)) and a[n] == b[n]:
+        n += 1
+    return n
+
+
+def _agreed_prefix(target: tuple[str, ...], all_axes: list[tuple[str, ...]]) -> tuple[str, ...]:
+    """Shardy's compatible major axes: each candidate is a prefix of the target or extends it."""
+    for axes in all_axes:
+        n = _common_prefix(target, axes)
+        if n < min(len(target), len(axes)):
+            target = target[:n]
+    return target
+
+
+def _keep_axes_unique(
+    targets: dict[str, tuple[str, ...]], sources: dict[str, Priority], info: _OpFactors
+) -> None:
+    """Give each mesh axis to one factor: by winning tensor's priority, then factor index."""
+    used: set[str] = set()
+    for factor in sorted(targets, key=lambda f: (sources[f], info.index[f])):
+        kept: list[str] = []
+        for axis in targets[factor]:
+            if axis in used:
+                break
+            kept.append(axis)
+        targets[factor] = tuple(kept)
+        used.update(kept)
+
+
+def _write_back(
+    tensors: list[Value],
+    targets: dict[str, tuple[str, ...]],
+    info: _OpFactors,
+    mesh: Mesh,
+    direction: Direction,
+) -> list[Value]:
+    partial = frozenset(axis for f in info.reduction for axis in targets.get(f, ()))
+    first = info.num_operands if direction == "forward" else 0
+    last = info.num_operands if direction == "backward" else len(tensors)
+    changed = []
+    for position in range(first, last):
+        value = tensors[position]
+        if value.pinned:
+            continue
+        is_result = position >= info.num_operands
+        new = _refined(
+            value,
+            info.tensors[position],
+            targets,
+            info,
+            mesh,
+            partial if is_result else frozenset(),
+        )
+        if new is not None:
+            value.sharding = new
+            changed.append(value)
+    return changed
+
+
+def _refined(
+    value: Value,
+    factors: TensorFactors,
+    targets: dict[str, tuple[str, ...]],
+    info: _OpFactors,
+    mesh: Mesh,
+    partial: frozenset[str],
+) -> Sharding | None:
+    """The value's sharding grown by the factor targets, or None when nothing changes.
+
+    A dimension whose current axes are not a prefix of the projected ones keeps its axes (the
+    conflict is left for resharding); a refinement that would use an axis twice is dropped.
+    """
+    old = value.sharding
+    old_dims = old.dims if old is not None else ((),) * len(factors)
+    axis_sizes = mesh.shape
+    dims = []
+    for current, dim_factors in zip(old_dims, factors, strict=True):
+        new = dim_axes(dim_factors, targets, info.size_of, axis_sizes)
+        dims.append(new if new[: len(current)] == current else current)
+    all_partial = partial | (old.partial if old is not None else frozenset())
+    if old is None and not all_partial and not any(dims):
+        return None
+    try:
+        sharding = Sharding(tuple(dims), all_partial)
+        sharding.check(value.type, mesh)
+    except ShardingError:
+        return None
+    return None if sharding == old else sharding
