@@ -90,6 +90,11 @@ class ShardingRule:
         Factors that only appear inside compounds need their size in ``sizes``.
         """
         operands, results = parse_spec(spec)
+        # An empty side is ambiguous: no tensors, or one scalar ("ij->" sums to a scalar).
+        if not operands and len(operand_shapes) == 1 and len(operand_shapes[0]) == 0:
+            operands = [()]
+        if not results and len(result_shapes) == 1 and len(result_shapes[0]) == 0:
+            results = [()]
         if len(operands) != len(operand_shapes) or len(results) != len(result_shapes):
             raise IRVerifyError(
                 f"rule {spec!r} has {len(operands)} operands and {len(results)} results, but the op "
