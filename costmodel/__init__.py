@@ -1,0 +1,47 @@
+"""Cost model: cluster catalogue, compute roofline, collectives, resharding, memory."""
+
+from __future__ import annotations
+
+from .catalogue import CLUSTERS
+from .cluster import (
+    Cluster,
+    ClusterConfigError,
+    LinkLevel,
+    UnknownClusterError,
+    cluster_from_dict,
+    get_cluster,
+    known_clusters,
+    load_cluster,
+    register_cluster,
+)
+from .collective import COLLECTIVE_KINDS, Collective
+from .collectives import collective_time, make_collective
+from .compute import compute_time
+from .links import GroupLink, axis_links, group_link
+from .memory import total_value_bytes, value_bytes
+from .reshard import reshard, reshard_time
+
+__all__ = [
+    "CLUSTERS",
+    "COLLECTIVE_KINDS",
+    "Cluster",
+    "ClusterConfigError",
+    "Collective",
+    "GroupLink",
+    "LinkLevel",
+    "UnknownClusterError",
+    "axis_links",
+    "cluster_from_dict",
+    "collective_time",
+    "compute_time",
+    "get_cluster",
+    "group_link",
+    "known_clusters",
+    "load_cluster",
+    "make_collective",
+    "register_cluster",
+    "reshard",
+    "reshard_time",
+    "total_value_bytes",
+    "value_bytes",
+]

@@ -1,0 +1,178 @@
+"""Cluster descriptions: what one device computes and how fast devices talk, per link level."""
+
+from __future__ import annotations
+
+import json
+import tomllib
+from collections.abc import Mapping
+from dataclasses import dataclass, field, fields, replace
+from pathlib import Path
+
+from ..ir.errors import ShardplanError
+
+
+class UnknownClusterError(ShardplanError, KeyError):
+    """A cluster name is not in the catalogue; the message lists the known names."""
+
+    def __str__(self) -> str:  # KeyError would repr() the message
+        return str(self.args[0])
+
+
+class ClusterConfigError(ShardplanError):
+    """A cluster file could not be read or has missing / unknown / badly typed fields."""
+
+
+@dataclass(frozen=True, slots=True)
+class LinkLevel:
+    """One level of the interconnect as the alpha-beta model sees it.
+
+    ``bandwidth`` is an nccl-tests style *bus* bandwidth per device (bytes/s): the rate at which
+    the ring term ``(n-1)/n * S`` drains, so measured busbw plugs in directly.
+    """
+
+    name: str
+    bandwidth: float
+    """Bus bandwidth per device in bytes/s."""
+    latency: float
+    """Alpha: fixed seconds per collective on this level."""
+
+    def __post_init__(self) -> None:
+        if self.bandwidth <= 0 or self.latency < 0:
+            raise ClusterConfigError(
+                f"link {self.name!r} needs bandwidth > 0 and latency >= 0, "
+                f"got bandwidth={self.bandwidth} latency={self.latency}"
+            )
+
+
+@dataclass(frozen=True, slots=True)
+class Cluster:
+    """A homogeneous cluster: nodes of ``devices_per_node`` devices joined by a network.
+
+    Invariants:
+      - ``peak_flops`` is a sorted tuple of ``(dtype, FLOP/s)`` pairs (a dict is accepted and
+        converted) so the cluster hashes and can key ``functools.lru_cache``;
+      - efficiencies lie in (0, 1]; bandwidths are bytes/s; times are seconds.
+
+    The inter-node level's ``bandwidth`` is per NIC (one NIC per device on DGX/HGX nodes). A ring
+    collective whose group has ``k`` members in each node runs ``k`` rings side by side, one NIC
+    each, so it drains at ``min(k * nic, intra busbw)`` (see ``costmodel/links.py``). An
+    all-to-all across nodes gets no such aggregation: ``all_to_all_bandwidth`` per device.
+    """
+
+    name: str
+    devices_per_node: int
+    peak_flops: tuple[tuple[str, float], ...]
+    """Dense peak FLOP/s per dtype (HLO dtype names, e.g. ``bf16``)."""
+    hbm_bandwidth: float
+    hbm_capacity: int
+    """Bytes of device memory."""
+    intra_node: LinkLevel
+    inter_node: LinkLevel
+    all_to_all_bandwidth: float
+    """Per-device bytes/s for an all-to-all that crosses nodes (one NIC, no aggregation)."""
+    nics_per_node: int = 0
+    """NICs per node; 0 means one per device."""
+    compute_efficiency: float = 0.70
+    memory_efficiency: float = 0.80
+    kernel_floor: float = 0.0
+    """Seconds: the least any non-empty kernel takes (launch + tail)."""
+    source: str = ""
+    notes: tuple[str, ...] = field(default=())
+
+    def __post_init__(self) -> None:
+        flops = self.peak_flops
+        pairs = flops.items() if isinstance(flops, Mapping) else flops
+        object.__setattr__(self, "peak_flops", tuple(sorted((str(k), float(v)) for k, v in pairs)))
+        object.__setattr__(self, "notes", tuple(self.notes))
+        if self.nics_per_node == 0:
+            object.__setattr__(self, "nics_per_node", self.devices_per_node)
+        if self.devices_per_node < 1:
+            raise ClusterConfigError(f"cluster {self.name!r}: devices_per_node must be >= 1")
+        for name in ("compute_efficiency", "memory_efficiency"):
+            value = getattr(self, name)
+            if not 0 < value <= 1:
+                raise ClusterConfigError(f"cluster {self.name!r}: {name}={value} is not in (0, 1]")
+        if not self.peak_flops:
+            raise ClusterConfigError(f"cluster {self.name!r}: peak_flops needs one dtype at least")
+
+    def peak(self, dtype: str) -> float:
+        """Dense peak FLOP/s for ``dtype``; unknown dtypes fall back to the slowest listed one."""
+        table = dict(self.peak_flops)
+        if dtype in table:
+            return table[dtype]
+        return min(table.values())
+
+    def __str__(self) -> str:
+        return f"{self.name} ({self.devices_per_node} devices/node)"
+
+
+_REGISTRY: dict[str, Cluster] = {}
+
+
+def register_cluster(cluster: Cluster, *, overwrite: bool = True) -> Cluster:
+    """Make ``cluster`` reachable by name (``Mesh(..., cluster=name)``)."""
+    if not overwrite and cluster.name in _REGISTRY:
+        raise ClusterConfigError(f"cluster {cluster.name!r} is already registered")
+    _REGISTRY[cluster.name] = cluster
+    return cluster
+
+
+def get_cluster(name: str | Cluster) -> Cluster:
+    """Look a cluster up by name (a ``Cluster`` passes through)."""
+    if isinstance(name, Cluster):
+        return name
+    from . import catalogue  # noqa: F401  (registers the built-in clusters on first use)
+
+    try:
+        return _REGISTRY[name]
+    except KeyError:
+        known = ", ".join(sorted(_REGISTRY))
+        raise UnknownClusterError(
+            f"unknown cluster {name!r}; known clusters: {known}. "
+            "hint: describe your own with load_cluster(path) or register_cluster(Cluster(...))"
+        ) from None
+
+
+def known_clusters() -> tuple[str, ...]:
+    from . import catalogue  # noqa: F401
+
+    return tuple(sorted(_REGISTRY))
+
+
+def cluster_from_dict(data: Mapping[str, object]) -> Cluster:
+    """Build a cluster from plain data; ``base = "<name>"`` starts from a catalogued cluster."""
+    data = dict(data)
+    base_name = data.pop("base", None)
+    for level in ("intra_node", "inter_node"):
+        if isinstance(data.get(level), Mapping):
+            data[level] = LinkLevel(**{"name": level, **data[level]})  # type: ignore[dict-item]
+    known = {f.name for f in fields(Cluster)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise ClusterConfigError(f"unknown cluster fields {unknown}; known fields: {sorted(known)}")
+    try:
+        if base_name is not None:
+            return replace(get_cluster(str(base_name)), **data)  # type: ignore[arg-type]
+        return Cluster(**data)  # type: ignore[arg-type]
+    except TypeError as exc:
+        raise ClusterConfigError(f"bad cluster description: {exc}") from None
+
+
+def load_cluster(path: str | Path, *, register: bool = True) -> Cluster:
+    """Read a cluster from a ``.toml`` or ``.json`` file and (by default) register it.
+
+    Example TOML::
+
+        name = "my-h100"
+        base = "h100-sxm"            # optional: start from a catalogued cluster
+        devices_per_node = 8
+        inter_node = { bandwidth = 24e9, latency = 20e-6 }
+    """
+    path = Path(path)
+    try:
+        text = path.read_text()
+        data = tomllib.loads(text) if path.suffix == ".toml" else json.loads(text)
+    except (OSError, ValueError) as exc:
+        raise ClusterConfigError(f"cannot read cluster file {path}: {exc}") from None
+    cluster = cluster_from_dict(data)
+    return register_cluster(cluster) if register else cluster

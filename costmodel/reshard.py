@@ -1,0 +1,258 @@
+"""Resharding: the collectives that turn one layout of a tensor into another (Shardy's algebra).
+
+The walk keeps the current layout and applies, in this order (bytes only grow at all-gathers, so
+everything that keeps or shrinks the local buffer goes first):
+
+1. **slice** (free, local): append to a dim the next axes of its target when they are unused;
+2. **reduce-scatter**: a partial axis the target shards next on some dim is reduced and sliced
+   in one op (RS = AR fused with all-slice; ref jax_sharding_and_shardy.md §5);
+3. **all-to-all**: move a trailing run of axes from one dim to the dim that wants them next
+   (Shardy ``all_to_all``: a suffix moves, the local size is unchanged);
+4. **all-reduce**: partial axes still pending (not reachable by 1-3) are summed in one op over
+   the whole group (XLA emits one AR with replica groups over the product of the axes), and the
+   freed axes are then sliced for free;
+5. **collective-permute**: when every dim already has its target shard count but other axes or
+   another axis order (``[{"x","y"}] -> [{"y","x"}]``, or ``[{"x"}] -> [{"y"}]`` with equal
+   sizes), one permute moves each shard to its new owner (XLA ``ReshardNoCache`` step 2)
+   instead of gather-then-slice;
+6. **all-gather**: remove the trailing run of a dim's wrong axes (those not waiting to move to
+   another dim), grouped into one AG over that run (Shardy ``all_gather`` removes a suffix),
+   smallest growth first; then retry 1, 3, 5.
+
+All-reduce before any all-gather is deliberate: deferring the sum past a gather of factor g
+turns ``2(n-1)/n * L`` into ``(n-1)/n * g * L``, which is never cheaper for ``g >= 2``.
+
+**Impossible reshards**: a target partial axis the source does not hold partial (a sum cannot
+be split back into addends without knowing them) has no collective sequence. ``reshard`` raises
+``ShardingError``; ``reshard_time`` returns ``math.inf`` so the solver can treat it as
+infinite cost. Target partial ⊆ source partial is fine: those axes simply stay pending.
+"""
+
+from __future__ import annotations
+
+import math
+from functools import lru_cache
+
+from ..ir.errors import ShardingError
+from ..ir.mesh import Mesh
+from ..ir.sharding import Sharding
+from ..ir.types import TensorType
+from .cluster import Cluster
+from .collective import Collective
+from .collectives import make_collective, resolve_cluster
+
+
+class _Walk:
+    """Mutable layout state of one reshard plus the collectives emitted so far."""
+
+    def __init__(
+        self, src: Sharding, dst: Sharding, type_: TensorType, mesh: Mesh, cluster: Cluster
+    ) -> None:
+        self.cur = [list(axes) for axes in src.dims]
+        self.target = dst.dims
+        self.partial = set(src.partial)
+        self.to_reduce = set(src.partial - dst.partial)
+        self.type_, self.mesh, self.cluster = type_, mesh, cluster
+        self.dst_dim = {a: d for d, axes in enumerate(dst.dims) for a in axes}
+        self.ops: list[Collective] = []
+
+    # -- layout queries -------------------------------------------------------------------
+    def local_bytes(self) -> int:
+        sizes = (
+            size // self.mesh.group_size(axes)
+            for size, axes in zip(self.type_.shape, self.cur, strict=True)
+        )
+        return math.prod(sizes) * self.type_.itemsize
+
+    def kept(self, d: int) -> int:
+        """Length of the common prefix of dim ``d`` and its target (axes already in place)."""
+        cur, want = self.cur[d], self.target[d]
+        k = 0
+        while k < len(cur) and k < len(want) and cur[k] == want[k]:
+            k += 1
+        return k
+
+    def ready(self, d: int) -> bool:
+        """Dim ``d`` holds only a prefix of its target, so axes can be appended to it."""
+        return self.kept(d) == len(self.cur[d])
+
+    def wrong(self, d: int) -> list[str]:
+        return self.cur[d][self.kept(d) :]
+
+    def is_free(self, axis: str) -> bool:
+        return axis not in self.partial and all(axis not in axes for axes in self.cur)
+
+    def done(self) -> bool:
+        return all(tuple(c) == t for c, t in zip(self.cur, self.target, strict=True)) and not (
+            self.partial & self.to_reduce
+        )
+
+    def emit(self, kind: str, axes: list[str] | set[str]) -> None:
+        if self.mesh.group_size(axes) == 1:  # size-1 axes: a relabelling, no data moves
+            return
+        self.ops.append(make_collective(kind, self.local_bytes(), axes, self.mesh, self.cluster))
+
+    # -- steps ----------------------------------------------------------------------------
+    def slice(self) -> bool:
+        """Append every unused next target axis (a local dynamic-slice, free)."""
+        changed = False
+        for d, want in enumerate(self.target):
+            while self.ready(d) and len(self.cur[d]) < len(want):
+                axis = want[len(self.cur[d])]
+                if not self.is_free(axis):
+                    break
+                self.cur[d].append(axis)
+                changed = True
+        return changed
+
+    def reduce_scatter(self) -> bool:
+        """Reduce pending partial axes straight into the dim that shards them next."""
+        for d, want in enumerate(self.target):
+            if not self.ready(d):
+                continue
+            run = []
+            for axis in want[len(self.cur[d]) :]:
+                if axis not in self.partial or axis not in self.to_reduce:
+                    break
+                run.append(axis)
+            if run:
+                self.cur[d].extend(run)
+                self.partial.difference_update(run)
+                self.emit("reduce-scatter", run)
+                return True
+        return False
+
+    def settle(self) -> None:
+        while self.slice() or self.reduce_scatter():
+            pass
+
+    def all_to_all(self) -> bool:
+        """Move the longest trailing run of wrong axes to the dim that wants it next."""
+        for d in range(len(self.cur)):
+            wrong = self.wrong(d)
+            for length in range(len(wrong), 0, -1):
+                run = wrong[-length:]
+                j = self.dst_dim.get(run[0], d)
+                if j == d or not self.ready(j):
+                    continue
+                start = len(self.cur[j])
+                if list(self.target[j][start : start + length]) == run:
+                    del self.cur[d][-length:]
+                    self.cur[j].extend(run)
+                    self.emit("all-to-all", run)
+                    return True
+        return False
+
+    def all_reduce(self) -> None:
+        pending = self.partial & self.to_reduce
+        if pending:
+            self.emit("all-reduce", pending)
+            self.partial -= pending
+
+    def permute(self) -> bool:
+        """Same shard count per dim, other axes or order: one collective-permute."""
+        mesh = self.mesh
+        if any(
+            mesh.group_size(c) != mesh.group_size(t)
+            for c, t in zip(self.cur, self.target, strict=True)
+        ):
+            return False
+        moved = {a for d in range(len(self.cur)) for a in self.wrong(d)}
+        moved |= {a for d, t in enumerate(self.target) for a in t[self.kept(d) :]}
+        self.emit("collective-permute", moved)
+        self.cur = [list(t) for t in self.target]
+        return True
+
+    def all_gather(self) -> None:
+        """Gather the cheapest trailing run of wrong axes (or, if every wrong axis is waiting
+        to move elsewhere, the last axis of the cheapest dim to break the deadlock)."""
+        best: tuple[int, int, int] | None = None  # (growth, dim, run length)
+        fallback: tuple[int, int, int] | None = None
+        for d in range(len(self.cur)):
+            wrong = self.wrong(d)
+            if not wrong:
+                continue
+            run = 0
+            while run < len(wrong) and self.dst_dim.get(wrong[-1 - run], d) == d:
+                run += 1
+            if run:
+                cand = (self.mesh.group_size(wrong[-run:]), d, run)
+                best = cand if best is None else min(best, cand)
+            last = (self.mesh.axis_size(wrong[-1]), d, 1)
+            fallback = last if fallback is None else min(fallback, last)
+        choice = best or fallback
+        assert choice is not None, "all_gather called with nothing to gather"
+        _, d, run = choice
+        axes = self.cur[d][-run:]
+        del self.cur[d][-run:]
+        self.emit("all-gather", axes)
+
+
+@lru_cache(maxsize=1 << 17)
+def _plan(
+    src: Sharding, dst: Sharding, type_: TensorType, mesh: Mesh, cluster: Cluster
+) -> tuple[Collective, ...] | None:
+    """The collective sequence, or None when the target is unreachable (cached)."""
+    src.check(type_, mesh)
+    dst.check(type_, mesh)
+    if not dst.partial <= src.partial:
+        return None
+    if src == dst:
+        return ()
+    walk = _Walk(src, dst, type_, mesh, cluster)
+    walk.settle()
+    while walk.all_to_all():
+        walk.settle()
+    walk.all_reduce()
+    walk.settle()
+    for _ in range(4 * (len(mesh.axes) + 1) * (type_.rank + 1)):
+        if walk.done():
+            return tuple(walk.ops)
+        if not (walk.all_to_all() or walk.permute()):
+            walk.all_gather()
+        walk.settle()
+    raise AssertionError(f"reshard {src} -> {dst} did not converge")  # internal invariant
+
+
+def reshard(
+    src: Sharding,
+    dst: Sharding,
+    type_: TensorType,
+    mesh: Mesh,
+    cluster: Cluster | str | None = None,
+) -> tuple[Collective, ...]:
+    """The collectives that turn layout ``src`` into ``dst`` (module docstring has the rules).
+
+    Args:
+        src, dst: shardings of the same tensor; both must fit ``type_`` on ``mesh``.
+        type_: the tensor's global type (bytes are computed from its local shape at each step).
+        mesh: the device mesh.
+        cluster: a ``Cluster``, a catalogue name, or ``None`` for ``mesh.cluster``.
+    Returns:
+        The priced collectives in execution order; ``()`` when only free slicing is needed.
+    Raises:
+        ShardingError: when ``dst`` is partial over an axis ``src`` is not (unreachable).
+    """
+    plan = _plan(src, dst, type_, mesh, resolve_cluster(cluster, mesh))
+    if plan is None:
+        extra = sorted(dst.partial - src.partial)
+        raise ShardingError(
+            f"cannot reshard {src} -> {dst} for {type_}: the target is partial over {extra} "
+            "but the source is not; a sum cannot be split back into addends. "
+            "hint: make the producer emit the partial value, or drop partial= from the target"
+        )
+    return plan
+
+
+def reshard_time(
+    src: Sharding,
+    dst: Sharding,
+    type_: TensorType,
+    mesh: Mesh,
+    cluster: Cluster | str | None = None,
+) -> float:
+    """Seconds to reshard ``src`` into ``dst``; ``math.inf`` when it is impossible."""
+    plan = _plan(src, dst, type_, mesh, resolve_cluster(cluster, mesh))
+    if plan is None:
+        return math.inf
+    return sum(op.time for op in plan)
