@@ -1,0 +1,270 @@
+"""``print(plan)``: the plan as readable tables, plus a small ASCII picture of parameter layouts.
+
+Rendered with rich into a string of fixed width and no colour codes, so the same plan always
+prints the same text (logs, golden tests, the README). The CLI prints the same renderables with
+colour on a terminal.
+"""
+
+from __future__ import annotations
+
+import math
+from io import StringIO
+
+from rich import box
+from rich.console import Console, Group, RenderableType
+from rich.table import Table
+from rich.text import Text
+
+from ..ir import Graph, Op, Role, Sharding, ShardplanError, op_flops
+from .plan import Plan, Reshard
+
+REPORT_WIDTH = 110
+MAX_OP_ROWS = 24
+MAX_RESHARD_ROWS = 40
+MAX_PICTURE_CELLS = 8
+"""A picture splits a dimension into at most this many drawn cells (the rest is elided)."""
+
+
+# -- units --------------------------------------------------------------------------------------
+def format_bytes(n: float) -> str:
+    """Binary units, three significant digits: ``1.50 GiB``."""
+    for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
+        if abs(n) >= scale:
+            return f"{n / scale:.3g} {unit}"
+    return f"{int(n)} B"
+
+
+def format_seconds(t: float) -> str:
+    if not math.isfinite(t):
+        return str(t)
+    if abs(t) >= 1:
+        return f"{t:.3g} s"
+    if abs(t) >= 1e-3:
+        return f"{t * 1e3:.3g} ms"
+    return f"{t * 1e6:.3g} µs"
+
+
+# -- the report ---------------------------------------------------------------------------------
+def format_plan(plan: Plan, width: int = REPORT_WIDTH) -> str:
+    """The whole report as plain text (deterministic for a given plan and width)."""
+    buffer = StringIO()
+    console = Console(
+        file=buffer, width=width, color_system=None, force_terminal=False, no_color=True
+    )
+    console.print(plan_renderable(plan))
+    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+
+
+def plan_renderable(plan: Plan) -> RenderableType:
+    """Header, inputs, ops, reshards and the layout picture, in reading order."""
+    blank = Text("")
+    return Group(
+        _header(plan),
+        blank,
+        _inputs_table(plan),
+        _ops_table(plan),
+        _reshards_table(plan),
+        Text("Parameter layouts (rows split dim 0, columns the other dims; numbers are shards)"),
+        blank,
+        Text(plan_picture(plan)),
+    )
+
+
+def _header(plan: Plan) -> Table:
+    mesh, solver = plan.mesh, plan.solver
+    grid = Table.grid(padding=(0, 2))
+    grid.add_column(style="bold")
+    grid.add_column()
+    grid.add_row(
+        "graph", f"@{plan.graph.name}: {len(plan.graph.inputs)} inputs, {len(plan.graph.ops)} ops"
+    )
+    grid.add_row("mesh", f"{mesh} = {mesh.size} devices, cluster {mesh.cluster}")
+    grid.add_row(
+        "step time",
+        f"{format_seconds(plan.step_time)} modelled (compute {format_seconds(plan.compute_time)}, "
+        f"communication {format_seconds(plan.comm_time)})",
+    )
+    breakdown = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in plan.memory.items())
+    grid.add_row(
+        "memory/device",
+        f"{format_bytes(plan.peak_memory_bytes)} peak ({breakdown or 'no breakdown'})",
+    )
+    wall = format_seconds(solver.wall_time) if solver.wall_time > 0 else "not recorded"
+    grid.add_row(
+        "solver",
+        f"{solver.status}, objective {format_seconds(solver.objective)}, gap {solver.gap:.2%}, "
+        f"{wall}, {solver.num_variables} variables, {solver.num_choices} choices",
+    )
+    return grid
+
+
+def _table(title: str, *columns: str) -> Table:
+    table = Table(title=title, title_justify="left", box=box.SIMPLE_HEAD, pad_edge=False)
+    for name in columns:
+        table.add_column(name, overflow="fold")
+    return table
+
+
+def _local_shape(plan: Plan, name: str, sharding: Sharding) -> str:
+    try:
+        shape = sharding.local_shape(plan.graph.value(name).type, plan.mesh)
+    except (ShardplanError, KeyError):
+        return "?"
+    return "[" + ",".join(str(d) for d in shape) + "]"
+
+
+def _inputs_table(plan: Plan) -> Table:
+    table = _table("Inputs", "value", "origin", "role", "type", "sharding", "local shape")
+    for value in plan.graph.inputs:
+        sharding = plan.shardings.get(value.name)
+        table.add_row(
+            f"%{value.name}",
+            value.origin.path or "",
+            value.role.value,
+            str(value.type),
+            str(sharding) if sharding is not None else "-",
+            _local_shape(plan, value.name, sharding) if sharding is not None else "-",
+        )
+    return table
+
+
+def _op_flops(op: Op) -> float:
+    try:
+        return op_flops(
+            op.kind, op.rule, [v.type for v in op.operands], [r.type for r in op.results]
+        )
+    except Exception:  # a missing FLOP model must not stop the report
+        return 0.0
+
+
+def _ops_to_show(plan: Plan) -> list[tuple[int, Op, float]]:
+    """Ops that communicate, then the heaviest ops, in graph order, at most MAX_OP_ROWS."""
+    communicating = {_consumer_op_index(r) for r in plan.reshards if r.collectives}
+    rows = [(i, op, _op_flops(op)) for i, op in enumerate(plan.graph.ops)]
+    total = sum(f for _, _, f in rows) or 1.0
+    chosen = [row for row in rows if row[0] in communicating or row[2] >= 0.02 * total]
+    chosen.sort(key=lambda row: (row[0] not in communicating, -row[2], row[0]))
+    return sorted(chosen[:MAX_OP_ROWS], key=lambda row: row[0])
+
+
+def _ops_table(plan: Plan) -> Table:
+    table = _table(
+        "Ops (communicating or >= 2% of FLOPs)", "op", "origin", "GFLOP", "operands", "result"
+    )
+    for index, op, flops in _ops_to_show(plan):
+        operands = ", ".join(
+            str(plan.operand_shardings.get((index, k), plan.shardings.get(v.name, "?")))
+            for k, v in enumerate(op.operands)
+        )
+        results = ", ".join(str(plan.shardings.get(r.name, "?")) for r in op.results)
+        table.add_row(repr(op), str(op.origin), f"{flops / 1e9:.3g}", operands, results)
+    shown = len(_ops_to_show(plan))
+    if shown < len(plan.graph.ops):
+        table.caption = f"{len(plan.graph.ops) - shown} more ops not shown"
+        table.caption_justify = "left"
+    return table
+
+
+def _consumer_op_index(reshard: Reshard) -> int | None:
+    kind, _, rest = reshard.consumer.partition(":")
+    if kind != "op":
+        return None
+    try:
+        return int(rest.split(":")[0])
+    except ValueError:
+        return None
+
+
+def describe_consumer(graph: Graph, consumer: str) -> str:
+    """``op:3:1`` -> ``%out = dot(...) operand 1``; outputs and aliases as written."""
+    parts = consumer.split(":")
+    if parts[0] == "op" and len(parts) == 3 and parts[1].isdigit():
+        index = int(parts[1])
+        if index < len(graph.ops):
+            op = graph.ops[index]
+            results = ", ".join(f"%{r.name}" for r in op.results)
+            return f"{results} = {op.kind} operand {parts[2]}"
+    return consumer.replace(":", " ", 1)
+
+
+def _reshards_table(plan: Plan) -> Table:
+    table = _table("Reshards", "value -> consumer", "from -> to", "collectives", "time")
+    for reshard in plan.reshards[:MAX_RESHARD_ROWS]:
+        collectives = "\n".join(
+            f"{c.kind}[{','.join(c.axes)}] {format_bytes(c.bytes)} {format_seconds(c.time)}"
+            for c in reshard.collectives
+        )
+        table.add_row(
+            f"%{reshard.value} -> {describe_consumer(plan.graph, reshard.consumer)}",
+            f"{reshard.src} -> {reshard.dst}",
+            collectives or "local slice (free)",
+            format_seconds(reshard.time),
+        )
+    hidden = len(plan.reshards) - MAX_RESHARD_ROWS
+    if hidden > 0:
+        table.caption = f"{hidden} more reshards not shown (plan.reshards has them all)"
+        table.caption_justify = "left"
+    if not plan.reshards:
+        table.caption = "none: every value is consumed in the layout it is produced in"
+        table.caption_justify = "left"
+    return table
+
+
+# -- the picture --------------------------------------------------------------------------------
+def plan_picture(plan: Plan) -> str:
+    """Per parameter / optimizer state, a grid of its shards and which mesh axes split what."""
+    blocks = []
+    roles = (Role.PARAMETER, Role.OPTIMIZER_STATE)
+    for value in plan.graph.inputs:
+        sharding = plan.shardings.get(value.name)
+        if value.role in roles and sharding is not None:
+            label = value.origin.path or f"%{value.name}"
+            blocks.append(layout_picture(label, value.type.shape, str(value.type), sharding, plan))
+    return "\n\n".join(blocks) if blocks else "(the graph has no parameters)"
+
+
+def layout_picture(
+    label: str, shape: tuple[int, ...], type_text: str, sharding: Sharding, plan: Plan
+) -> str:
+    """A box per shard: rows split dim 0, columns split the remaining dims together."""
+    mesh = plan.mesh
+    rows = mesh.group_size(sharding.dims[0]) if shape else 1
+    cols = math.prod(mesh.group_size(axes) for axes in sharding.dims[1:])
+    grid = _grid(rows, cols)
+    notes = [
+        _dim_note(d, size, axes, mesh)
+        for d, (size, axes) in enumerate(zip(shape, sharding.dims, strict=True))
+    ]
+    replicated = [f"{a}={n}" for a, n in mesh.axes if a not in sharding.used_axes]
+    notes.append("replicated over " + (", ".join(replicated) if replicated else "no axis"))
+    if sharding.partial:
+        notes.append("partial (pending sum) over " + ", ".join(sorted(sharding.partial)))
+    lines = [f"{label}  {type_text}  {sharding}"]
+    height = max(len(grid), len(notes))
+    for i in range(height):
+        left = grid[i] if i < len(grid) else " " * len(grid[0])
+        right = notes[i] if i < len(notes) else ""
+        lines.append(f"  {left}   {right}".rstrip())
+    return "\n".join(lines)
+
+
+def _dim_note(d: int, size: int, axes: tuple[str, ...], mesh) -> str:
+    if not axes:
+        return f"dim {d} ({size}): whole"
+    split = mesh.group_size(axes)
+    over = "x".join(f"{a}={mesh.axis_size(a)}" for a in axes)
+    return f"dim {d} ({size}): split over {over} -> {size // split} each"
+
+
+def _grid(rows: int, cols: int) -> list[str]:
+    """ASCII boxes numbered by shard, elided with '..' past MAX_PICTURE_CELLS either way."""
+    shown_cols, shown_rows = min(cols, MAX_PICTURE_CELLS), min(rows, MAX_PICTURE_CELLS)
+    more = ".." if cols > shown_cols else ""
+    border = "+" + "---+" * shown_cols + more
+    lines = [border]
+    for r in range(shown_rows):
+        cells = "".join(f"{r * cols + c:^3}|" for c in range(shown_cols))
+        lines += ["|" + cells + more, border]
+    if rows > shown_rows:
+        lines.append(" :" + " " * (len(border) - 2))
+    return lines
