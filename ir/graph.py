@@ -179,7 +179,9 @@ class Graph:
         self.ops.append(op)
         return op
 
-    def set_outputs(self, values: Iterable[Value], aliases: Mapping[int, int] | None = None) -> None:
+    def set_outputs(
+        self, values: Iterable[Value], aliases: Mapping[int, int] | None = None
+    ) -> None:
         self.outputs = list(values)
         self.output_aliases = dict(aliases or {})
 

@@ -60,7 +60,9 @@ class Mesh:
         for axis, size in self.axes:
             if axis == name:
                 return size
-        raise ShardingError(f"unknown mesh axis {name!r}; the mesh has axes {list(self.axis_names)}")
+        raise ShardingError(
+            f"unknown mesh axis {name!r}; the mesh has axes {list(self.axis_names)}"
+        )
 
     def group_size(self, names: Iterable[str]) -> int:
         """Number of devices in one group spanning the given axes."""

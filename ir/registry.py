@@ -23,7 +23,9 @@ from .types import TensorType
 Types = Sequence[TensorType]
 Attrs = Mapping[str, object]
 RuleBuilder = Callable[[Types, Types, Attrs], ShardingRule]
-FlopModel = str  # "dot": 2 x product of factor sizes; "elementwise": result elements; "attention"; "none"
+FlopModel = (
+    str  # "dot": 2 x product of factor sizes; "elementwise": result elements; "attention"; "none"
+)
 
 
 @dataclass(frozen=True, slots=True)
@@ -31,7 +33,9 @@ class OpInfo:
     build: RuleBuilder
     flops: FlopModel = "elementwise"
     linear: bool = False
-    """Partial (pending-sum) operands may flow through unchanged (reshape, add, convert...)."""
+    """f(sum of partials) == sum of f(partials) with *every* operand partial (add, reshape,
+    convert, reduce_sum...), so pending sums may flow through unchanged. Bilinear ops (dot) are
+    not linear in this sense."""
 
 
 _REGISTRY: dict[str, OpInfo] = {}
@@ -101,7 +105,9 @@ def op_flops(kind: str, rule: ShardingRule, ins: Types, outs: Types) -> float:
 
 def _letters(n: int) -> list[str]:
     if n > len(FACTOR_LETTERS):
-        raise IRVerifyError(f"an op with {n} factors exceeds the {len(FACTOR_LETTERS)} rule letters")
+        raise IRVerifyError(
+            f"an op with {n} factors exceeds the {len(FACTOR_LETTERS)} rule letters"
+        )
     return list(FACTOR_LETTERS[:n])
 
 
@@ -212,17 +218,25 @@ def rowwise(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     mixed = set(_axes(attrs, "axis", x.rank, [x.rank - 1]))
     letters = _letters(x.rank)
     sizes = dict(zip(letters, x.shape, strict=True))
-    operands = [_align(t, x, mixed, letters) for t in ins]
+    weights = bool(attrs.get("_trailing_weights"))  # set by `norm`: operands 1.. are weights
+    operands = [_align(t, x, mixed, letters, weights and i > 0) for i, t in enumerate(ins)]
     results = [_align(t, x, mixed, letters) for t in outs]
     return _make(operands, results, sizes, {letters[a] for a in mixed})
 
 
-def _align(t: TensorType, x: TensorType, mixed: set[int], letters: list[str]) -> list:
+def _align(
+    t: TensorType, x: TensorType, mixed: set[int], letters: list[str], trailing: bool = False
+) -> list:
     if t.rank == x.rank:
         return [(letters[d],) if t.shape[d] == x.shape[d] else () for d in range(x.rank)]
-    leading = set(range(t.rank, x.rank)) <= mixed and t.shape == x.shape[: t.rank]
+    leading = not trailing and set(range(t.rank, x.rank)) <= mixed and t.shape == x.shape[: t.rank]
     positions = range(t.rank) if leading else range(x.rank - t.rank, x.rank)
     return [(letters[d],) if size == x.shape[d] else () for d, size in zip(positions, t.shape)]
+
+
+def norm(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """layer_norm / rms_norm: weights align to the trailing dims even when x is square."""
+    return rowwise(ins, outs, {**attrs, "_trailing_weights": True})
 
 
 def transpose(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
@@ -289,7 +303,10 @@ def dot_general(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     Attributes: ``lhs_contracting``, ``rhs_contracting``, ``lhs_batch``, ``rhs_batch`` (tuples).
     """
     lhs, rhs = ins[0], ins[1]
-    lc, rc = list(attrs.get("lhs_contracting", (lhs.rank - 1,))), list(attrs.get("rhs_contracting", (0,)))  # type: ignore[arg-type]
+    lc, rc = (
+        list(attrs.get("lhs_contracting", (lhs.rank - 1,))),
+        list(attrs.get("rhs_contracting", (0,))),
+    )  # type: ignore[arg-type]
     lb, rb = list(attrs.get("lhs_batch", ())), list(attrs.get("rhs_batch", ()))  # type: ignore[arg-type]
     letters = iter(FACTOR_LETTERS)
     lhs_f: list[str] = [""] * lhs.rank
@@ -320,12 +337,16 @@ def matmul(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     k = letters[-1]
     sizes = dict(zip(letters, out.shape, strict=False))
     sizes[k] = lhs.shape[-1]
-    lhs_dims = _broadcast_map(TensorType(lhs.shape[:-1] + (1,) * (rhs.rank > 1), lhs.dtype), out, letters)
+    lhs_dims = _broadcast_map(
+        TensorType(lhs.shape[:-1] + (1,) * (rhs.rank > 1), lhs.dtype), out, letters
+    )
     if rhs.rank == 1:
         rhs_dims: list[tuple[str, ...]] = [(k,)]
         lhs_dims = _broadcast_map(TensorType(lhs.shape[:-1], lhs.dtype), out, letters)
     else:
-        rhs_dims = _broadcast_map(TensorType(rhs.shape[:-2] + (1, rhs.shape[-1]), rhs.dtype), out, letters)
+        rhs_dims = _broadcast_map(
+            TensorType(rhs.shape[:-2] + (1, rhs.shape[-1]), rhs.dtype), out, letters
+        )
         rhs_dims[-2] = (k,)
     if lhs.rank == 1:
         lhs_dims = [(k,)]
@@ -470,7 +491,9 @@ for _kind in ("reduce_max", "reduce_min", "max_reduce", "amax", "amin"):
     register_rule(_kind, reduce)
 for _kind in ("argmax", "argmin"):
     register_rule(_kind, argreduce)
-for _kind in """softmax log_softmax softmax_backward log_softmax_backward layer_norm rms_norm
+for _kind in ("layer_norm", "rms_norm"):
+    register_rule(_kind, norm)
+for _kind in """softmax log_softmax softmax_backward log_softmax_backward
 layer_norm_backward rms_norm_backward cross_entropy cross_entropy_backward nll_loss
 nll_loss_backward cumsum sort topk""".split():
     register_rule(_kind, rowwise)
@@ -478,15 +501,15 @@ register_rule("reshape", reshape, flops="none", linear=True)
 register_rule("transpose", transpose, flops="none", linear=True)
 register_rule("broadcast_in_dim", broadcast_in_dim, flops="none", linear=True)
 register_rule("broadcast", broadcast_in_dim, flops="none", linear=True)
-register_rule("dot", "ik,kj->ij", flops="dot", linear=True)
-register_rule("dot_general", dot_general, flops="dot", linear=True)
-register_rule("matmul", matmul, flops="dot", linear=True)
-register_rule("einsum", einsum, flops="dot", linear=True)
+register_rule("dot", "ik,kj->ij", flops="dot")
+register_rule("dot_general", dot_general, flops="dot")
+register_rule("matmul", matmul, flops="dot")
+register_rule("einsum", einsum, flops="dot")
 register_rule("slice", resize, flops="none", linear=True)
 register_rule("dynamic_slice", resize, flops="none")
 register_rule("pad", resize, flops="none")
 register_rule("concat", resize, flops="none", linear=True)
-register_rule("embedding", embedding, flops="none", linear=True)
+register_rule("embedding", embedding, flops="none")
 register_rule("embedding_backward", embedding_backward)
 register_rule("attention", attention, flops="attention")
 register_rule("attention_backward", attention_backward, flops="attention_backward")

@@ -39,7 +39,9 @@ class ShardingRule:
         object.__setattr__(self, "need_replication", frozenset(self.need_replication))
         unknown = self.need_replication - set(self.factor_names)
         if unknown:
-            raise IRVerifyError(f"rule {self.spec}: need_replication names unknown factors {unknown}")
+            raise IRVerifyError(
+                f"rule {self.spec}: need_replication names unknown factors {unknown}"
+            )
 
     # -- derived views --------------------------------------------------------------------
     @property
@@ -158,7 +160,9 @@ def _bind_sizes(
     final: bool = False,
 ) -> None:
     if len(factors) != len(shape):
-        raise IRVerifyError(f"rule {spec!r}: a tensor of rank {len(shape)} is given {len(factors)} dims")
+        raise IRVerifyError(
+            f"rule {spec!r}: a tensor of rank {len(shape)} is given {len(factors)} dims"
+        )
     for dim, size in zip(factors, shape, strict=True):
         for f in dim:
             if f not in order:
@@ -183,7 +187,9 @@ def _bind_sizes(
 def _tensors_text(tensors: Sequence[TensorFactors]) -> str:
     parts = []
     for t in tensors:
-        parts.append("".join(dim[0] if len(dim) == 1 else f"({''.join(dim)})" if dim else "1" for dim in t))
+        parts.append(
+            "".join(dim[0] if len(dim) == 1 else f"({''.join(dim)})" if dim else "1" for dim in t)
+        )
     return ",".join(parts)
 
 

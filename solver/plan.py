@@ -44,7 +44,9 @@ class SolverStats:
 
     @property
     def gap(self) -> float:
-        return 0.0 if self.objective <= 0 else max(0.0, (self.objective - self.bound) / self.objective)
+        return (
+            0.0 if self.objective <= 0 else max(0.0, (self.objective - self.bound) / self.objective)
+        )
 
 
 @dataclass(eq=False)
@@ -92,7 +94,11 @@ class Plan:
     def parameter_shardings(self) -> dict[str, Sharding]:
         """Origin path (FQN / pytree path) -> layout, for parameters and optimizer states."""
         roles = (Role.PARAMETER, Role.OPTIMIZER_STATE)
-        return {v.origin.path or v.name: self.shardings[v.name] for v in self.graph.inputs if v.role in roles}
+        return {
+            v.origin.path or v.name: self.shardings[v.name]
+            for v in self.graph.inputs
+            if v.role in roles
+        }
 
     # -- serialisation --------------------------------------------------------------------------
     def to_json(self) -> str:

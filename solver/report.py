@@ -62,8 +62,11 @@ def plan_renderable(plan: Plan) -> RenderableType:
         _header(plan),
         blank,
         _inputs_table(plan),
+        blank,
         _ops_table(plan),
+        blank,
         _reshards_table(plan),
+        blank,
         Text("Parameter layouts (rows split dim 0, columns the other dims; numbers are shards)"),
         blank,
         Text(plan_picture(plan)),
@@ -84,12 +87,12 @@ def _header(plan: Plan) -> Table:
         f"{format_seconds(plan.step_time)} modelled (compute {format_seconds(plan.compute_time)}, "
         f"communication {format_seconds(plan.comm_time)})",
     )
-    breakdown = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in plan.memory.items())
+    breakdown = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in sorted(plan.memory.items()))
     grid.add_row(
         "memory/device",
         f"{format_bytes(plan.peak_memory_bytes)} peak ({breakdown or 'no breakdown'})",
     )
-    wall = format_seconds(solver.wall_time) if solver.wall_time > 0 else "not recorded"
+    wall = format_seconds(solver.wall_time) if solver.wall_time > 0 else "solve time not saved"
     grid.add_row(
         "solver",
         f"{solver.status}, objective {format_seconds(solver.objective)}, gap {solver.gap:.2%}, "
@@ -149,15 +152,16 @@ def _ops_to_show(plan: Plan) -> list[tuple[int, Op, float]]:
 
 def _ops_table(plan: Plan) -> Table:
     table = _table(
-        "Ops (communicating or >= 2% of FLOPs)", "op", "origin", "GFLOP", "operands", "result"
+        "Ops (communicating or >= 2% of FLOPs)", "op", "module", "GFLOP", "operands", "result"
     )
     for index, op, flops in _ops_to_show(plan):
-        operands = ", ".join(
+        operands = "\n".join(
             str(plan.operand_shardings.get((index, k), plan.shardings.get(v.name, "?")))
             for k, v in enumerate(op.operands)
         )
-        results = ", ".join(str(plan.shardings.get(r.name, "?")) for r in op.results)
-        table.add_row(repr(op), str(op.origin), f"{flops / 1e9:.3g}", operands, results)
+        results = "\n".join(str(plan.shardings.get(r.name, "?")) for r in op.results)
+        module = op.origin.module or op.origin.path
+        table.add_row(repr(op), module, f"{flops / 1e9:.3g}", operands, results)
     shown = len(_ops_to_show(plan))
     if shown < len(plan.graph.ops):
         table.caption = f"{len(plan.graph.ops) - shown} more ops not shown"
@@ -196,7 +200,7 @@ def _reshards_table(plan: Plan) -> Table:
         )
         table.add_row(
             f"%{reshard.value} -> {describe_consumer(plan.graph, reshard.consumer)}",
-            f"{reshard.src} -> {reshard.dst}",
+            f"{reshard.src}\n-> {reshard.dst}",
             collectives or "local slice (free)",
             format_seconds(reshard.time),
         )
@@ -236,7 +240,7 @@ def layout_picture(
         for d, (size, axes) in enumerate(zip(shape, sharding.dims, strict=True))
     ]
     replicated = [f"{a}={n}" for a, n in mesh.axes if a not in sharding.used_axes]
-    notes.append("replicated over " + (", ".join(replicated) if replicated else "no axis"))
+    notes.append("replicated over " + (", ".join(replicated) if replicated else "no mesh axis"))
     if sharding.partial:
         notes.append("partial (pending sum) over " + ", ".join(sorted(sharding.partial)))
     lines = [f"{label}  {type_text}  {sharding}"]
@@ -252,19 +256,17 @@ def _dim_note(d: int, size: int, axes: tuple[str, ...], mesh) -> str:
     if not axes:
         return f"dim {d} ({size}): whole"
     split = mesh.group_size(axes)
-    over = "x".join(f"{a}={mesh.axis_size(a)}" for a in axes)
-    return f"dim {d} ({size}): split over {over} -> {size // split} each"
+    return f"dim {d} ({size}): split {split} ways over {','.join(axes)} -> {size // split} each"
 
 
 def _grid(rows: int, cols: int) -> list[str]:
-    """ASCII boxes numbered by shard, elided with '..' past MAX_PICTURE_CELLS either way."""
+    """ASCII boxes numbered by shard (one line per row), elided past MAX_PICTURE_CELLS."""
     shown_cols, shown_rows = min(cols, MAX_PICTURE_CELLS), min(rows, MAX_PICTURE_CELLS)
     more = ".." if cols > shown_cols else ""
     border = "+" + "---+" * shown_cols + more
     lines = [border]
     for r in range(shown_rows):
-        cells = "".join(f"{r * cols + c:^3}|" for c in range(shown_cols))
-        lines += ["|" + cells + more, border]
+        lines.append("|" + "".join(f"{r * cols + c:^3}|" for c in range(shown_cols)) + more)
     if rows > shown_rows:
-        lines.append(" :" + " " * (len(border) - 2))
-    return lines
+        lines.append("|" + " : |" * shown_cols + more)
+    return [*lines, border]

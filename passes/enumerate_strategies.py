@@ -1,0 +1,122 @@
+"""Strategy enumeration: every way an op (or a graph input) may be laid out on the mesh.
+
+A strategy of an op assigns each mesh axis to at most one factor of its rule (DESIGN.md §4.3).
+From the assignment follow the layouts the op needs for its operands and the layouts of its
+results (reduction factors leave the results partial over their axes). Strategies that split a
+factor unevenly, split a need-replication factor, or cut a compound dimension into
+non-contiguous pieces are never proposed; duplicates (same operand and result layouts) are shaved.
+"""
+
+from __future__ import annotations
+
+import itertools
+from collections.abc import Iterator
+from dataclasses import dataclass
+
+from ..ir import Mesh, Op, Role, Sharding, ShardingRule, TensorType, Value, op_info
+from ..ir.rules import TensorFactors
+
+
+@dataclass(frozen=True, slots=True)
+class Strategy:
+    """One layout choice: required operand layouts, produced result layouts, and the split."""
+
+    operands: tuple[Sharding, ...]
+    results: tuple[Sharding, ...]
+    assignment: tuple[tuple[str, tuple[str, ...]], ...] = ()
+    """Factor -> mesh axes, for the sharded factors only (empty for graph inputs)."""
+    split: int = 1
+    """Number of devices the op's work is divided over (product of the assigned axes)."""
+
+    def label(self) -> str:
+        if not self.assignment:
+            return str(self.results[0]) if self.results else "-"
+        return " ".join(f"{f}:{'+'.join(axes)}" for f, axes in self.assignment)
+
+
+def _mesh_axes(mesh: Mesh) -> list[str]:
+    return [name for name, size in mesh.axes if size > 1]
+
+
+def _dims_sharding(factors: TensorFactors, assign: dict[str, tuple[str, ...]]) -> tuple:
+    """Per-dim mesh axes of a tensor: its factors' axes, major factor first."""
+    return tuple(tuple(a for f in dim for a in assign.get(f, ())) for dim in factors)
+
+
+def _compound_ok(rule: ShardingRule, assign: dict[str, tuple[str, ...]], mesh: Mesh) -> bool:
+    """A minor factor of a compound may be split only if every more-major factor is fully split."""
+    size = rule.size_of
+    for tensor in rule.operands + rule.results:
+        for dim in tensor:
+            for k, f in enumerate(dim):
+                if assign.get(f) and any(
+                    mesh.group_size(assign.get(g, ())) != size[g] for g in dim[:k]
+                ):
+                    return False
+    return True
+
+
+def _assignments(rule: ShardingRule, mesh: Mesh) -> Iterator[dict[str, tuple[str, ...]]]:
+    size = rule.size_of
+    candidates = [f for f in rule.factor_names if f not in rule.need_replication and size[f] > 1]
+    axes = _mesh_axes(mesh)
+    for choice in itertools.product([None, *candidates], repeat=len(axes)):
+        assign: dict[str, tuple[str, ...]] = {}
+        for axis, factor in zip(axes, choice, strict=True):
+            if factor is not None:
+                assign[factor] = (*assign.get(factor, ()), axis)
+        if all(size[f] % mesh.group_size(a) == 0 for f, a in assign.items()) and _compound_ok(
+            rule, assign, mesh
+        ):
+            yield assign
+
+
+def op_strategies(op: Op, mesh: Mesh) -> list[Strategy]:
+    """All distinct strategies of an op on the mesh (partial pass-through for linear ops)."""
+    rule = op.rule
+    linear = bool(op_info(op.kind) and op_info(op.kind).linear)  # type: ignore[union-attr]
+    out: dict[tuple, Strategy] = {}
+    for assign in _assignments(rule, mesh):
+        operand_dims = [_dims_sharding(t, assign) for t in rule.operands]
+        result_dims = [_dims_sharding(t, assign) for t in rule.results]
+        reduced = frozenset(a for f in rule.reduction for a in assign.get(f, ()))
+        used = {a for axes in assign.values() for a in axes}
+        free = [a for a in _mesh_axes(mesh) if a not in used]
+        extra_partials = _subsets(free) if linear and op.operands else [frozenset()]
+        for pending in extra_partials:
+            operands = tuple(Sharding(d, pending) for d in operand_dims)
+            results = tuple(Sharding(d, reduced | pending) for d in result_dims)
+            key = (operands, results)
+            if key not in out:
+                split = mesh.group_size(sorted(used))
+                label = tuple(sorted(assign.items(), key=lambda kv: rule.factor_names.index(kv[0])))
+                out[key] = Strategy(operands, results, label, split)
+    return list(out.values())
+
+
+def _subsets(axes: list[str]) -> list[frozenset[str]]:
+    return [frozenset(c) for r in range(len(axes) + 1) for c in itertools.combinations(axes, r)]
+
+
+def value_layouts(type_: TensorType, mesh: Mesh) -> list[Sharding]:
+    """Every even, non-partial layout of a tensor: each mesh axis splits one dim or none."""
+    axes = _mesh_axes(mesh)
+    layouts: list[Sharding] = []
+    for choice in itertools.product([None, *range(type_.rank)], repeat=len(axes)):
+        dims: list[tuple[str, ...]] = [() for _ in range(type_.rank)]
+        for axis, d in zip(axes, choice, strict=True):
+            if d is not None:
+                dims[d] = (*dims[d], axis)
+        if all(size % mesh.group_size(a) == 0 for size, a in zip(type_.shape, dims, strict=True)):
+            layouts.append(Sharding(tuple(dims)))
+    return layouts
+
+
+def input_strategies(value: Value, mesh: Mesh) -> list[Strategy]:
+    """Layouts a graph input may be given; a pinned input has exactly its pin."""
+    if value.pinned and value.sharding is not None:
+        return [Strategy((), (value.sharding,))]
+    if value.role is Role.CONSTANT and value.type.numel <= 1:
+        return [Strategy((), (Sharding.replicated(value.type.rank),))]
+    layouts = value_layouts(value.type, mesh)
+    return [Strategy((), (s,)) for s in layouts]

@@ -1,0 +1,127 @@
+"""Price a graph's strategies into a layout Problem: compute per op, resharding per edge."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..costmodel import compute_time, reshard_time
+from ..costmodel.cluster import Cluster
+from ..ir import Graph, Mesh, Op, Role, Sharding, TensorType, Value, op_flops
+from ..passes.enumerate_strategies import Strategy, input_strategies, op_strategies
+from .problem import Problem
+
+PERSISTENT_ROLES = (Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT, Role.CONSTANT)
+
+
+@dataclass(eq=False, slots=True)
+class Space:
+    """The decision nodes of a graph: graph inputs first, then ops, with their strategies."""
+
+    graph: Graph
+    mesh: Mesh
+    strategies: list[list[Strategy]]
+    producer: dict[Value, tuple[int, int]]
+    """Value -> (node, result index)."""
+
+    @property
+    def num_inputs(self) -> int:
+        return len(self.graph.inputs)
+
+    def op_node(self, index: int) -> int:
+        return self.num_inputs + index
+
+    def layout(self, value: Value, choice: list[int]) -> Sharding:
+        node, k = self.producer[value]
+        return self.strategies[node][choice[node]].results[k]
+
+
+def build_space(graph: Graph, mesh: Mesh) -> Space:
+    strategies = [input_strategies(v, mesh) for v in graph.inputs]
+    producer: dict[Value, tuple[int, int]] = {v: (n, 0) for n, v in enumerate(graph.inputs)}
+    for i, op in enumerate(graph.ops):
+        node = len(graph.inputs) + i
+        strategies.append(_pinned_filter(op, op_strategies(op, mesh)))
+        for k, r in enumerate(op.results):
+            producer[r] = (node, k)
+    return Space(graph, mesh, strategies, producer)
+
+
+def _pinned_filter(op: Op, strategies: list[Strategy]) -> list[Strategy]:
+    """Keep only strategies that produce pinned result layouts (falls back if none match)."""
+    pins = [(k, r.sharding) for k, r in enumerate(op.results) if r.pinned and r.sharding]
+    if not pins:
+        return strategies
+    kept = [s for s in strategies if all(s.results[k].without_partial() == p for k, p in pins)]
+    return kept or strategies
+
+
+def op_cost(op: Op, strategy: Strategy, mesh: Mesh, cluster: Cluster) -> float:
+    """Roofline time of the op on one device under a strategy."""
+    ins = [v.type for v in op.operands]
+    outs = [v.type for v in op.results]
+    flops = op_flops(op.kind, op.rule, ins, outs) / strategy.split
+    nbytes = sum(_local_bytes(t, s, mesh) for t, s in zip(ins, strategy.operands, strict=True))
+    nbytes += sum(_local_bytes(t, s, mesh) for t, s in zip(outs, strategy.results, strict=True))
+    dtype = (outs or ins)[0].dtype
+    return compute_time(flops, nbytes, dtype, cluster)
+
+
+def _local_bytes(type_: TensorType, sharding: Sharding, mesh: Mesh) -> int:
+    return type_.nbytes // sharding.shard_count(mesh)
+
+
+def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) -> Problem:
+    graph, mesh = space.graph, space.mesh
+    costs = [np.zeros(len(s)) for s in space.strategies[: space.num_inputs]]
+    memory = [_input_memory(v, space.strategies[n], mesh) for n, v in enumerate(graph.inputs)]
+    for i, op in enumerate(graph.ops):
+        strategies = space.strategies[space.op_node(i)]
+        costs.append(np.array([op_cost(op, s, mesh, cluster) for s in strategies]))
+        memory.append(np.zeros(len(strategies)))
+    names = [f"%{v.name}" for v in graph.inputs] + [repr(op) for op in graph.ops]
+    problem = Problem(names, costs, memory=memory, memory_limit=memory_limit)
+
+    def price(type_: TensorType):
+        return lambda a, b: reshard_time(a, b, type_, mesh, cluster)
+
+    for i, op in enumerate(graph.ops):
+        v = space.op_node(i)
+        for j, value in enumerate(op.operands):
+            u, k = space.producer[value]
+            problem.add_edge(
+                u, v,
+                [s.results[k] for s in space.strategies[u]],
+                [s.operands[j] for s in space.strategies[v]],
+                price(value.type),
+            )  # fmt: skip
+    for j, value in enumerate(graph.outputs):
+        _add_output_edge(problem, space, j, value, price(value.type))
+    return problem
+
+
+def _add_output_edge(problem: Problem, space: Space, j: int, value: Value, price) -> None:
+    """Aliased outputs must come back in their input's layout; others must not stay partial."""
+    u, k = space.producer[value]
+    produced = [s.results[k] for s in space.strategies[u]]
+    alias = space.graph.output_aliases.get(j)
+    if alias is not None:
+        wanted = [s.results[0] for s in space.strategies[alias]]
+        if alias != u:
+            problem.add_edge(u, alias, produced, wanted, price)
+        return
+    if value.pinned and value.sharding is not None:
+        target = value.sharding
+        problem.node_costs[u] = problem.node_costs[u] + np.array(
+            [price(p, target) for p in produced]
+        )
+    else:
+        extra = np.array([price(p, p.without_partial()) for p in produced])
+        problem.node_costs[u] = problem.node_costs[u] + extra
+
+
+def _input_memory(value: Value, strategies: list[Strategy], mesh: Mesh) -> np.ndarray:
+    if value.role not in PERSISTENT_ROLES:
+        return np.zeros(len(strategies))
+    return np.array([_local_bytes(value.type, s.results[0], mesh) for s in strategies], dtype=float)

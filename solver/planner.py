@@ -1,0 +1,192 @@
+"""plan_graph: enumerate, price, merge followers, solve with CP-SAT, and build the Plan."""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+
+import numpy as np
+
+from ..costmodel import get_cluster, reshard, reshard_time
+from ..costmodel.cluster import Cluster
+from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
+from ..passes.merge_followers import follower_pairs
+from .costs import Space, build_problem, build_space, op_cost
+from .ilp import Solution, solve
+from .plan import Plan, Reshard, SolverStats
+from .problem import Problem
+
+
+def plan_graph(
+    graph: Graph,
+    mesh: Mesh,
+    pins: Mapping[str, Sharding] | None = None,
+    memory_limit: float | None = None,
+    time_limit: float = 30.0,
+    merge_followers: bool = True,
+) -> Plan:
+    """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
+
+    The memory limit (per device, bytes) bounds persistent state: parameters, optimizer states
+    and inputs. It defaults to the cluster's device memory.
+    """
+    graph.mesh = mesh
+    if pins:
+        from ..passes.annotate import annotate
+
+        annotate(graph, pins)
+    cluster = get_cluster(mesh.cluster)
+    limit = memory_limit if memory_limit is not None else cluster.hbm_capacity
+    space = build_space(graph, mesh)
+    problem = build_problem(space, cluster, limit)
+    _check_memory_feasible(space, problem, limit)
+    if merge_followers:
+        for follower, leader in follower_pairs(graph, space.producer, space.num_inputs):
+            problem.eliminate(follower, leader, problem.follow_mapping(follower, leader))
+    solution = solve(problem, time_limit=time_limit, hints=_hints(space))
+    if not solution.choice:
+        raise InfeasiblePlanError(
+            f"the solver found no plan ({solution.status}) within {time_limit:.0f} s; "
+            "raise time_limit or the memory limit"
+        )
+    return build_plan(space, cluster, solution, problem)
+
+
+def _hints(space: Space) -> dict[int, int]:
+    """Warm start from annotations (pins and propagated hints) on graph inputs."""
+    hints = {}
+    for n, value in enumerate(space.graph.inputs):
+        if value.sharding is None:
+            continue
+        for s, strategy in enumerate(space.strategies[n]):
+            if strategy.results[0] == value.sharding:
+                hints[n] = s
+    return hints
+
+
+def _check_memory_feasible(space: Space, problem: Problem, limit: float) -> None:
+    """Fail early, with the minimum needed and the largest contributors, if nothing fits."""
+    assert problem.memory is not None
+    minimum = [float(m.min()) for m in problem.memory]
+    if sum(minimum) <= limit:
+        return
+    ranked = sorted(range(space.num_inputs), key=lambda n: -minimum[n])[:5]
+    top = ", ".join(f"%{space.graph.inputs[n].name} {_gib(minimum[n])}" for n in ranked)
+    raise InfeasiblePlanError(
+        f"the model's state does not fit: even fully sharded it needs {_gib(sum(minimum))} per "
+        f"device but the limit is {_gib(limit)}. Largest: {top}. Use more devices, a larger "
+        "memory_limit, or a smaller model"
+    )
+
+
+def _gib(nbytes: float) -> str:
+    return f"{nbytes / 2**30:.3f} GiB"
+
+
+def build_plan(space: Space, cluster: Cluster, solution: Solution, problem: Problem) -> Plan:
+    graph, mesh, choice = space.graph, space.mesh, solution.choice
+    shardings: dict[str, Sharding] = {}
+    for value in graph.values():
+        shardings[value.name] = space.layout(value, choice)
+    operand_shardings = {}
+    reshards: list[Reshard] = []
+    compute = 0.0
+    for i, op in enumerate(graph.ops):
+        strategy = space.strategies[space.op_node(i)][choice[space.op_node(i)]]
+        compute += op_cost(op, strategy, mesh, cluster)
+        for j, value in enumerate(op.operands):
+            operand_shardings[(i, j)] = strategy.operands[j]
+            _record(
+                reshards,
+                value.name,
+                f"op:{i}:{j}",
+                shardings[value.name],
+                strategy.operands[j],
+                value,
+                mesh,
+                cluster,
+            )
+    outputs = []
+    for j, value in enumerate(graph.outputs):
+        src = shardings[value.name]
+        alias = graph.output_aliases.get(j)
+        if alias is not None:
+            dst, label = shardings[graph.inputs[alias].name], f"alias:{j}"
+        else:
+            dst, label = (
+                (value.sharding if value.pinned and value.sharding else src.without_partial()),
+                f"output:{j}",
+            )
+        outputs.append(dst)
+        _record(reshards, value.name, label, src, dst, value, mesh, cluster)
+    comm = sum(r.time for r in reshards)
+    memory = memory_breakdown(space, shardings)
+    stats = SolverStats(
+        solution.status, solution.objective, solution.bound, solution.wall_time,
+        solution.num_variables, len(problem.live_nodes()),
+    )  # fmt: skip
+    return Plan(graph, mesh, shardings, operand_shardings, reshards, compute, comm,
+                sum(memory.values()), memory, stats, outputs)  # fmt: skip
+
+
+def _record(reshards, name, consumer, src, dst, value, mesh, cluster) -> None:
+    if src == dst:
+        return
+    collectives = reshard(src, dst, value.type, mesh, cluster)
+    reshards.append(Reshard(name, consumer, src, dst, tuple(collectives)))
+
+
+def memory_breakdown(space: Space, shardings: dict[str, Sharding]) -> dict[str, int]:
+    """Per-device bytes: persistent state by role plus the peak of live activations.
+
+    Activations are live from their producer to their last use in graph order (v1 liveness;
+    the memory issue refines this with the training schedule).
+    """
+    graph, mesh = space.graph, space.mesh
+    by_role = {"parameters": 0, "optimizer_states": 0, "inputs": 0}
+    key = {Role.PARAMETER: "parameters", Role.OPTIMIZER_STATE: "optimizer_states"}
+    for v in graph.inputs:
+        by_role[key.get(v.role, "inputs")] += v.type.nbytes // shardings[v.name].shard_count(mesh)
+    last_use: dict[str, int] = {}
+    for i, op in enumerate(graph.ops):
+        for v in op.operands:
+            last_use[v.name] = i
+    for v in graph.outputs:
+        last_use[v.name] = len(graph.ops)
+    live, peak = 0, 0
+    frees: dict[int, int] = {}
+    for i, op in enumerate(graph.ops):
+        for r in op.results:
+            size = r.type.nbytes // shardings[r.name].shard_count(mesh)
+            live += size
+            end = last_use.get(r.name, i)
+            frees[end] = frees.get(end, 0) + size
+        peak = max(peak, live)
+        live -= frees.pop(i, 0)
+    by_role["activations"] = peak
+    return by_role
+
+
+def evaluate_choice(space: Space, cluster: Cluster, choice: list[int]) -> float:
+    """Modelled cost of a full assignment, recomputed from scratch (tests compare with the ILP)."""
+    graph, mesh = space.graph, space.mesh
+    total = 0.0
+    for i, op in enumerate(graph.ops):
+        strategy = space.strategies[space.op_node(i)][choice[space.op_node(i)]]
+        total += op_cost(op, strategy, mesh, cluster)
+        for j, value in enumerate(op.operands):
+            total += reshard_time(
+                space.layout(value, choice), strategy.operands[j], value.type, mesh, cluster
+            )
+    for j, value in enumerate(graph.outputs):
+        src = space.layout(value, choice)
+        alias = graph.output_aliases.get(j)
+        if alias is not None:
+            dst = space.strategies[alias][choice[alias]].results[0]
+        else:
+            dst = value.sharding if value.pinned and value.sharding else src.without_partial()
+        total += reshard_time(src, dst, value.type, mesh, cluster)
+    return total
+
+
+__all__ = ["build_plan", "evaluate_choice", "memory_breakdown", "plan_graph"]
+_ = np
