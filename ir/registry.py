@@ -342,12 +342,14 @@ def matmul(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     )
     if rhs.rank == 1:
         rhs_dims: list[tuple[str, ...]] = [(k,)]
-        lhs_dims = _broadcast_map(TensorType(lhs.shape[:-1], lhs.dtype), out, letters)
+        lhs_dims = _broadcast_map(TensorType(lhs.shape[:-1], lhs.dtype), out, letters) + [(k,)]
     else:
+        # a 1-D lhs drops the m dim from the result, so rhs's k dim has no result dim to face
+        rows = (1,) if lhs.rank > 1 else ()
         rhs_dims = _broadcast_map(
-            TensorType(rhs.shape[:-2] + (1, rhs.shape[-1]), rhs.dtype), out, letters
+            TensorType((*rhs.shape[:-2], *rows, rhs.shape[-1]), rhs.dtype), out, letters
         )
-        rhs_dims[-2] = (k,)
+        rhs_dims[-2:-1] = [(k,)]
     if lhs.rank == 1:
         lhs_dims = [(k,)]
     else:

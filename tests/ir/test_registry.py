@@ -1,0 +1,215 @@
+"""Rule registry: one golden case per op kind (alphabetical), plus explicit rules for key ops."""
+
+from __future__ import annotations
+
+import difflib
+import re
+from pathlib import Path
+
+import pytest
+
+from shardplan.ir import Graph, Origin, ShardingRule, TensorType, UnsupportedOpWarning
+from shardplan.ir.registry import known_kinds, rule_for
+from shardplan.ir.verify import verify
+
+GOLDEN = Path(__file__).parent.parent / "golden" / "registry" / "rules.txt"
+Case = tuple[list[str], list[str], dict]
+
+EW = [(["f32[]"], ["f32[]"], {}), (["f32[1,7]"], ["f32[1,7]"], {})]
+EW_BINARY = [(["f32[3,1,5]", "f32[5]"], ["f32[3,1,5]"], {})]
+REDUCE = [
+    (["f32[3,5]"], ["f32[3]"], {"axes": (1,)}),
+    (["f32[7]"], ["f32[]"], {"axes": (0,)}),
+    (["f32[3,1,5]"], ["f32[1,1,1]"], {"axes": (0, 2)}),
+    (["f32[]"], ["f32[]"], {"axes": ()}),
+]
+ROW = [(["f32[3,5]"], ["f32[3,5]"], {"axis": 1}), (["f32[1,7]"], ["f32[1,7]"], {"axis": 1})]
+NORM = [
+    (["f32[3,5]", "f32[5]", "f32[5]"], ["f32[3,5]", "f32[3]", "f32[3]"], {"axis": 1}),
+    (["f32[4,4]", "f32[4]"], ["f32[4,4]"], {"axis": 1}),  # square: the weight is still trailing
+]
+NORM_BACKWARD = [
+    (["f32[3,5]", "f32[3,5]", "f32[3]", "f32[3]", "f32[5]"], ["f32[3,5]", "f32[5]"], {"axis": 1})
+]
+LOSS = [
+    (["f32[3,5]", "i64[3]"], ["f32[]"], {"axis": 1}),
+    (["f32[2,3,7]", "i64[2,3]"], ["f32[]"], {"axis": 2}),
+]
+LOSS_BACKWARD = [(["f32[]", "f32[3,5]", "i64[3]"], ["f32[3,5]"], {"axis": 1})]
+RESHAPE = [
+    (["f32[8,4]"], ["f32[2,16]"], {}),
+    (["f32[15]"], ["f32[3,5]"], {}),
+    (["f32[2,3]"], ["f32[3,2]"], {}),
+    (["f32[3,5]"], ["f32[5,3]"], {}),
+    (["f32[1,15]"], ["f32[15,1]"], {}),
+    (["f32[]"], ["f32[1,1]"], {}),
+]
+BROADCAST = [
+    (["f32[5]"], ["f32[3,5]"], {"dims": (1,)}),
+    (["f32[1,5]"], ["f32[3,5]"], {"dims": (0, 1)}),
+    (["f32[]"], ["f32[3]"], {"dims": ()}),
+]
+ATTENTION = [
+    (["f32[2,4,8,16]"] * 3, ["f32[2,4,8,16]"], {}),
+    (["f32[1,3,5,7]", "f32[1,3,9,7]", "f32[1,3,9,11]"], ["f32[1,3,5,11]", "f32[1,3,5]"], {}),
+]
+ATTENTION_BACKWARD = [
+    (
+        ["f32[1,3,5,11]", "f32[1,3,5,7]", "f32[1,3,9,7]", "f32[1,3,9,11]", "f32[1,3,5,11]",
+         "f32[1,3,5]"],
+        ["f32[1,3,5,7]", "f32[1,3,9,7]", "f32[1,3,9,11]"],
+        {},
+    )
+]  # fmt: skip
+
+SPECIAL: dict[str, list[Case]] = {
+    "argmax": [(["f32[3,5]"], ["i64[3]"], {"axes": (1,)})],
+    "attention": ATTENTION,
+    "attention_backward": ATTENTION_BACKWARD,
+    "broadcast": BROADCAST,
+    "broadcast_in_dim": BROADCAST,
+    "concat": [(["f32[3,5]", "f32[2,5]"], ["f32[5,5]"], {})],
+    "constant": [([], ["f32[]"], {}), ([], ["f32[3,1]"], {})],
+    "cross_entropy": LOSS,
+    "cross_entropy_backward": LOSS_BACKWARD,
+    "dot": [(["f32[16,64]", "f32[64,256]"], ["f32[16,256]"], {}),
+            (["f32[1,7]", "f32[7,1]"], ["f32[1,1]"], {})],
+    "dot_general": [(["f32[2,3,5]", "f32[2,5,7]"], ["f32[2,3,7]"],
+                     {"lhs_batch": (0,), "rhs_batch": (0,), "lhs_contracting": (2,),
+                      "rhs_contracting": (1,)})],
+    "dynamic_slice": [(["f32[8,5]", "i64[]", "i64[]"], ["f32[4,5]"], {})],
+    "einsum": [(["f32[2,3,5]", "f32[5,7]"], ["f32[2,3,7]"], {"equation": "bsh,hf->bsf"})],
+    "embedding": [(["f32[100,16]", "i64[2,8]"], ["f32[2,8,16]"], {}),
+                  (["f32[100,16]", "i64[]"], ["f32[16]"], {})],
+    "embedding_backward": [(["f32[2,8,16]", "i64[2,8]"], ["f32[100,16]"], {})],
+    "gather": [(["f32[10,4]", "i64[3]"], ["f32[3,4]"], {})],
+    "iota": [([], ["i32[3,5]"], {})],
+    "layer_norm": NORM,
+    "layer_norm_backward": NORM_BACKWARD,
+    "matmul": [(["f32[2,3,5]", "f32[5,7]"], ["f32[2,3,7]"], {}),
+               (["f32[5]", "f32[5,7]"], ["f32[7]"], {}),
+               (["f32[3,5]", "f32[5]"], ["f32[3]"], {}),
+               (["f32[2,1,3,5]", "f32[4,5,7]"], ["f32[2,4,3,7]"], {})],
+    "nll_loss": LOSS,
+    "nll_loss_backward": LOSS_BACKWARD,
+    "pad": [(["f32[3,5]"], ["f32[5,5]"], {})],
+    "reshape": RESHAPE,
+    "rms_norm": [(["f32[3,5]", "f32[5]"], ["f32[3,5]"], {"axis": 1}), NORM[1]],
+    "rms_norm_backward": NORM_BACKWARD,
+    "slice": [(["f32[8,5]"], ["f32[4,5]"], {}), (["f32[7]"], ["f32[1]"], {})],
+    "topk": [(["f32[3,5]"], ["f32[3,5]", "i64[3,5]"], {"axis": 1})],
+    "transpose": [(["f32[3,5,7]"], ["f32[7,3,5]"], {"perm": (2, 0, 1)}),
+                  (["f32[]"], ["f32[]"], {"perm": ()})],
+}  # fmt: skip
+for _kind in ("reduce_sum", "sum", "mean", "reduce_mean", "reduce_max", "reduce_min"):
+    SPECIAL[_kind] = REDUCE
+for _kind in ("max_reduce", "amax", "amin"):
+    SPECIAL[_kind] = REDUCE[:1]
+SPECIAL["argmin"] = SPECIAL["argmax"]
+for _kind in ("softmax", "log_softmax", "cumsum", "sort"):
+    SPECIAL[_kind] = ROW
+for _kind in ("softmax_backward", "log_softmax_backward"):
+    SPECIAL[_kind] = [(["f32[3,5]", "f32[3,5]"], ["f32[3,5]"], {"axis": 1})]
+
+
+def tensor(text: str) -> TensorType:
+    match = re.fullmatch(r"(\w+)\[([\d,]*)\]", text)
+    assert match, text
+    dims = tuple(int(d) for d in match.group(2).split(",") if d)
+    return TensorType(dims, match.group(1))
+
+
+def cases(kind: str) -> list[Case]:
+    """The golden cases of one kind; elementwise kinds get scalar, size-1 and broadcast cases."""
+    return SPECIAL.get(kind, EW + EW_BINARY)
+
+
+def case_line(kind: str, case: Case) -> str:
+    ins, outs, attrs = case
+    rule = rule_for(kind, [tensor(t) for t in ins], [tensor(t) for t in outs], attrs)
+    suffix = f" {attrs}" if attrs else ""
+    return f"{kind}({', '.join(ins)}) -> ({', '.join(outs)}){suffix}: {rule}"
+
+
+def test_registry_golden_one_case_per_kind(update_golden: bool) -> None:
+    """Every registered kind, alphabetically, against tests/golden/registry/rules.txt."""
+    lines = [case_line(kind, case) for kind in known_kinds() for case in cases(kind)]
+    text = "\n".join(lines) + "\n"
+    if update_golden:
+        GOLDEN.write_text(text)
+    expected = GOLDEN.read_text()
+    diff = "".join(difflib.unified_diff(expected.splitlines(True), text.splitlines(True)))
+    assert text == expected, f"rules changed (rerun with --update-golden if intended):\n{diff}"
+
+
+def test_registry_golden_covers_every_kind() -> None:
+    golden_kinds = {line.split("(")[0] for line in GOLDEN.read_text().splitlines()}
+    assert golden_kinds == set(known_kinds())
+
+
+@pytest.mark.parametrize("kind", known_kinds())
+def test_registry_rules_fit_types_and_rebuild_from_spec(kind: str) -> None:
+    """Each case's rule verifies against its op's types and rebuilds identically from its spec."""
+    for ins, outs, attrs in cases(kind):
+        graph = Graph("case")
+        operands = [graph.add_input(f"x{i}", tensor(t)) for i, t in enumerate(ins)]
+        op = graph.add_op(kind, operands, [tensor(t) for t in outs], attrs=attrs)
+        verify(graph)
+        rule = op.rule
+        shapes = [tensor(t).shape for t in ins], [tensor(t).shape for t in outs]
+        rebuilt = ShardingRule.from_spec(
+            rule.spec, *shapes, rule.need_replication, rule.compound_only_sizes()
+        )
+        assert rebuilt == rule
+
+
+@pytest.mark.parametrize(
+    ("ins", "outs", "expected"),
+    [
+        (["f32[8,4]"], ["f32[2,16]"], "(ab)c->a(bc) {a=2, b=4, c=4}"),
+        (["f32[2,16]"], ["f32[8,4]"], "a(bc)->(ab)c {a=2, b=4, c=4}"),
+        (["f32[6]"], ["f32[2,3]"], "(ab)->ab {a=2, b=3}"),
+        (["f32[2,3]"], ["f32[3,2]"], "ac->bd {a=2, c=3, b=3, d=2} need_replication={a, c}"),
+        (["f32[4,1,6]"], ["f32[24]"], "a1b->(ab) {a=4, b=6}"),
+    ],
+)
+def test_registry_reshape_gcd_factors(ins: list[str], outs: list[str], expected: str) -> None:
+    rule = rule_for("reshape", [tensor(t) for t in ins], [tensor(t) for t in outs], {})
+    assert str(rule) == expected
+
+
+def test_registry_dot_rule_has_reduction_factor() -> None:
+    rule = rule_for("dot", [tensor("f32[16,64]"), tensor("f32[64,256]")], [tensor("f32[16,256]")], {})
+    assert str(rule) == "ik,kj->ij {i=16, k=64, j=256} reduction={k}"
+
+
+def test_registry_layer_norm_square_weight_aligns_to_hidden_dim() -> None:
+    ins = [tensor("f32[8,8]"), tensor("f32[8]")]
+    rule = rule_for("layer_norm", ins, [tensor("f32[8,8]")], {"axis": 1})
+    assert rule.spec == "ab,b->ab"
+
+
+@pytest.mark.xfail(strict=True, reason="registry: rowwise gives topk's k-sized dim no factor")
+def test_registry_topk_smaller_k_fits_result_types() -> None:
+    graph = Graph("topk")
+    x = graph.add_input("x", tensor("f32[3,5]"))
+    graph.add_op("topk", [x], [tensor("f32[3,2]"), tensor("i64[3,2]")], attrs={"axis": 1})
+    verify(graph)
+
+
+def test_registry_unknown_kind_warns_and_replicates() -> None:
+    ins, outs = [tensor("f32[3,5]"), tensor("f32[5]")], [tensor("f32[3]")]
+    origin = Origin(module="model.block", source="model.py:12")
+    with pytest.warns(UnsupportedOpWarning, match=r"'frobnicate' at model\.block \(model\.py:12\)"):
+        rule = rule_for("frobnicate", ins, outs, {}, origin)
+    assert rule.need_replication == frozenset(rule.factor_names)
+    assert str(rule) == "ab,c->d {a=3, b=5, c=5, d=3} need_replication={a, b, c, d}"
+    assert rule.reduction == frozenset()
+
+
+def test_registry_unknown_kind_through_add_op_warns() -> None:
+    graph = Graph("g")
+    x = graph.add_input("x", tensor("f32[4]"))
+    with pytest.warns(UnsupportedOpWarning, match="my_custom_op"):
+        op = graph.add_op("my_custom_op", [x], [tensor("f32[4]")], origin=Origin(module="m"))
+    assert op.rule.need_replication == {"a", "b"}
