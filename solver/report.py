@@ -78,22 +78,27 @@ def _header(plan: Plan) -> Table:
     grid = Table.grid(padding=(0, 2))
     grid.add_column(style="bold")
     grid.add_column()
-    grid.add_row(
-        "graph", f"@{plan.graph.name}: {len(plan.graph.inputs)} inputs, {len(plan.graph.ops)} ops"
+    _add_row(
+        grid,
+        "graph",
+        f"@{plan.graph.name}: {len(plan.graph.inputs)} inputs, {len(plan.graph.ops)} ops",
     )
-    grid.add_row("mesh", f"{mesh} = {mesh.size} devices, cluster {mesh.cluster}")
-    grid.add_row(
+    _add_row(grid, "mesh", f"{mesh} = {mesh.size} devices, cluster {mesh.cluster}")
+    _add_row(
+        grid,
         "step time",
         f"{format_seconds(plan.step_time)} modelled (compute {format_seconds(plan.compute_time)}, "
         f"communication {format_seconds(plan.comm_time)})",
     )
     breakdown = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in sorted(plan.memory.items()))
-    grid.add_row(
+    _add_row(
+        grid,
         "memory/device",
         f"{format_bytes(plan.peak_memory_bytes)} peak ({breakdown or 'no breakdown'})",
     )
     wall = format_seconds(solver.wall_time) if solver.wall_time > 0 else "solve time not saved"
-    grid.add_row(
+    _add_row(
+        grid,
         "solver",
         f"{solver.status}, objective {format_seconds(solver.objective)}, gap {solver.gap:.2%}, "
         f"{wall}, {solver.num_variables} variables, {solver.num_choices} choices",
@@ -108,6 +113,11 @@ def _table(title: str, *columns: str) -> Table:
     return table
 
 
+def _add_row(table: Table, *cells: str) -> None:
+    """Cells as plain Text: ``all-reduce[tp]`` must not be read as rich markup."""
+    table.add_row(*(Text(cell) for cell in cells))
+
+
 def _local_shape(plan: Plan, name: str, sharding: Sharding) -> str:
     try:
         shape = sharding.local_shape(plan.graph.value(name).type, plan.mesh)
@@ -120,7 +130,8 @@ def _inputs_table(plan: Plan) -> Table:
     table = _table("Inputs", "value", "origin", "role", "type", "sharding", "local shape")
     for value in plan.graph.inputs:
         sharding = plan.shardings.get(value.name)
-        table.add_row(
+        _add_row(
+            table,
             f"%{value.name}",
             value.origin.path or "",
             value.role.value,
@@ -161,7 +172,7 @@ def _ops_table(plan: Plan) -> Table:
         )
         results = "\n".join(str(plan.shardings.get(r.name, "?")) for r in op.results)
         module = op.origin.module or op.origin.path
-        table.add_row(repr(op), module, f"{flops / 1e9:.3g}", operands, results)
+        _add_row(table, repr(op), module, f"{flops / 1e9:.3g}", operands, results)
     shown = len(_ops_to_show(plan))
     if shown < len(plan.graph.ops):
         table.caption = f"{len(plan.graph.ops) - shown} more ops not shown"
@@ -198,7 +209,8 @@ def _reshards_table(plan: Plan) -> Table:
             f"{c.kind}[{','.join(c.axes)}] {format_bytes(c.bytes)} {format_seconds(c.time)}"
             for c in reshard.collectives
         )
-        table.add_row(
+        _add_row(
+            table,
             f"%{reshard.value} -> {describe_consumer(plan.graph, reshard.consumer)}",
             f"{reshard.src}\n-> {reshard.dst}",
             collectives or "local slice (free)",

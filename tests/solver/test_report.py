@@ -1,0 +1,68 @@
+"""``print(plan)``: deterministic tables and the ASCII picture of parameter layouts."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+from shardplan import Sharding
+from shardplan.solver.report import format_bytes, format_plan, format_seconds, plan_picture
+
+
+def _make_plan():
+    """The hand-built plan of test_serialize.py (loaded by path: tests are not a package)."""
+    path = Path(__file__).with_name("test_serialize.py")
+    spec = importlib.util.spec_from_file_location("_serialize_cases", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module.make_plan()
+
+
+def test_format_plan_is_deterministic_plain_text():
+    """Same plan, same text; no ANSI escapes; the fixed width holds."""
+    text = format_plan(_make_plan())
+    assert text == format_plan(_make_plan())
+    assert "\x1b[" not in text
+    assert max(len(line) for line in text.splitlines()) <= 110
+
+
+def test_format_plan_has_every_section():
+    text = str(_make_plan())
+    assert '<["dp"=2, "tp"=4]> = 8 devices, cluster h100-sxm' in text
+    assert "42.5 µs modelled (compute 30 µs, communication 12.5 µs)" in text
+    assert "80 KiB peak (activations 64 KiB, parameters 16 KiB)" in text
+    assert "OPTIMAL, objective 42.5 µs, gap 0.00%, 370 ms, 42 variables, 3 choices" in text
+    assert 'fc1.weight   param   bf16[64,256]   [{}, {"tp"}]   [64,64]' in text
+    assert "%out = dot(%a, %w2)" in text
+    assert "all-reduce[tp] 512 B 12.5 µs" in text
+    assert "%out -> output 0" in text
+
+
+def test_plan_picture_draws_column_and_row_splits():
+    picture = plan_picture(_make_plan())
+    assert picture.splitlines()[:4] == [
+        'fc1.weight  bf16[64,256]  [{}, {"tp"}]',
+        "  +---+---+---+---+   dim 0 (64): whole",
+        "  | 0 | 1 | 2 | 3 |   dim 1 (256): split 4 ways over tp -> 64 each",
+        "  +---+---+---+---+   replicated over dp=2",
+    ]
+    assert "  | 3 |" in picture
+
+
+def test_plan_picture_elides_wide_splits_and_shows_partial():
+    plan = _make_plan()
+    plan.mesh = type(plan.mesh)({"dp": 2, "tp": 16})
+    plan.graph.inputs[1].type = type(plan.graph.inputs[1].type)((64, 256), "bf16")
+    plan.shardings["w1"] = Sharding.of(None, ("dp", "tp"))
+    plan.shardings["w2"] = Sharding.of(None, None, partial=["tp"])
+    picture = plan_picture(plan)
+    assert "+---+---+---+---+---+---+---+---+.." in picture
+    assert "partial (pending sum) over tp" in picture
+
+
+def test_units():
+    assert format_bytes(512) == "512 B"
+    assert format_bytes(3 * 2**30) == "3 GiB"
+    assert format_seconds(1.25e-5) == "12.5 µs"
+    assert format_seconds(0.25) == "250 ms"
+    assert format_seconds(2.0) == "2 s"
