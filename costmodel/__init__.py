@@ -12,6 +12,7 @@ from .cluster import (
     get_cluster,
     known_clusters,
     load_cluster,
+    peak_table,
     register_cluster,
 )
 from .collective import COLLECTIVE_KINDS, Collective
@@ -39,6 +40,7 @@ __all__ = [
     "known_clusters",
     "load_cluster",
     "make_collective",
+    "peak_table",
     "register_cluster",
     "reshard",
     "reshard_time",

@@ -7,7 +7,7 @@ with no measurement behind it yet, to be calibrated.
 
 from __future__ import annotations
 
-from .cluster import Cluster, LinkLevel, register_cluster
+from .cluster import Cluster, LinkLevel, peak_table, register_cluster
 
 GB = 1e9
 TB = 1e12
@@ -28,16 +28,18 @@ NDR_NIC_BUSBW = 48 * GB
 H100_SXM = Cluster(
     name="h100-sxm",
     devices_per_node=8,  # DGX/HGX H100: 8 GPUs, 8 x 400G NICs (MLPerf system JSON; ref §3)
-    peak_flops={
-        "bf16": 989.4 * TFLOPS,  # dense, NVIDIA datasheet via ref §3
-        "f16": 989.4 * TFLOPS,
-        "f8e4m3": 1978.9 * TFLOPS,
-        "f8e5m2": 1978.9 * TFLOPS,
-        "i8": 1978.9 * TFLOPS,  # INT8 tensor = FP8 rate (NVIDIA datasheet; not on ref sheet)
-        "tf32": 494.7 * TFLOPS,
-        "f32": 66.9 * TFLOPS,  # FP32 non-tensor 67 TF (NVIDIA datasheet; ref lists FP64 tensor)
-        "f64": 66.9 * TFLOPS,  # FP64 tensor
-    },
+    peak_flops=peak_table(
+        {
+            "bf16": 989.4 * TFLOPS,  # dense, NVIDIA datasheet via ref §3
+            "f16": 989.4 * TFLOPS,
+            "f8e4m3": 1978.9 * TFLOPS,
+            "f8e5m2": 1978.9 * TFLOPS,
+            "i8": 1978.9 * TFLOPS,  # INT8 tensor = FP8 rate (NVIDIA datasheet; not on ref sheet)
+            "tf32": 494.7 * TFLOPS,
+            "f32": 66.9 * TFLOPS,  # FP32 non-tensor 67 TF (NVIDIA datasheet; ref lists FP64 tensor)
+            "f64": 66.9 * TFLOPS,  # FP64 tensor
+        }
+    ),
     hbm_bandwidth=3.35 * TB,
     hbm_capacity=80 * 10**9,
     # 8xH100 NVSwitch ring busbw ~370 GB/s (S. Jeaugey, nccl-tests#212). NVLS all-reduce reaches
@@ -54,16 +56,18 @@ H100_SXM = Cluster(
 H200_SXM = Cluster(
     name="h200-sxm",
     devices_per_node=8,
-    peak_flops={
-        "bf16": 989 * TFLOPS,  # same Hopper die as H100 SXM (ref §3)
-        "f16": 989 * TFLOPS,
-        "f8e4m3": 1978.9 * TFLOPS,  # (derived) = H100 SXM, same die
-        "f8e5m2": 1978.9 * TFLOPS,
-        "i8": 1978.9 * TFLOPS,
-        "tf32": 494.7 * TFLOPS,
-        "f32": 66.9 * TFLOPS,
-        "f64": 66.9 * TFLOPS,
-    },
+    peak_flops=peak_table(
+        {
+            "bf16": 989 * TFLOPS,  # same Hopper die as H100 SXM (ref §3)
+            "f16": 989 * TFLOPS,
+            "f8e4m3": 1978.9 * TFLOPS,  # (derived) = H100 SXM, same die
+            "f8e5m2": 1978.9 * TFLOPS,
+            "i8": 1978.9 * TFLOPS,
+            "tf32": 494.7 * TFLOPS,
+            "f32": 66.9 * TFLOPS,
+            "f64": 66.9 * TFLOPS,
+        }
+    ),
     hbm_bandwidth=4.8 * TB,  # 141 GB HBM3e at 4.8 TB/s (ref §3)
     hbm_capacity=141 * 10**9,
     # Same 900 GB/s NVLink4/NVSwitch as H100 (MLPerf H200 system JSON, ref §3), so we reuse the
@@ -80,14 +84,16 @@ H200_SXM = Cluster(
 A100_80GB = Cluster(
     name="a100-80gb",
     devices_per_node=8,  # DGX A100: 8 GPUs, 8 x HDR 200 Gb/s NICs
-    peak_flops={
-        "bf16": 312 * TFLOPS,  # dense (ref §3)
-        "f16": 312 * TFLOPS,
-        "i8": 624 * TFLOPS,  # INT8 tensor (NVIDIA A100 datasheet; not on ref sheet)
-        "tf32": 156 * TFLOPS,
-        "f32": 19.5 * TFLOPS,  # FP32 non-tensor (NVIDIA datasheet); = FP64 tensor on ref sheet
-        "f64": 19.5 * TFLOPS,
-    },
+    peak_flops=peak_table(
+        {
+            "bf16": 312 * TFLOPS,  # dense (ref §3)
+            "f16": 312 * TFLOPS,
+            "i8": 624 * TFLOPS,  # INT8 tensor (NVIDIA A100 datasheet; not on ref sheet)
+            "tf32": 156 * TFLOPS,
+            "f32": 19.5 * TFLOPS,  # FP32 non-tensor (NVIDIA datasheet); = FP64 tensor on ref sheet
+            "f64": 19.5 * TFLOPS,
+        }
+    ),
     hbm_bandwidth=2.039 * TB,  # HBM2e (ref §3)
     hbm_capacity=80 * 10**9,
     # 8xA100 NVSwitch all-reduce busbw ~230 GB/s (nccl-tests#175, #149; ref §3).
@@ -104,18 +110,20 @@ A100_80GB = Cluster(
 B200 = Cluster(
     name="b200",
     devices_per_node=8,  # HGX B200: 8 GPUs on NVSwitch 5
-    peak_flops={
-        # HGX B200 at 1,000 W, dense matrix rates (glennklockwood.com/garden/processors/B200,
-        # citing NVIDIA; not on the ref sheet).
-        "bf16": 2250 * TFLOPS,
-        "f16": 2250 * TFLOPS,
-        "f8e4m3": 4500 * TFLOPS,
-        "f8e5m2": 4500 * TFLOPS,
-        "i8": 4500 * TFLOPS,
-        "tf32": 1100 * TFLOPS,
-        "f32": 80 * TFLOPS,
-        "f64": 40 * TFLOPS,
-    },
+    peak_flops=peak_table(
+        {
+            # HGX B200 at 1,000 W, dense matrix rates (glennklockwood.com/garden/processors/B200,
+            # citing NVIDIA; not on the ref sheet).
+            "bf16": 2250 * TFLOPS,
+            "f16": 2250 * TFLOPS,
+            "f8e4m3": 4500 * TFLOPS,
+            "f8e5m2": 4500 * TFLOPS,
+            "i8": 4500 * TFLOPS,
+            "tf32": 1100 * TFLOPS,
+            "f32": 80 * TFLOPS,
+            "f64": 40 * TFLOPS,
+        }
+    ),
     hbm_bandwidth=8.0 * TB,  # 8 TB/s HBM3e (same page)
     hbm_capacity=180 * 10**9,  # HGX B200 exposes ~179-180 GB of the 192 GB stacks
     # autoparallel's per-GPU intra-node bandwidth for B200, 640 GB/s (ref §3 "NCCL constants").
@@ -134,11 +142,13 @@ TPU_V5P = Cluster(
     # The ICI domain is the "node": a v5p pod has 8,960 chips on one 3-D torus (ref §3);
     # jobs larger than one ICI slice talk over DCN.
     devices_per_node=8960,
-    peak_flops={
-        "bf16": 459 * TFLOPS,  # ref §3
-        "i8": 918 * TFLOPS,  # (Cloud TPU v5p docs: int8 = 2x bf16; not on ref sheet)
-        "f32": 459 * TFLOPS / 3,  # (assumption) f32 matmul as 3 bf16 passes (XLA default)
-    },
+    peak_flops=peak_table(
+        {
+            "bf16": 459 * TFLOPS,  # ref §3
+            "i8": 918 * TFLOPS,  # (Cloud TPU v5p docs: int8 = 2x bf16; not on ref sheet)
+            "f32": 459 * TFLOPS / 3,  # (assumption) f32 matmul as 3 bf16 passes (XLA default)
+        }
+    ),
     hbm_bandwidth=2.765 * TB,  # 95 GB HBM2e at 2,765 GB/s (ref §3)
     hbm_capacity=95 * 10**9,
     # ICI 1,200 GB/s bidirectional per chip over 6 torus links = 100 GB/s per link direction;
@@ -160,7 +170,7 @@ CPU_TEST = Cluster(
     # Round numbers for hand-computed tests: 4 devices per node, intra busbw 100 GB/s with 1 us
     # latency, 10 GB/s per NIC with 10 us latency, efficiencies 1 and no kernel floor.
     devices_per_node=4,
-    peak_flops={"f32": 1 * TFLOPS, "bf16": 2 * TFLOPS, "f16": 2 * TFLOPS},
+    peak_flops=peak_table({"f32": 1 * TFLOPS, "bf16": 2 * TFLOPS, "f16": 2 * TFLOPS}),
     hbm_bandwidth=100 * GB,
     hbm_capacity=16 * 10**9,
     intra_node=LinkLevel("test-intra", 100 * GB, 1e-6),

@@ -8,7 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from ..ir.errors import ShardplanError
+from shardplan.ir.errors import ShardplanError
 
 
 class UnknownClusterError(ShardplanError, KeyError):
@@ -80,9 +80,9 @@ class Cluster:
     notes: tuple[str, ...] = field(default=())
 
     def __post_init__(self) -> None:
-        flops = self.peak_flops
-        pairs = flops.items() if isinstance(flops, Mapping) else flops
-        object.__setattr__(self, "peak_flops", tuple(sorted((str(k), float(v)) for k, v in pairs)))
+        flops = self.peak_flops  # a dict is accepted at runtime (files, users) and frozen here
+        peaks = flops if isinstance(flops, Mapping) else dict(flops)
+        object.__setattr__(self, "peak_flops", peak_table(peaks))
         object.__setattr__(self, "notes", tuple(self.notes))
         if self.nics_per_node == 0:
             object.__setattr__(self, "nics_per_node", self.devices_per_node)
@@ -139,13 +139,32 @@ def known_clusters() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
+def peak_table(peaks: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
+    """``{"bf16": 989e12, ...}`` as the sorted pairs ``Cluster.peak_flops`` stores."""
+    return tuple(sorted((str(k), float(v)) for k, v in peaks.items()))
+
+
+def _link_from_dict(level: str, spec: Mapping[str, object]) -> LinkLevel:
+    try:
+        return LinkLevel(
+            str(spec.get("name", level)),
+            float(spec["bandwidth"]),  # type: ignore[arg-type]
+            float(spec["latency"]),  # type: ignore[arg-type]
+        )
+    except (KeyError, TypeError, ValueError) as exc:
+        raise ClusterConfigError(
+            f"{level} needs numeric 'bandwidth' (bytes/s) and 'latency' (s): {exc!r}"
+        ) from None
+
+
 def cluster_from_dict(data: Mapping[str, object]) -> Cluster:
     """Build a cluster from plain data; ``base = "<name>"`` starts from a catalogued cluster."""
     data = dict(data)
     base_name = data.pop("base", None)
     for level in ("intra_node", "inter_node"):
-        if isinstance(data.get(level), Mapping):
-            data[level] = LinkLevel(**{"name": level, **data[level]})  # type: ignore[dict-item]
+        spec = data.get(level)
+        if isinstance(spec, Mapping):
+            data[level] = _link_from_dict(level, spec)
     known = {f.name for f in fields(Cluster)}
     unknown = sorted(set(data) - known)
     if unknown:

@@ -22,7 +22,8 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..ir.mesh import Mesh
+from shardplan.ir.mesh import Mesh
+
 from .cluster import Cluster, get_cluster
 from .collective import COLLECTIVE_KINDS, Collective
 from .links import group_link

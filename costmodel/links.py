@@ -21,7 +21,8 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from ..ir.mesh import Mesh
+from shardplan.ir.mesh import Mesh
+
 from .cluster import Cluster
 
 INTRA_NODE = "intra-node"
@@ -37,7 +38,7 @@ class GroupLink:
     latency: float
     """Alpha in seconds."""
     ring_bandwidth: float
-    """Bus bandwidth (bytes/s) for ring-style collectives: all-gather, reduce-scatter, all-reduce."""
+    """Bus bandwidth (bytes/s) of ring collectives: all-gather, reduce-scatter, all-reduce."""
     p2p_bandwidth: float
     """Per-device bytes/s for all-to-all and collective-permute (no NIC aggregation)."""
 

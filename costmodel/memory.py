@@ -4,9 +4,9 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-from ..ir.mesh import Mesh
-from ..ir.sharding import Sharding
-from ..ir.types import TensorType
+from shardplan.ir.mesh import Mesh
+from shardplan.ir.sharding import Sharding
+from shardplan.ir.types import TensorType
 
 
 def value_bytes(type_: TensorType, sharding: Sharding, mesh: Mesh) -> int:

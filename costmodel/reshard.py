@@ -33,10 +33,11 @@ from __future__ import annotations
 import math
 from functools import lru_cache
 
-from ..ir.errors import ShardingError
-from ..ir.mesh import Mesh
-from ..ir.sharding import Sharding
-from ..ir.types import TensorType
+from shardplan.ir.errors import ShardingError
+from shardplan.ir.mesh import Mesh
+from shardplan.ir.sharding import Sharding
+from shardplan.ir.types import TensorType
+
 from .cluster import Cluster
 from .collective import Collective
 from .collectives import make_collective, resolve_cluster

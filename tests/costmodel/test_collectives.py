@@ -7,7 +7,6 @@ cpu-test: 4 devices per node; intra-node alpha 1 us, busbw 100 GB/s; inter-node 
 from __future__ import annotations
 
 import pytest
-
 from shardplan.costmodel import (
     Collective,
     axis_links,
