@@ -13,7 +13,7 @@ from shardplan.ir.sharding import Sharding
 
 from .manager import register_pass
 
-_GLOB_CHARS = frozenset("*?[")
+_GLOB_CHARS = frozenset("*?")
 
 
 @dataclass(frozen=True, slots=True)
@@ -21,8 +21,9 @@ class AnnotateOptions:
     """Pins as ``(key, sharding)`` pairs.
 
     A key is a value name (``x`` or ``%x``), an origin path (a parameter FQN such as
-    ``layers.0.wq.weight`` or a pytree path), or an fnmatch glob over either
-    (``layers.*.wq.weight``). Exact keys win over globs; among equals the later pin wins.
+    ``layers.0.wq.weight`` or a pytree path), or a glob over either with ``*`` and ``?``
+    (``layers.*.wq.weight``); brackets are literal, as in pytree paths ``params['w1']``.
+    Exact keys win over globs; among equals the later pin wins.
     """
 
     pins: tuple[tuple[str, Sharding], ...] = ()
@@ -53,7 +54,8 @@ def match_values(values: list[Value], key: str) -> list[Value]:
     """Values whose name or origin path equals ``key`` (or matches it as an fnmatch glob)."""
     key = key.removeprefix("%")
     if _is_glob(key):
-        return [v for v in values if fnmatchcase(v.name, key) or _path_matches(v, key)]
+        pattern = key.replace("[", "[[]")  # brackets are pytree subscripts, not char classes
+        return [v for v in values if fnmatchcase(v.name, pattern) or _path_matches(v, pattern)]
     return [v for v in values if v.name == key or v.origin.path == key]
 
 

@@ -119,7 +119,7 @@ def parse_options(info: PassInfo, text: str) -> Any:
     fields = {f.name: f for f in dataclasses.fields(info.options)}
     hints = typing.get_type_hints(info.options)
     values: dict[str, object] = {}
-    for item in _split_top_level(text.replace(",", " "), " ", where=text):
+    for item in _split_top_level(text, ", ", where=text):
         if not item:
             continue
         key, eq, raw = item.partition("=")
@@ -136,8 +136,8 @@ def parse_options(info: PassInfo, text: str) -> Any:
         raise ShardplanError(f"pass {info.name!r}: invalid options {values}: {err}") from err
 
 
-def _split_top_level(text: str, sep: str, where: str) -> list[str]:
-    """Split at ``sep`` outside braces and double quotes."""
+def _split_top_level(text: str, separators: str, where: str) -> list[str]:
+    """Split at any of ``separators`` outside braces and double quotes."""
     parts, depth, quoted, start = [], 0, False, 0
     for i, ch in enumerate(text):
         if ch == '"':
@@ -146,7 +146,7 @@ def _split_top_level(text: str, sep: str, where: str) -> list[str]:
             depth += 1 if ch == "{" else -1
             if depth < 0:
                 raise ShardplanError(f"pipeline {where!r}: unbalanced '}}'")
-        elif not quoted and depth == 0 and ch == sep:
+        elif not quoted and depth == 0 and ch in separators:
             parts.append(text[start:i])
             start = i + 1
     if depth or quoted:

@@ -187,7 +187,7 @@ def _propagate_op(op: Op, info: _OpFactors, mesh: Mesh, options: PropagateOption
         if axes and source is not None:
             targets[factor], sources[factor] = axes, source
     _keep_axes_unique(targets, sources, info)
-    return _write_back(tensors, targets, info, mesh, options.direction)
+    return _write_back(tensors, targets, info, mesh.shape, options.direction)
 
 
 def _candidates(
@@ -265,7 +265,7 @@ def _write_back(
     tensors: list[Value],
     targets: dict[str, tuple[str, ...]],
     info: _OpFactors,
-    mesh: Mesh,
+    axis_sizes: dict[str, int],
     direction: Direction,
 ) -> list[Value]:
     partial = frozenset(axis for f in info.reduction for axis in targets.get(f, ()))
@@ -276,15 +276,8 @@ def _write_back(
         value = tensors[position]
         if value.pinned:
             continue
-        is_result = position >= info.num_operands
-        new = _refined(
-            value,
-            info.tensors[position],
-            targets,
-            info,
-            mesh,
-            partial if is_result else frozenset(),
-        )
+        grown = partial if position >= info.num_operands else frozenset()
+        new = _refined(value, info.tensors[position], targets, info, axis_sizes, grown)
         if new is not None:
             value.sharding = new
             changed.append(value)
@@ -296,27 +289,27 @@ def _refined(
     factors: TensorFactors,
     targets: dict[str, tuple[str, ...]],
     info: _OpFactors,
-    mesh: Mesh,
+    axis_sizes: dict[str, int],
     partial: frozenset[str],
 ) -> Sharding | None:
     """The value's sharding grown by the factor targets, or None when nothing changes.
 
     A dimension whose current axes are not a prefix of the projected ones keeps its axes (the
     conflict is left for resharding); a refinement that would use an axis twice is dropped.
+    Divisibility needs no check: each factor's axes divide it, and only a fully split factor
+    is followed by more axes.
     """
     old = value.sharding
     old_dims = old.dims if old is not None else ((),) * len(factors)
-    axis_sizes = mesh.shape
+    old_partial = old.partial if old is not None else frozenset()
     dims = []
     for current, dim_factors in zip(old_dims, factors, strict=True):
         new = dim_axes(dim_factors, targets, info.size_of, axis_sizes)
-        dims.append(new if new[: len(current)] == current else current)
-    all_partial = partial | (old.partial if old is not None else frozenset())
-    if old is None and not all_partial and not any(dims):
+        dims.append(new if len(new) > len(current) and new[: len(current)] == current else current)
+    dims_tuple = tuple(dims)
+    if dims_tuple == old_dims and partial <= old_partial:
         return None
     try:
-        sharding = Sharding(tuple(dims), all_partial)
-        sharding.check(value.type, mesh)
+        return Sharding(dims_tuple, partial | old_partial)
     except ShardingError:
         return None
-    return None if sharding == old else sharding

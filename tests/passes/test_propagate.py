@@ -1,0 +1,312 @@
+"""Tests of the propagate pass: projection, merging, conflicts, pins, partial, fixed point."""
+
+from __future__ import annotations
+
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from shardplan.ir import Graph, Mesh, Sharding, ShardingError, ShardingRule, TensorType, Value
+from shardplan.passes.factor_projection import dim_axes, project_dim
+from shardplan.passes.propagate import (
+    PropagateOptions,
+    propagate,
+    propagate_shardings,
+    run_propagation,
+)
+
+MESH = Mesh({"dp": 2, "tp": 4})
+
+
+def _t(*shape: int) -> TensorType:
+    return TensorType(shape)
+
+
+def _mlp(w2_pin: Sharding | None = None) -> tuple[Graph, dict[str, Value]]:
+    """relu(x @ w1) @ w2 with x [{"dp"}, {}] and w1 [{}, {"tp"}] pinned (reference §9)."""
+    g = Graph("mlp", mesh=MESH)
+    x = g.add_input("x", _t(16, 64), sharding=Sharding.of("dp", None), pinned=True)
+    w1 = g.add_input("w1", _t(64, 256), sharding=Sharding.of(None, "tp"), pinned=True)
+    w2 = g.add_input("w2", _t(256, 64), sharding=w2_pin, pinned=w2_pin is not None)
+    h = g.add_op("dot", [x, w1], [_t(16, 256)], names=["h"]).result
+    r = g.add_op("relu", [h], [_t(16, 256)], names=["r"]).result
+    y = g.add_op("dot", [r, w2], [_t(16, 64)], names=["y"]).result
+    g.set_outputs([y])
+    return g, {"x": x, "w1": w1, "w2": w2, "h": h, "r": r, "y": y}
+
+
+def _shardings(g: Graph) -> dict[str, Sharding | None]:
+    return {v.name: v.sharding for v in g.values()}
+
+
+def test_propagate_mlp_matches_shardy_oracle() -> None:
+    g, v = _mlp()
+    propagate(g)
+    assert v["h"].sharding == Sharding.of("dp", "tp")
+    assert v["r"].sharding == Sharding.of("dp", "tp")
+    assert v["w2"].sharding == Sharding.of("tp", None)  # backward: row parallel
+    assert v["y"].sharding == Sharding.of("dp", None, partial={"tp"})
+    assert not v["w2"].pinned
+    assert not v["y"].pinned
+
+
+def test_propagate_forward_only_leaves_operands() -> None:
+    g, v = _mlp()
+    propagate(g, PropagateOptions(direction="forward"))
+    assert v["w2"].sharding is None
+    assert v["h"].sharding == Sharding.of("dp", "tp")
+    assert v["y"].sharding == Sharding.of("dp", None, partial={"tp"})
+
+
+def test_propagate_backward_only_fills_operands_from_results() -> None:
+    g = Graph("bw", mesh=MESH)
+    a = g.add_input("a", _t(8, 16))
+    b = g.add_op("relu", [a], [_t(8, 16)]).result
+    b.sharding, b.pinned = Sharding.of("dp", "tp"), True
+    propagate(g, PropagateOptions(direction="backward"))
+    assert a.sharding == Sharding.of("dp", "tp")
+
+
+def test_propagate_reshape_follows_compound_factor() -> None:
+    """[4,8,128] split on dim 2 by tp=4 lands on dim 2 of [4,8,8,16] (reference §9)."""
+    g = Graph("reshape", mesh=MESH)
+    a = g.add_input("a", _t(4, 8, 128), sharding=Sharding.of(None, None, "tp"), pinned=True)
+    op = g.add_op("reshape", [a], [_t(4, 8, 8, 16)])
+    propagate(g)
+    assert op.result.sharding == Sharding.of(None, None, "tp", None)
+
+
+def test_propagate_reshape_backward_merges_into_compound_dim() -> None:
+    """[4,8,8,16] sharded on dims 2 (tp=4 of 8) and 3: dim 3 cannot follow an unsplit major."""
+    g = Graph("reshape_bw", mesh=MESH)
+    a = g.add_input("a", _t(4, 8, 128))
+    b = g.add_op("reshape", [a], [_t(4, 8, 8, 16)]).result
+    b.sharding, b.pinned = Sharding.of("dp", None, "tp", None), True
+    propagate(g)
+    assert a.sharding == Sharding.of("dp", None, "tp")
+    full = Graph("reshape_full", mesh=Mesh({"x": 8, "y": 2}))
+    c = full.add_input("c", _t(128))
+    d = full.add_op("reshape", [c], [_t(8, 16)]).result
+    d.sharding, d.pinned = Sharding.of("x", "y"), True
+    propagate(full)
+    assert c.sharding == Sharding.of(("x", "y"))  # x fills the major factor, so y may follow
+
+
+def test_propagate_reshape_overflow_is_not_split_into_sub_axes() -> None:
+    """tp=4 on [16] reshaped to [2,8] would need sub-axes ("tp":(1)2, "tp":(2)2): refused."""
+    g = Graph("overflow", mesh=MESH)
+    a = g.add_input("a", _t(16), sharding=Sharding.of("tp"), pinned=True)
+    b = g.add_op("reshape", [a], [_t(2, 8)]).result
+    propagate(g)
+    assert b.sharding is None
+
+
+def test_project_dim_splits_axes_major_first() -> None:
+    sizes, axis_sizes = {"i": 2, "j": 8}, {"x": 2, "y": 4, "z": 4}
+    assert project_dim(("x", "y"), ("i", "j"), sizes, axis_sizes) == (
+        {"i": ("x",), "j": ("y",)},
+        False,
+    )
+    assert project_dim(("y",), ("i", "j"), sizes, axis_sizes) == ({"i": (), "j": ()}, True)
+    assert project_dim(("x", "y", "z"), ("i", "j"), sizes, axis_sizes)[1] is True
+    assert dim_axes(("i", "j"), {"i": (), "j": ("y",)}, sizes, axis_sizes) == ()
+    assert dim_axes(("i", "j"), {"i": ("x",), "j": ("y",)}, sizes, axis_sizes) == ("x", "y")
+
+
+def test_propagate_need_replication_factor_blocks() -> None:
+    g = Graph("softmax", mesh=MESH)
+    a = g.add_input("a", _t(8, 16), sharding=Sharding.of("dp", "tp"), pinned=True)
+    b = g.add_op("softmax", [a], [_t(8, 16)], attrs={"axis": 1}).result
+    propagate(g)
+    assert b.sharding == Sharding.of("dp", None)
+
+
+def test_propagate_never_overwrites_pins() -> None:
+    pin = Sharding.of(None, "dp")
+    g, v = _mlp(w2_pin=pin)
+    before = {k: (x.sharding, x.pinned) for k, x in v.items() if x.pinned}
+    propagate(g)
+    assert {k: (x.sharding, x.pinned) for k, x in v.items() if x.pinned} == before
+    assert v["w2"].sharding == pin
+    # j takes "dp" from the pinned w2 first, so i (from the unpinned r) cannot reuse it
+    assert v["y"].sharding == Sharding.of(None, "dp", partial={"tp"})
+
+
+def test_propagate_conflict_resolution_prefers_pins_then_larger_tensors() -> None:
+    g = Graph("conflict", mesh=MESH)
+    small = g.add_input("small", _t(8, 16), sharding=Sharding.of("dp", None))
+    big = g.add_input("big", _t(8, 16), sharding=Sharding.of("tp", None))
+    out = g.add_op("add", [small, big], [_t(8, 16)]).result
+    propagate(g)
+    assert out.sharding == Sharding.of("dp", None)  # equal size: lower operand index wins
+    g2 = Graph("conflict_pin", mesh=MESH)
+    a = g2.add_input("a", _t(8, 16), sharding=Sharding.of("dp", None))
+    b = g2.add_input("b", _t(8, 16), sharding=Sharding.of("tp", None), pinned=True)
+    out2 = g2.add_op("add", [a, b], [_t(8, 16)]).result
+    propagate(g2)
+    assert out2.sharding == Sharding.of("tp", None)  # the pinned tensor wins
+    assert a.sharding == Sharding.of("dp", None)  # a conflict never rewrites a known dim
+
+
+def test_propagate_larger_tensor_wins_broadcast_conflict() -> None:
+    g = Graph("bcast", mesh=MESH)
+    bias = g.add_input("bias", _t(16), sharding=Sharding.of("dp"))
+    act = g.add_input("act", _t(8, 16), sharding=Sharding.of(None, "tp"))
+    out = g.add_op("add", [bias, act], [_t(8, 16)]).result
+    propagate(g)
+    assert out.sharding == Sharding.of(None, "tp")
+
+
+def test_propagate_conservative_stops_at_conflicts() -> None:
+    g = Graph("conservative", mesh=MESH)
+    a = g.add_input("a", _t(8, 16), sharding=Sharding.of("dp", None), pinned=True)
+    b = g.add_input("b", _t(8, 16), sharding=Sharding.of("tp", None), pinned=True)
+    out = g.add_op("add", [a, b], [_t(8, 16)]).result
+    propagate(g, PropagateOptions(conservative=True))
+    assert out.sharding is None
+
+
+def test_propagate_axis_used_once_per_op() -> None:
+    """i (from x) and k (from w) both want tp: the factor of the larger pinned tensor keeps it."""
+    for x_rows, expected in (
+        (64, Sharding.of("tp", None)),
+        (16, Sharding.of(None, None, partial={"tp"})),
+    ):
+        g = Graph("axis_once", mesh=MESH)
+        x = g.add_input("x", _t(x_rows, 64), sharding=Sharding.of("tp", None), pinned=True)
+        w = g.add_input("w", _t(64, 32), sharding=Sharding.of("tp", None), pinned=True)
+        y = g.add_op("dot", [x, w], [_t(x_rows, 32)]).result
+        propagate(g)
+        assert y.sharding == expected
+
+
+def test_propagate_refines_minor_axes_of_hints() -> None:
+    g = Graph("refine", mesh=MESH)
+    a = g.add_input("a", _t(16, 8), sharding=Sharding.of(("dp", "tp"), None), pinned=True)
+    b = g.add_op("relu", [a], [_t(16, 8)]).result
+    b.sharding = Sharding.of("dp", None)  # an earlier hint, not pinned: may grow minor axes
+    propagate(g)
+    assert b.sharding == Sharding.of(("dp", "tp"), None)
+
+
+def test_propagate_is_deterministic() -> None:
+    results = []
+    for _ in range(3):
+        g, _v = _mlp()
+        propagate(g)
+        results.append(_shardings(g))
+    assert results[0] == results[1] == results[2]
+
+
+def test_propagate_reports_fixed_point_and_is_idempotent() -> None:
+    g, _v = _mlp()
+    stats = run_propagation(g, PropagateOptions())
+    assert stats.converged
+    assert stats.updates == 4
+    again = run_propagation(g, PropagateOptions())
+    assert again.updates == 0
+    assert again.sweeps == 1
+
+
+def test_propagate_shardings_returns_known_values() -> None:
+    g, v = _mlp()
+    found = propagate_shardings(g)
+    assert found[v["w2"]] == Sharding.of("tp", None)
+    assert set(found) == set(v.values())
+
+
+def test_propagate_without_mesh_or_pins_is_a_no_op() -> None:
+    g = Graph("nomesh")
+    a = g.add_input("a", _t(4))
+    g.add_op("relu", [a], [_t(4)])
+    assert run_propagation(g, PropagateOptions()).updates == 0
+    a.sharding = Sharding.of("dp")
+    with pytest.raises(ShardingError, match="no mesh"):
+        propagate(g)
+
+
+def test_propagate_rejects_bad_options() -> None:
+    with pytest.raises(Exception, match="max_iterations"):
+        PropagateOptions(max_iterations=0)
+    with pytest.raises(Exception, match="direction"):
+        PropagateOptions(direction="sideways")  # type: ignore[arg-type]
+
+
+def test_propagate_custom_rule_reduction_makes_partial() -> None:
+    g = Graph("sum", mesh=MESH)
+    a = g.add_input("a", _t(8, 16), sharding=Sharding.of("dp", "tp"), pinned=True)
+    rule = ShardingRule.from_spec("ij->i", [(8, 16)], [(8,)])
+    s = g.add_op("reduce_sum", [a], [_t(8)], rule=rule).result
+    propagate(g)
+    assert s.sharding == Sharding.of("dp", partial={"tp"})
+
+
+# -- properties and scale ----------------------------------------------------------------------
+
+_UNARY = ("relu", "exp", "neg")
+_AXES = st.sampled_from([None, "dp", "tp", ("dp", "tp")])
+
+
+@st.composite
+def _chains(draw: st.DrawFn) -> Graph:
+    """Random chains of elementwise / transpose / dot / reshape ops with random pins."""
+    g = Graph("chain", mesh=MESH)
+    cur = g.add_input("x", _t(8, 16))
+    for i in range(draw(st.integers(1, 8))):
+        kind = draw(st.sampled_from(["unary", "transpose", "dot", "reshape", "add"]))
+        rows, cols = cur.type.shape
+        if kind == "unary":
+            cur = g.add_op(draw(st.sampled_from(_UNARY)), [cur], [cur.type]).result
+        elif kind == "transpose":
+            cur = g.add_op("transpose", [cur], [_t(cols, rows)], attrs={"perm": (1, 0)}).result
+        elif kind == "dot":
+            w = g.add_input(f"w{i}", _t(cols, 16))
+            cur = g.add_op("dot", [cur, w], [_t(rows, 16)]).result
+        elif kind == "reshape":
+            cur = g.add_op("reshape", [cur], [_t(rows * cols // 8, 8)]).result
+        else:
+            other = g.add_input(f"b{i}", _t(rows, cols))
+            cur = g.add_op("add", [cur, other], [cur.type]).result
+    for value in g.values():
+        if draw(st.integers(0, 3)) == 0:
+            dims = draw(st.tuples(_AXES, _AXES))
+            try:
+                sharding = Sharding.of(*dims)
+                sharding.check(value.type, MESH)
+            except ShardingError:
+                continue
+            value.sharding, value.pinned = sharding, draw(st.booleans())
+    return g
+
+
+@settings(max_examples=150, deadline=None)
+@given(_chains(), st.sampled_from(["both", "forward", "backward"]), st.booleans())
+def test_propagate_idempotent_on_random_chains(
+    g: Graph, direction: str, conservative: bool
+) -> None:
+    options = PropagateOptions(direction=direction, conservative=conservative)  # type: ignore[arg-type]
+    pins = {v.name: v.sharding for v in g.values() if v.pinned}
+    first = run_propagation(g, options)
+    assert first.converged
+    snapshot = _shardings(g)
+    assert run_propagation(g, options).updates == 0
+    assert _shardings(g) == snapshot
+    assert {v.name: v.sharding for v in g.values() if v.pinned} == pins
+    for value in g.values():
+        if value.sharding is not None:
+            value.sharding.check(value.type, MESH)
+
+
+def test_propagate_scales_to_ten_thousand_ops() -> None:
+    """A 10k-op chain settles in two sweeps: each op is revisited only next to a change."""
+    g = Graph("long", mesh=MESH)
+    cur = g.add_input("x", _t(64, 128), sharding=Sharding.of("dp", None), pinned=True)
+    for i in range(2500):
+        w = g.add_input(f"w{i}", _t(128, 128))
+        cur = g.add_op("dot", [cur, w], [_t(64, 128)]).result
+        cur = g.add_op("relu", [cur], [cur.type]).result
+        cur = g.add_op("reshape", [cur], [_t(64, 8, 16)]).result
+        cur = g.add_op("reshape", [cur], [_t(64, 128)]).result
+    stats = run_propagation(g, PropagateOptions())
+    assert stats.converged
+    assert stats.sweeps <= 3
+    assert cur.sharding == Sharding.of("dp", None)
