@@ -14,8 +14,8 @@ from rich import box
 from rich.console import Console, Group, RenderableType
 from rich.table import Table
 from rich.text import Text
+from shardplan.ir import Graph, Op, Role, Sharding, ShardplanError, op_flops
 
-from ..ir import Graph, Op, Role, Sharding, ShardplanError, op_flops
 from .plan import Plan, Reshard
 
 REPORT_WIDTH = 110
@@ -52,7 +52,10 @@ def format_plan(plan: Plan, width: int = REPORT_WIDTH) -> str:
         file=buffer, width=width, color_system=None, force_terminal=False, no_color=True
     )
     console.print(plan_renderable(plan))
-    return "\n".join(line.rstrip() for line in buffer.getvalue().splitlines()) + "\n"
+    lines = [line.rstrip() for line in buffer.getvalue().splitlines()]
+    # A table ends in a blank line and the sections are separated by one: keep a single blank.
+    kept = [line for i, line in enumerate(lines) if line or (i > 0 and lines[i - 1])]
+    return "\n".join(kept) + "\n"
 
 
 def plan_renderable(plan: Plan) -> RenderableType:

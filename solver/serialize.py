@@ -12,8 +12,9 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from ..costmodel.collective import Collective
-from ..ir import Graph, Mesh, Sharding, ShardplanError
+from shardplan.costmodel.collective import Collective
+from shardplan.ir import Graph, Mesh, Sharding, ShardplanError
+
 from .plan import PLAN_FORMAT_VERSION, Plan, Reshard, SolverStats
 
 PLAN_FORMAT = "shardplan-plan"
@@ -22,7 +23,7 @@ PLAN_FORMAT = "shardplan-plan"
 # -- writing ------------------------------------------------------------------------------------
 def plan_to_json(plan: Plan) -> str:
     """The plan as JSON text: sorted keys, ``repr`` floats, a trailing newline."""
-    from ..ir.printer import print_graph
+    from shardplan.ir.printer import print_graph
 
     document = {
         "format": PLAN_FORMAT,
@@ -219,7 +220,7 @@ def _read_graph(lines: list | str) -> Graph:
         raise _bad("graph", "expected the graph's text form as a list of lines")
     text = lines if isinstance(lines, str) else "\n".join(lines) + "\n"
     try:
-        from ..ir.parser import parse_graph
+        from shardplan.ir.parser import parse_graph
     except ImportError:  # pragma: no cover - only while the parser is being written
         raise ShardplanError(
             "this shardplan build cannot parse graph text (no ir.parser)"
