@@ -53,7 +53,7 @@ def is_refinement(src: Sharding, dst: Sharding) -> bool:
     )
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(reshard_case())
 def test_reshard_cost_is_zero_exactly_for_slicing_refinements(case) -> None:
     src, dst, type_, mesh = case
@@ -66,7 +66,7 @@ def test_reshard_cost_is_zero_exactly_for_slicing_refinements(case) -> None:
     assert (reshard(src, dst, type_, mesh, CPU) == ()) == (cost == 0.0)
 
 
-@settings(max_examples=400, deadline=None)
+@settings(max_examples=200, deadline=None)
 @given(reshard_case())
 def test_reshard_collectives_touch_only_axes_that_change(case) -> None:
     src, dst, type_, mesh = case
