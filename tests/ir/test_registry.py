@@ -7,7 +7,6 @@ import re
 from pathlib import Path
 
 import pytest
-
 from shardplan.ir import Graph, Origin, ShardingRule, TensorType, UnsupportedOpWarning
 from shardplan.ir.registry import known_kinds, rule_for
 from shardplan.ir.verify import verify
@@ -179,7 +178,9 @@ def test_registry_reshape_gcd_factors(ins: list[str], outs: list[str], expected:
 
 
 def test_registry_dot_rule_has_reduction_factor() -> None:
-    rule = rule_for("dot", [tensor("f32[16,64]"), tensor("f32[64,256]")], [tensor("f32[16,256]")], {})
+    rule = rule_for(
+        "dot", [tensor("f32[16,64]"), tensor("f32[64,256]")], [tensor("f32[16,256]")], {}
+    )
     assert str(rule) == "ik,kj->ij {i=16, k=64, j=256} reduction={k}"
 
 
