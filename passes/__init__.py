@@ -6,7 +6,11 @@ and add one import line below.
 
 from __future__ import annotations
 
-from . import annotate, propagate  # noqa: F401  (registers "annotate", "propagate")
+# one import per pass module: importing it registers the pass
+from . import (
+    annotate,  # noqa: F401
+    propagate,  # noqa: F401
+)
 from .manager import (
     NoOptions,
     PassInfo,

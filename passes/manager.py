@@ -13,13 +13,15 @@ import types
 import typing
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
-from typing import Any, Literal, TextIO
+from typing import Any, Literal, TextIO, TypeVar
 
 from shardplan.ir.errors import IRVerifyError, ShardplanError
 from shardplan.ir.graph import Graph
 
 PassFn = Callable[[Graph, Any], "Graph | None"]
 """A pass: takes the graph and its options; returns the new graph (or None if edited in place)."""
+
+F = TypeVar("F", bound=Callable[..., Any])
 
 _NAME = re.compile(r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$")
 
@@ -58,7 +60,7 @@ class PassSpec:
 _PASSES: dict[str, PassInfo] = {}
 
 
-def register_pass(name: str, options: type = NoOptions) -> Callable[[PassFn], PassFn]:
+def register_pass(name: str, options: type = NoOptions) -> Callable[[F], F]:
     """Register ``fn(graph, options) -> Graph`` under a kebab-case name.
 
     Args:
@@ -72,7 +74,7 @@ def register_pass(name: str, options: type = NoOptions) -> Callable[[PassFn], Pa
             f"options of pass {name!r} must be a frozen dataclass, got {options!r}"
         )
 
-    def decorate(fn: PassFn) -> PassFn:
+    def decorate(fn: F) -> F:
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
         _PASSES[name] = PassInfo(name, fn, options, summary)
         return fn
