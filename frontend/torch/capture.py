@@ -1,0 +1,158 @@
+"""``capture(model, *example_inputs)``: an nn.Module's training step as a sharding-IR Graph.
+
+The graph holds forward, loss, backward and the optimizer update (``mode="train"``, the
+default) or the forward only (``mode="inference"``). Graph inputs are the parameters
+(``Role.PARAMETER``, ``Origin(path=fqn)``), buffers (``CONSTANT``), optimizer states
+(``OPTIMIZER_STATE``, path ``fqn#exp_avg``) and the example inputs (``INPUT``); outputs are the
+loss, then the updated parameters and states, aliased to the inputs they replace.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import nn
+
+from ...ir import FrontendError, Graph, Role, Value
+from . import optim
+from .lower import Lowering, add_input, infer_modules, lower_node
+from .trace import Traced, trace
+
+_ROLES = {
+    "param": Role.PARAMETER, "buffer": Role.CONSTANT, "state": Role.OPTIMIZER_STATE,
+    "input": Role.INPUT,
+}  # fmt: skip
+
+
+@dataclass
+class TorchContext:
+    """What the torch emitters need to map a Plan back onto the module (never serialised)."""
+
+    mode: str
+    param_values: dict[str, str] = field(default_factory=dict)
+    """Parameter FQN -> IR value name of the graph input."""
+    grad_values: dict[str, str] = field(default_factory=dict)
+    """Parameter FQN -> IR value name of its gradient (train mode)."""
+    state_values: dict[str, dict[str, str]] = field(default_factory=dict)
+    """Parameter FQN -> {state name: IR value name}."""
+    input_values: list[str] = field(default_factory=list)
+    """IR value names of the tensor example inputs, in call order (positional, then keyword)."""
+    input_slots: list[int | str] = field(default_factory=list)
+    """Position or keyword of each tensor example input."""
+    module_inputs: dict[str, dict[int, str]] = field(default_factory=dict)
+    """Module path -> {positional arg index: IR value name} at its first call."""
+    module_outputs: dict[str, str] = field(default_factory=dict)
+    tied: dict[str, str] = field(default_factory=dict)
+    """Tied parameter alias FQN -> canonical FQN."""
+    loss_value: str | None = None
+    optimizer: optim.OptimizerSpec = field(default_factory=optim.OptimizerSpec)
+
+
+def capture(
+    model: nn.Module,
+    *example_inputs: Any,
+    mode: str = "train",
+    loss_fn: Callable[..., torch.Tensor] | None = None,
+    optimizer: str = "adamw",
+    lr: float = 1e-3,
+    name: str | None = None,
+) -> tuple[Graph, TorchContext]:
+    """Trace and lower one step of ``model``.
+
+    Args:
+      model: the module; its parameters may be real, ``meta`` or fake (nothing is allocated).
+      example_inputs: tensors (real/meta/fake) passed positionally, or one dict of keyword
+        arguments (HF style ``{"input_ids": ids, "labels": ids}``).
+      mode: ``"train"`` (forward + backward + optimizer) or ``"inference"`` (forward).
+      loss_fn: ``loss_fn(output, *positional_inputs)``; default: ``output.loss`` when the model
+        returns one, else the mean square of its first output tensor.
+      optimizer: ``"adamw"`` (two fp32 moments per parameter) or ``"sgd"``.
+    Returns:
+      (graph, context) - the context maps IR values back to FQNs for the emitters.
+    """
+    if mode not in ("train", "inference"):
+        raise ValueError(f"mode must be 'train' or 'inference', got {mode!r}")
+    spec = optim.OptimizerSpec(name=optimizer, lr=lr)
+    _ = spec.state_names  # validates the optimizer name early
+    try:
+        traced = trace(model, example_inputs, mode == "train", loss_fn, spec)
+    except FrontendError:
+        raise
+    except Exception as exc:  # tracing failures surface as one typed error with the cause
+        raise FrontendError(
+            f"could not trace {type(model).__name__} with make_fx ({type(exc).__name__}: {exc}); "
+            "hint: the forward must run on fake tensors (no data-dependent Python control flow)"
+        ) from exc
+    graph = Graph(name or type(model).__name__)
+    context = TorchContext(mode=mode, tied=traced.tied, optimizer=spec)
+    _lower(traced, graph, context)
+    return graph, context
+
+
+def _owner(path: str) -> str:
+    return path.split("#", 1)[0].rpartition(".")[0]
+
+
+def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
+    gm = traced.gm
+    low = Lowering(graph, module_of=infer_modules(gm))
+    placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
+    for node, ph in zip(placeholders, traced.placeholders, strict=True):
+        add_input(low, node, _ROLES[ph.role], ph.path, module=_owner(ph.path))
+        value = low.env[node]
+        if isinstance(value, Value):
+            _record_input(context, ph.role, ph.path, value.name)
+    for node in gm.graph.nodes:
+        if node.op == "call_function":
+            lower_node(low, node)
+        elif node.op == "get_attr":
+            add_input(low, node, Role.CONSTANT, node.target)
+    _record_marks(context, low.marks)
+    _set_outputs(traced, graph, low, context)
+
+
+def _record_input(context: TorchContext, role: str, path: str, value: str) -> None:
+    if role == "param":
+        context.param_values[path] = value
+    elif role == "state":
+        fqn, state = path.split("#", 1)
+        context.state_values.setdefault(fqn, {})[state] = value
+    elif role == "input":
+        context.input_values.append(value)
+        context.input_slots.append(int(path[3:]) if path.startswith("arg") else path)
+
+
+def _record_marks(context: TorchContext, marks: dict[str, str]) -> None:
+    for tag, value in marks.items():
+        kind, _, rest = tag.partition(":")
+        if kind == "grad":
+            context.grad_values[rest] = value
+        elif kind == "in":
+            module, _, index = rest.rpartition(":")
+            context.module_inputs.setdefault(module, {}).setdefault(int(index), value)
+        elif kind == "out":
+            context.module_outputs.setdefault(rest.rpartition(":")[0], value)
+
+
+def _set_outputs(traced: Traced, graph: Graph, low: Lowering, context: TorchContext) -> None:
+    out_node = next(n for n in traced.gm.graph.nodes if n.op == "output")
+    flat = list(out_node.args[0])
+    index_of = {v.name: i for i, v in enumerate(graph.inputs)}
+    values: list[Value] = []
+    aliases: dict[int, int] = {}
+    for node, (kind, path) in zip(flat, traced.outputs, strict=True):
+        value = low.env.get(node) if node is not None else None
+        if not isinstance(value, Value):
+            continue
+        if kind == "loss":
+            context.loss_value = value.name
+        elif kind == "param":
+            aliases[len(values)] = index_of[context.param_values[path]]
+        elif kind == "state":
+            fqn, state = path.split("#", 1)
+            aliases[len(values)] = index_of[context.state_values[fqn][state]]
+        values.append(value)
+    graph.set_outputs(values, aliases)

@@ -1,0 +1,196 @@
+"""Lower a traced aten FX graph to the sharding IR.
+
+Each ``call_function`` node goes through the table in ``ops.py`` (keyed by the aten overload
+packet name, e.g. ``mm``); a node may become zero, one or several IR ops. Unknown aten ops get
+the safe replicated rule and an ``UnsupportedOpWarning`` naming the op and its module path.
+"""
+
+from __future__ import annotations
+
+import operator
+import re
+import warnings
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+from torch import fx
+
+from ...ir import Graph, Origin, Role, TensorType, UnsupportedOpWarning, Value
+from ...ir.registry import replicated_rule
+
+_DTYPES = {
+    torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
+    torch.int64: "i64", torch.int32: "i32", torch.int16: "i16", torch.int8: "i8",
+    torch.uint8: "u8", torch.bool: "bool", torch.complex64: "c64", torch.complex128: "c128",
+    torch.float8_e4m3fn: "f8e4m3", torch.float8_e5m2: "f8e5m2",
+}  # fmt: skip
+
+Lowered = Value | None | list["Value | None"]
+
+
+def tensor_type(t: torch.Tensor) -> TensorType:
+    try:
+        return TensorType(tuple(int(d) for d in t.shape), _DTYPES[t.dtype])
+    except KeyError:
+        raise NotImplementedError(f"dtype {t.dtype} has no IR name") from None
+
+
+@dataclass
+class Lowering:
+    """Per-graph lowering state: fx node -> IR value(s), plus marks found on the way."""
+
+    graph: Graph
+    env: dict[fx.Node, Lowered] = field(default_factory=dict)
+    marks: dict[str, str] = field(default_factory=dict)
+    """Mark tag (``grad:<fqn>``, ``in:<module>:<i>``, ``out:<module>:0``) -> IR value name."""
+    node: fx.Node | None = None
+    """The node being lowered (for origins)."""
+    module_of: dict[fx.Node, str] = field(default_factory=dict)
+
+    # -- helpers used by the op table ----------------------------------------------------------
+    def value(self, arg: Any) -> Value:
+        lowered = self.env[arg]
+        if not isinstance(lowered, Value):
+            raise TypeError(f"{arg} lowered to {lowered!r}, not a single value")
+        return lowered
+
+    def tensors(self, args: Sequence[Any]) -> list[Value]:
+        """IR values of the tensor arguments, in order (scalars and None skipped)."""
+        out: list[Value] = []
+        for a in args:
+            if isinstance(a, fx.Node) and isinstance(self.env.get(a), Value):
+                out.append(self.value(a))
+            elif isinstance(a, (list, tuple)):
+                out.extend(self.tensors(a))
+        return out
+
+    def result_types(self, node: fx.Node) -> list[TensorType]:
+        return self.result_types_of(node.meta.get("val"))
+
+    def result_types_of(self, val: Any) -> list[TensorType]:
+        vals = val if isinstance(val, (list, tuple)) else [val]
+        return [tensor_type(v) for v in vals if isinstance(v, torch.Tensor)]
+
+    def origin(self) -> Origin:
+        node = self.node
+        if node is None:
+            return Origin()
+        return Origin(module=self.module_of.get(node, ""), source=_source(node))
+
+    def emit(
+        self,
+        kind: str,
+        operands: Sequence[Value],
+        types: Sequence[TensorType],
+        attrs: dict[str, Any] | None = None,
+        safe: bool = False,
+    ) -> list[Value]:
+        """Add one IR op; ``safe`` forces the replicated rule (no warning, the caller warned)."""
+        origin = self.origin()
+        rule = replicated_rule([v.type for v in operands], list(types)) if safe else None
+        hint = self.node.name if self.node is not None else ""
+        names = [hint] * len(types)
+        op = self.graph.add_op(
+            kind, operands, types, rule=rule, attrs=attrs, origin=origin, names=names
+        )
+        return op.results
+
+
+def _source(node: fx.Node) -> str:
+    """``file.py:line`` of the innermost user frame of the node's stack trace."""
+    trace = node.meta.get("stack_trace") or ""
+    frames = re.findall(r'File "([^"]+)", line (\d+)', trace)
+    if not frames:
+        return ""
+    path, line = frames[-1]
+    return f"{path.rsplit('/', 1)[-1]}:{line}"
+
+
+def infer_modules(gm: fx.GraphModule) -> dict[fx.Node, str]:
+    """Module path per node: annotated forward nodes keep theirs; backward nodes inherit.
+
+    Backward ops carry no annotation. Each takes the deepest module path among its *forward*
+    inputs (a weight-gradient ``mm`` reads the saved activation, an input-gradient ``mm`` the
+    transposed weight), else among its backward inputs; gradients flowing backward would
+    otherwise drag the last layer's path through the whole backward pass.
+    """
+    module_of: dict[fx.Node, str] = {}
+    forward: set[fx.Node] = set()
+    for node in gm.graph.nodes:
+        custom = node.meta.get("custom") or {}
+        if "module" in custom:
+            module_of[node] = str(custom["module"])
+            forward.add(node)
+            continue
+        inputs = node.all_input_nodes
+        for group in ([a for a in inputs if a in forward], inputs):
+            paths = [module_of.get(a, "") for a in group]
+            paths = [m for m in paths if m not in ("", "loss", "optimizer")]
+            if paths:
+                module_of[node] = max(paths, key=lambda m: m.count("."))
+                break
+    return module_of
+
+
+def lower_node(low: Lowering, node: fx.Node) -> None:
+    """Lower one call_function node into ``low.env``."""
+    from .ops import TABLE
+
+    low.node = node
+    if node.target is operator.getitem:
+        parent = low.env[node.args[0]]
+        low.env[node] = parent[node.args[1]] if isinstance(parent, list) else None
+        return
+    custom = node.meta.get("custom") or {}
+    if "mark" in custom:  # identity alias carrying a tag: no IR op, remember the value
+        value = low.value(node.args[0])
+        low.marks.setdefault(str(custom["mark"]), value.name)
+        low.env[node] = value
+        return
+    packet = getattr(node.target, "_overloadpacket", None)
+    name = (
+        packet.__name__
+        if packet is not None
+        else getattr(node.target, "__name__", str(node.target))
+    )
+    inplace = name.endswith("_") and not name.endswith("__")
+    base = name[:-1] if inplace else name
+    fn = TABLE.get(base)
+    if fn is None:
+        low.env[node] = _unknown(low, node, name)
+    else:
+        low.env[node] = fn(low, node)
+    if inplace and isinstance(node.args[0], fx.Node):  # later readers see the mutated value
+        low.env[node.args[0]] = low.env[node]
+
+
+def _unknown(low: Lowering, node: fx.Node, name: str) -> Lowered:
+    origin = low.origin()
+    where = str(origin) or "an unknown module"
+    warnings.warn(
+        f"no lowering for aten op {name!r} (node {node.name}) at {where}; it will run "
+        "replicated (add it to shardplan/frontend/torch/ops.py)",
+        UnsupportedOpWarning,
+        stacklevel=2,
+    )
+    types = low.result_types(node)
+    if not types:
+        return None
+    results = low.emit(f"aten.{name}", low.tensors(node.args), types, safe=True)
+    return (
+        results[0]
+        if len(results) == 1 and not isinstance(node.meta.get("val"), (list, tuple))
+        else list(results)
+    )
+
+
+def add_input(low: Lowering, node: fx.Node, role: Role, path: str, module: str = "") -> None:
+    val = node.meta.get("val")
+    if not isinstance(val, torch.Tensor):
+        low.env[node] = None
+        return
+    hint = path.replace("#", "_") if path else node.name
+    value = low.graph.add_input(hint, tensor_type(val), role, Origin(path=path, module=module))
+    low.env[node] = value

@@ -1,0 +1,257 @@
+"""Trace an nn.Module's training step (or forward) to one aten graph with fake tensors.
+
+``make_fx`` records forward, ``torch.autograd.grad`` backward and the functional optimizer update
+in one FX graph. Nothing large is allocated: parameters, buffers and inputs are replaced by fake
+tensors of the same shape (the model may live on ``meta``). Module paths reach the nodes through
+``torch.fx.traceback.annotate`` (``node.meta["custom"]["module"]``), and *marks* (an
+``aten.alias`` under ``{"mark": ...}``) tag module inputs/outputs and gradients so the lowering
+can name them.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import torch
+import torch.fx.traceback as fx_traceback
+from torch import nn
+from torch._subclasses.fake_tensor import FakeTensorMode  # public home of FakeTensorMode
+from torch.func import functional_call
+from torch.fx.experimental.proxy_tensor import make_fx
+from torch.nn.modules.module import (
+    register_module_forward_hook,
+    register_module_forward_pre_hook,
+)
+
+from ...ir import FrontendError
+from . import optim
+
+LossFn = Callable[..., torch.Tensor]
+
+
+@dataclass(frozen=True, slots=True)
+class Placeholder:
+    """One graph input in placeholder order."""
+
+    role: str
+    """``param``, ``buffer``, ``state`` or ``input``."""
+    path: str
+    """FQN (params, buffers), ``fqn#exp_avg`` (states) or the argument name (inputs)."""
+
+
+@dataclass
+class Traced:
+    gm: torch.fx.GraphModule
+    placeholders: list[Placeholder]
+    outputs: list[tuple[str, str]]
+    """Per output: (kind, path) with kind ``loss``, ``param``, ``state`` or ``output``."""
+    param_fqns: list[str]
+    tied: dict[str, str] = field(default_factory=dict)
+    """Alias FQN -> canonical FQN for parameters shared by several modules."""
+    boundary_modules: list[str] = field(default_factory=list)
+
+
+def mark(tensor: torch.Tensor, tag: str) -> torch.Tensor:
+    """An ``aten.alias`` carrying ``tag`` in its node meta (identity at run time)."""
+    with fx_traceback.annotate({"mark": tag}):
+        return torch.ops.aten.alias.default(tensor)
+
+
+@contextlib.contextmanager
+def module_annotations(model: nn.Module, boundaries: set[str]) -> Iterator[None]:
+    """Annotate every op with its module path; mark inputs/outputs of ``boundaries`` modules."""
+    names = {id(m): n for n, m in model.named_modules(remove_duplicate=False)}
+    stack: list[contextlib.AbstractContextManager[None]] = []
+
+    def pre(module: nn.Module, args: tuple[Any, ...]) -> tuple[Any, ...] | None:
+        path = names.get(id(module))
+        if path is None:
+            return None
+        cm = fx_traceback.annotate({"module": path})
+        cm.__enter__()
+        stack.append(cm)
+        if path not in boundaries:
+            return None
+        return tuple(
+            mark(a, f"in:{path}:{i}") if isinstance(a, torch.Tensor) else a
+            for i, a in enumerate(args)
+        )
+
+    def post(module: nn.Module, args: tuple[Any, ...], out: Any) -> Any:
+        path = names.get(id(module))
+        if path is None:
+            return None
+        if path in boundaries and isinstance(out, torch.Tensor):
+            out = mark(out, f"out:{path}:0")
+        stack.pop().__exit__(None, None, None)
+        return out
+
+    handles = [register_module_forward_pre_hook(pre), register_module_forward_hook(post)]
+    try:
+        yield
+    finally:
+        for h in handles:
+            h.remove()
+        while stack:
+            stack.pop().__exit__(None, None, None)
+
+
+def default_loss(output: Any) -> torch.Tensor:
+    """The loss when none is given: ``output.loss`` if set, else mean square of the first tensor.
+
+    The square keeps every gradient non-trivial (a plain sum would make d(loss)/d(output) a
+    constant that hides layout bugs).
+    """
+    loss = getattr(output, "loss", None)
+    if isinstance(loss, torch.Tensor):
+        return loss
+    return first_tensor(output).float().pow(2).mean()
+
+
+def first_tensor(output: Any) -> torch.Tensor:
+    for t in flatten_outputs(output):
+        return t
+    raise FrontendError(f"the model returned no tensor ({type(output).__name__}); pass loss_fn=")
+
+
+def flatten_outputs(output: Any) -> list[torch.Tensor]:
+    """Tensors of a model output: a tensor, a tuple/list, a dict or a HF ModelOutput."""
+    if isinstance(output, torch.Tensor):
+        return [output]
+    if isinstance(output, Mapping):
+        return [t for v in output.values() for t in flatten_outputs(v)]
+    if isinstance(output, (tuple, list)):
+        return [t for v in output for t in flatten_outputs(v)]
+    return []
+
+
+def fake_like(mode: FakeTensorMode, t: torch.Tensor, requires_grad: bool = False) -> torch.Tensor:
+    """A fake tensor with t's shape/stride/dtype; meta tensors become fake CPU tensors."""
+    device = torch.device("cpu") if t.device.type == "meta" else t.device
+    with mode:
+        fake = torch.empty_strided(tuple(t.shape), tuple(t.stride()), dtype=t.dtype, device=device)
+    return fake.requires_grad_(requires_grad and t.dtype.is_floating_point)
+
+
+def split_inputs(example_inputs: Sequence[Any]) -> tuple[list[Any], dict[str, Any]]:
+    """One mapping argument means keyword arguments (HF: ``{"input_ids": .., "labels": ..}``)."""
+    if len(example_inputs) == 1 and isinstance(example_inputs[0], Mapping):
+        return [], dict(example_inputs[0])
+    return list(example_inputs), {}
+
+
+def trace(
+    model: nn.Module,
+    example_inputs: Sequence[Any],
+    train: bool,
+    loss_fn: LossFn | None,
+    spec: optim.OptimizerSpec,
+) -> Traced:
+    """Trace one step of ``model``; see the module docstring."""
+    args, kwargs = split_inputs(example_inputs)
+    params = dict(model.named_parameters())
+    buffers = dict(model.named_buffers())
+    tied = _tied_aliases(model)
+    boundaries = {n for n, m in model.named_modules() if any(True for _ in m.parameters(False))}
+    mode = FakeTensorMode(allow_non_fake_inputs=False)
+    fake_params = [fake_like(mode, p, requires_grad=train) for p in params.values()]
+    fake_buffers = [fake_like(mode, b) for b in buffers.values()]
+    arg_slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
+    kw_slots = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
+    fake_inputs = [fake_like(mode, args[i]) for i in arg_slots]
+    fake_inputs += [fake_like(mode, kwargs[k]) for k in kw_slots]
+    states = [s for p in fake_params for s in _fake_states(mode, spec, p)] if train else []
+    names = list(params)
+
+    def call(p: list[torch.Tensor], b: list[torch.Tensor], xs: list[torch.Tensor]) -> Any:
+        call_args, call_kwargs = list(args), dict(kwargs)
+        for slot, x in zip(arg_slots + kw_slots, xs, strict=True):
+            if isinstance(slot, int):
+                call_args[slot] = x
+            else:
+                call_kwargs[slot] = x
+        tensors = {**dict(zip(names, p, strict=True)), **dict(zip(buffers, b, strict=True))}
+        with module_annotations(model, boundaries):
+            return functional_call(model, tensors, tuple(call_args), call_kwargs, strict=False)
+
+    def loss_of(out: Any, xs: list[torch.Tensor]) -> torch.Tensor:
+        with fx_traceback.annotate({"module": "loss"}):
+            if loss_fn is None:
+                return default_loss(out)
+            return loss_fn(out, *[x for x in xs[: len(arg_slots)]])
+
+    def train_step(p, b, s, xs):  # type: ignore[no-untyped-def]
+        loss = loss_of(call(p, b, xs), xs)
+        grads = torch.autograd.grad(loss, p, allow_unused=True)
+        return loss, *_optimizer(spec, names, p, grads, s)
+
+    def forward(p, b, s, xs):  # type: ignore[no-untyped-def]
+        with torch.no_grad():
+            return tuple(flatten_outputs(call(p, b, xs)))
+
+    step = train_step if train else forward
+    with fx_traceback.preserve_node_meta():
+        gm = make_fx(step, tracing_mode="fake", record_stack_traces=True)(
+            fake_params, fake_buffers, states, fake_inputs
+        )
+    placeholders = [Placeholder("param", n) for n in names]
+    placeholders += [Placeholder("buffer", n) for n in buffers]
+    placeholders += [
+        Placeholder("state", f"{n}#{s}") for n in names for s in (spec.state_names if train else ())
+    ]
+    placeholders += [Placeholder("input", f"arg{i}") for i in arg_slots]
+    placeholders += [Placeholder("input", k) for k in kw_slots]
+    outputs = _output_specs(gm, train, names, spec)
+    return Traced(gm, placeholders, outputs, names, tied, sorted(boundaries))
+
+
+def _fake_states(mode: FakeTensorMode, spec: optim.OptimizerSpec, p: torch.Tensor) -> list:
+    with mode:
+        return [
+            torch.zeros(p.shape, dtype=torch.float32, device=p.device) for _ in spec.state_names
+        ]
+
+
+def _optimizer(spec, names, params, grads, states):  # type: ignore[no-untyped-def]
+    """Mark gradients, then update every parameter that received one."""
+    per = len(spec.state_names)
+    new_params, new_states = [], []
+    for i, (name, p, g) in enumerate(zip(names, params, grads, strict=True)):
+        if g is None:
+            continue
+        g = mark(g, f"grad:{name}")
+        with fx_traceback.annotate({"module": "optimizer"}):
+            new_p, new_s = optim.update(spec, p, g, list(states[i * per : (i + 1) * per]))
+        new_params.append(new_p)
+        new_states.extend(new_s)
+    return [*new_params, *new_states]
+
+
+def _output_specs(gm, train, names, spec) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
+    """Kinds of the flat outputs, read back from the grad marks (unused params have none)."""
+    if not train:
+        out_node = next(n for n in gm.graph.nodes if n.op == "output")
+        return [("output", f"out{i}") for i in range(len(out_node.args[0]))]
+    updated = [
+        n.meta["custom"]["mark"].split(":", 1)[1]
+        for n in gm.graph.nodes
+        if n.op == "call_function"
+        and str(n.meta.get("custom", {}).get("mark", "")).startswith("grad:")
+    ]
+    specs = [("loss", "loss")] + [("param", n) for n in updated]
+    specs += [("state", f"{n}#{s}") for n in updated for s in spec.state_names]
+    return specs
+
+
+def _tied_aliases(model: nn.Module) -> dict[str, str]:
+    canonical: dict[int, str] = {}
+    tied: dict[str, str] = {}
+    for name, p in model.named_parameters(remove_duplicate=False):
+        if id(p) in canonical:
+            tied[name] = canonical[id(p)]
+        else:
+            canonical[id(p)] = name
+    return tied
