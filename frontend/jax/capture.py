@@ -1,0 +1,273 @@
+"""Capture a JAX callable as an IR graph: ``jax.make_jaxpr`` on the example pytrees, then one
+IR op (or a few) per equation.
+
+Graph inputs are the flattened argument leaves, in ``jax.tree_util`` order, each with its pytree
+path (``params['layers'][0]['wq']``) as origin. Roles come from the path (see ``default_role``)
+or the ``roles=`` option. Example arguments may be ``jax.ShapeDtypeStruct``s: nothing is
+allocated, so a 7B-shaped step can be planned on a laptop.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+from collections.abc import Callable, Mapping, Sequence
+from dataclasses import dataclass, field
+from typing import Any
+
+import jax
+import numpy as np
+
+from ...ir import FrontendError, Graph, Op, Origin, Role, TensorType, Value
+from .lower import Emitter, ir_type, literal_attrs, lower_equation
+from .walk import Walker
+
+OPTIMIZER_KEYS = frozenset(
+    {"opt_state", "optimizer_state", "opt", "optimizer", "mu", "nu", "momentum", "trace"}
+)
+PARAMETER_KEYS = frozenset({"params", "param", "parameters", "weights", "variables", "model"})
+
+RolesOption = Mapping[str, Role | str] | Callable[[str], Role | str | None] | None
+
+
+@dataclass(eq=False)
+class JaxContext:
+    """What the JAX emitter needs to map a plan back onto the traced function."""
+
+    closed_jaxpr: Any
+    in_tree: Any
+    """PyTreeDef of the positional arguments (a tuple)."""
+    out_tree: Any
+    arg_inputs: list[str]
+    """IR input name of every flattened argument leaf."""
+    outputs: list[str]
+    """IR value name of every flattened output leaf."""
+    steps: list[tuple[str | None, ...]] = field(default_factory=list)
+    """Per walk step, the IR value names of its results (None: no IR value)."""
+    step_uses: list[tuple[tuple[Op, int] | None, ...]] = field(default_factory=list)
+    """Per walk step and operand, the IR (op, operand index) that consumes it first."""
+
+
+def default_role(keys: Sequence[str]) -> Role:
+    """Role from pytree keys, outermost first: the first key naming optimizer state
+    (``opt_state``, ``mu``, ``nu``...) or parameters (``params``, ``weights``...) decides;
+    anything else is a batch input."""
+    for key in keys:
+        if key.lower() in OPTIMIZER_KEYS:
+            return Role.OPTIMIZER_STATE
+        if key.lower() in PARAMETER_KEYS:
+            return Role.PARAMETER
+    return Role.INPUT
+
+
+def _role(path: str, keys: Sequence[str], roles: RolesOption) -> Role:
+    chosen: Role | str | None = None
+    if callable(roles):
+        chosen = roles(path)
+    elif roles:
+        prefixes = [p for p in roles if path.startswith(p)]
+        chosen = roles[max(prefixes, key=len)] if prefixes else None
+    if chosen is None:
+        return default_role(keys)
+    return chosen if isinstance(chosen, Role) else Role(chosen)
+
+
+def _key_name(key: Any) -> str:
+    for attr in ("key", "name", "idx"):
+        if hasattr(key, attr):
+            return str(getattr(key, attr))
+    return str(key)
+
+
+def _arg_names(fn: Callable[..., Any], count: int) -> list[str]:
+    try:
+        params = list(inspect.signature(fn).parameters.values())
+    except (TypeError, ValueError):
+        params = []
+    kinds = (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+    names = [p.name for p in params if p.kind in kinds]
+    return [names[i] if i < len(names) else f"arg{i}" for i in range(count)]
+
+
+_LIBRARY_DIRS = (
+    *(
+        os.path.join(os.path.dirname(os.path.dirname(m.__file__)), m.__name__, "")
+        for m in (jax, np)
+    ),
+    os.path.join(os.path.dirname(os.path.dirname(__file__)), ""),
+    "<",
+)
+
+
+def _source(eqn: Any) -> str:
+    """``file.py:line`` of the innermost user frame that produced the equation."""
+    traceback = getattr(eqn.source_info, "traceback", None)
+    if traceback is None:
+        return ""
+    for frame in traceback.frames:
+        name = frame.file_name
+        if not name.startswith(_LIBRARY_DIRS) and "jaxlib" not in name:
+            return f"{os.path.basename(name)}:{frame.line_num}"
+    return ""
+
+
+class _Capture(Walker[Value]):
+    """The capture walk: every step appends IR ops and records their values."""
+
+    def __init__(self, graph: Graph, context: JaxContext) -> None:
+        super().__init__()
+        self.graph = graph
+        self.context = context
+        self._constants: dict[tuple[Any, ...], Value] = {}
+        self._sources: dict[int, str] = {}
+
+    def _source(self, eqn: Any) -> str:
+        """Cached: inlined jaxprs repeat the same equations (one per call and per layer)."""
+        key = id(eqn.source_info)
+        if key not in self._sources:
+            self._sources[key] = _source(eqn)
+        return self._sources[key]
+
+    def _origin(self, eqn: Any = None) -> Origin:
+        """Module path from the walk; source from the equation or, for library code that was
+        traced once and inlined (``jnp.take``), from the innermost call site in user code."""
+        source = self._source(eqn) if eqn is not None else ""
+        for site in reversed(self.call_sites):
+            source = source or self._source(site)
+        return Origin(module=".".join(self.modules), source=source)
+
+    def _record(self, ins: Sequence[Value], outs: Sequence[Value], first_op: int | None) -> None:
+        ops = self.graph.ops[first_op:] if first_op is not None else []
+        uses = []
+        for value in ins:
+            use = next(
+                ((op, i) for op in ops for i, v in enumerate(op.operands) if v is value), None
+            )
+            uses.append(use)
+        self.context.steps.append(tuple(v.name for v in outs))
+        self.context.step_uses.append(tuple(uses))
+
+    def apply(self, eqn: Any, ins: list[Value]) -> list[Value]:
+        em = Emitter(self.graph, self._origin(eqn))
+        outs = lower_equation(em, eqn, ins)
+        self._record(ins, outs, em.first_op)
+        return outs
+
+    def index(self, x: Value, i: int) -> Value:
+        em = Emitter(self.graph, self._origin())
+        start = (i,) + (0,) * (x.type.rank - 1)
+        limit = (i + 1, *x.type.shape[1:])
+        row = em.one(
+            "slice", [x], TensorType((1, *x.type.shape[1:]), x.type.dtype), start=start, limit=limit
+        )
+        out = em.one("reshape", [row], TensorType(x.type.shape[1:], x.type.dtype))
+        self._record([x], [out], em.first_op)
+        return out
+
+    def stack(self, pieces: list[Value]) -> Value:
+        em = Emitter(self.graph, self._origin())
+        t = pieces[0].type
+        rows = [em.one("reshape", [p], TensorType((1, *t.shape), t.dtype)) for p in pieces]
+        out = em.one("concat", rows, TensorType((len(pieces), *t.shape), t.dtype), dimension=0)
+        self._record(pieces, [out], em.first_op)
+        return out
+
+    def literal(self, value: Any, aval: Any) -> Value:
+        type_ = ir_type(aval)
+        attrs = literal_attrs(value)
+        key = (type_, tuple(sorted(attrs.items())))
+        if key not in self._constants or not attrs:
+            op = self.graph.add_op("constant", [], [type_], attrs=attrs, origin=self._origin())
+            self._constants[key] = op.result
+        return self._constants[key]
+
+    def constant(self, value: Any) -> Value:
+        """Closed-over arrays: scalars become ``constant`` ops, arrays CONSTANT graph inputs."""
+        if np.ndim(value) == 0:
+            return self.literal(value, value)
+        return self.graph.add_input(
+            "const", ir_type(value), Role.CONSTANT, Origin(path="<closure>")
+        )
+
+
+def _flatten_args(
+    fn: Callable[..., Any], args: tuple[Any, ...]
+) -> tuple[list[tuple[str, list[str]]], Any]:
+    """(path text, key names) per leaf, and the tree of the positional arguments."""
+    leaves, tree = jax.tree_util.tree_flatten_with_path(args)
+    names = _arg_names(fn, len(args))
+    paths = []
+    for path, _ in leaves:
+        arg = names[path[0].idx]
+        rest = path[1:]
+        paths.append((arg + jax.tree_util.keystr(rest), [arg, *(_key_name(k) for k in rest)]))
+    return paths, tree
+
+
+def capture(
+    fn: Callable[..., Any],
+    *args: Any,
+    roles: RolesOption = None,
+    name: str | None = None,
+    **options: Any,
+) -> tuple[Graph, JaxContext]:
+    """Trace ``fn(*args)`` and lower it to an IR graph.
+
+    Args:
+      fn: any JAX callable (a training step usually returns updated params, state and loss).
+      args: example pytrees of arrays or ``jax.ShapeDtypeStruct``s.
+      roles: path prefix -> Role (``{"batch": Role.INPUT}``) or a function of the path text.
+      name: graph name (defaults to the function's name).
+    Returns:
+      the graph and the context the JAX emitter needs.
+    """
+    if options:
+        raise FrontendError(
+            f"unknown JAX capture options {sorted(options)}; "
+            "the JAX frontend takes roles= and name="
+        )
+    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    paths, in_tree = _flatten_args(fn, args)
+    graph = Graph(name=name or getattr(fn, "__name__", "main").strip("<>") or "main")
+    inputs = []
+    for (path, keys), aval in zip(paths, closed.in_avals, strict=True):
+        role = _role(path, keys, roles)
+        inputs.append(graph.add_input("_".join(keys), ir_type(aval), role, Origin(path=path)))
+    out_tree = jax.tree_util.tree_structure(out_shape)
+    context = JaxContext(closed, in_tree, out_tree, [v.name for v in inputs], [])
+    walker = _Capture(graph, context)
+    outs = [walker.materialize(v) for v in walker.run_closed(closed, inputs)]
+    context.outputs = [v.name for v in outs]
+    graph.set_outputs(outs, _output_aliases(args, out_shape, inputs))
+    return graph, context
+
+
+def _output_aliases(args: tuple[Any, ...], out: Any, inputs: list[Value]) -> dict[int, int]:
+    """Outputs that are updated parameters / optimizer states: a top-level output element with
+    the same tree structure, shapes and dtypes as a positional argument holding such inputs."""
+    if not isinstance(out, tuple | list):
+        return {}
+    aliases: dict[int, int] = {}
+    claimed: set[int] = set()
+    in_offset = 0
+    tu = jax.tree_util
+    arg_offsets = []
+    for arg in args:
+        arg_offsets.append(in_offset)
+        in_offset += tu.tree_structure(arg).num_leaves
+    out_offset = 0
+    for element in out:
+        out_leaves, out_def = tu.tree_flatten(element)
+        for i, arg in enumerate(args):
+            arg_leaves, arg_def = tu.tree_flatten(arg)
+            same = arg_def == out_def and all(
+                tuple(a.shape) == tuple(b.shape) and a.dtype == b.dtype
+                for a, b in zip(arg_leaves, out_leaves, strict=True)
+            )
+            stateful = {inputs[arg_offsets[i] + k].role for k in range(len(arg_leaves))}
+            if same and i not in claimed and stateful & {Role.PARAMETER, Role.OPTIMIZER_STATE}:
+                claimed.add(i)
+                aliases.update({out_offset + k: arg_offsets[i] + k for k in range(len(out_leaves))})
+                break
+        out_offset += len(out_leaves)
+    return aliases

@@ -1,0 +1,174 @@
+"""The JAX emitter: a plan as ``NamedSharding`` pytrees and a ``jax.jit`` that follows it.
+
+``jit`` re-traces the function inside ``jax.jit`` and evaluates its jaxpr with the same walk as
+capture (``walk.Walker``), binding each equation and pinning its results with
+``with_sharding_constraint`` at the planned layouts, so XLA partitions the way the plan says
+rather than by its own propagation. Partial (pending-sum) layouts cannot be written in ``Auto``
+mode: those values stay unconstrained and the consumer's planned operand layout is pinned
+instead, which is where the plan puts the reduction.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import jax
+from jax.sharding import AxisType, NamedSharding, PartitionSpec
+
+from ...ir import FrontendError, Mesh, Sharding
+from ...solver.plan import Plan
+from .capture import JaxContext
+from .walk import Walker
+
+
+def make_jax_mesh(plan_or_mesh: Plan | Mesh) -> jax.sharding.Mesh:
+    """A jax Mesh with the plan's axis names and sizes, ``Auto`` axis types, first N devices."""
+    mesh = plan_or_mesh.mesh if isinstance(plan_or_mesh, Plan) else plan_or_mesh
+    devices = jax.devices()
+    if len(devices) < mesh.size:
+        raise FrontendError(
+            f"mesh {mesh} needs {mesh.size} devices but jax sees {len(devices)}; on CPU set "
+            f"XLA_FLAGS=--xla_force_host_platform_device_count={mesh.size} before importing jax"
+        )
+    shape = tuple(size for _, size in mesh.axes)
+    axis_types = (AxisType.Auto,) * len(shape)
+    return jax.make_mesh(
+        shape, mesh.axis_names, axis_types=axis_types, devices=devices[: mesh.size]
+    )
+
+
+def partition_spec(sharding: Sharding) -> PartitionSpec:
+    """``[{"dp"}, {}, {"tp", "sp"}]`` -> ``P('dp', None, ('tp', 'sp'))`` (partial axes dropped)."""
+    entries: list[str | tuple[str, ...] | None] = []
+    for axes in sharding.dims:
+        entries.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
+    return PartitionSpec(*entries)
+
+
+def _context(plan: Plan) -> JaxContext:
+    context = plan.frontend_context
+    if not isinstance(context, JaxContext):
+        raise FrontendError(
+            "this plan has no JAX capture context (it was loaded from JSON or planned from a "
+            "Graph); plan the JAX function with shardplan.plan(fn, *example_args, mesh=...)"
+        )
+    return context
+
+
+def to_partition_specs(plan: Plan) -> Any:
+    """Tuple (one entry per positional argument) of PartitionSpec pytrees."""
+    context = _context(plan)
+    specs = [partition_spec(plan.sharding_of(name)) for name in context.arg_inputs]
+    return jax.tree_util.tree_unflatten(context.in_tree, specs)
+
+
+def in_shardings(plan: Plan, jax_mesh: jax.sharding.Mesh) -> Any:
+    """Tuple (one entry per positional argument) of NamedSharding pytrees."""
+    specs = to_partition_specs(plan)
+    return jax.tree.map(lambda s: NamedSharding(jax_mesh, s), specs, is_leaf=_is_spec)
+
+
+def out_shardings(plan: Plan, jax_mesh: jax.sharding.Mesh) -> Any:
+    """NamedSharding pytree matching the function's outputs."""
+    context = _context(plan)
+    layouts = plan.output_shardings or [plan.sharding_of(n) for n in context.outputs]
+    leaves = [NamedSharding(jax_mesh, partition_spec(s)) for s in layouts]
+    return jax.tree_util.tree_unflatten(context.out_tree, leaves)
+
+
+def _is_spec(x: Any) -> bool:
+    return isinstance(x, PartitionSpec)
+
+
+class _Emit(Walker[Any]):
+    """The emitter walk: bind every equation, pin planned layouts around it."""
+
+    def __init__(self, plan: Plan, context: JaxContext, jax_mesh: jax.sharding.Mesh) -> None:
+        super().__init__()
+        self.plan = plan
+        self.context = context
+        self.jax_mesh = jax_mesh
+        self.op_index = {id(op): i for i, op in enumerate(plan.graph.ops)}
+        self.constraints = 0
+
+    def _pin(self, x: Any, sharding: Sharding | None) -> Any:
+        if sharding is None or sharding.partial or sharding.rank != len(getattr(x, "shape", ())):
+            return x
+        self.constraints += 1
+        return jax.lax.with_sharding_constraint(
+            x, NamedSharding(self.jax_mesh, partition_spec(sharding))
+        )
+
+    def _pin_results(self, outs: list[Any]) -> list[Any]:
+        if self.step >= len(self.context.steps):
+            raise FrontendError("the function traced differently from the planned one")
+        names = self.context.steps[self.step]
+        return [
+            self._pin(x, self.plan.shardings.get(n) if n else None)
+            for x, n in zip(outs, names, strict=True)
+        ]
+
+    def _pin_operands(self, ins: list[Any]) -> list[Any]:
+        """Where the plan reshards an edge, pin the consumer's operand layout too."""
+        out = list(ins)
+        for k, use in enumerate(self.context.step_uses[self.step]):
+            if use is None or id(use[0]) not in self.op_index:
+                continue
+            op, index = use
+            wanted = self.plan.operand_shardings.get((self.op_index[id(op)], index))
+            if wanted is not None and wanted != self.plan.shardings.get(op.operands[index].name):
+                out[k] = self._pin(out[k], wanted)
+        return out
+
+    def apply(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        ins = self._pin_operands(ins)
+        params = eqn.primitive.get_bind_params(eqn.params)  # jax 0.10: params only
+        with eqn.ctx.manager:  # the equation's context (compute type, metadata), as eval_jaxpr
+            outs = eqn.primitive.bind(*ins, **params)
+        return self._pin_results(list(outs) if eqn.primitive.multiple_results else [outs])
+
+    def index(self, x: Any, i: int) -> Any:
+        (x,) = self._pin_operands([x])
+        return self._pin_results([jax.lax.index_in_dim(x, i, axis=0, keepdims=False)])[0]
+
+    def stack(self, pieces: list[Any]) -> Any:
+        pieces = self._pin_operands(pieces)
+        rows = [jax.lax.expand_dims(p, (0,)) for p in pieces]
+        return self._pin_results([jax.lax.concatenate(rows, 0)])[0]
+
+    def literal(self, value: Any, aval: Any) -> Any:
+        return value
+
+    def constant(self, value: Any) -> Any:
+        return value
+
+
+def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
+    """``jax.jit(fn)`` with the planned in/out shardings and every planned intermediate layout.
+
+    ``fn`` is traced again inside the jit (so closed-over values are current) and must trace to
+    the same equations as the planned function; scans are unrolled, as in the plan.
+    """
+    context = _context(plan)
+
+    def planned(*args: Any) -> Any:
+        flat, tree = jax.tree_util.tree_flatten(args)
+        if tree != context.in_tree:
+            raise FrontendError(f"arguments {tree} do not match the planned ones {context.in_tree}")
+        closed = jax.make_jaxpr(fn)(*args)
+        walker = _Emit(plan, context, jax_mesh)
+        outs = [walker.materialize(v) for v in walker.run_closed(closed, flat)]
+        if walker.step != len(context.steps):
+            raise FrontendError(
+                f"{getattr(fn, '__name__', fn)} traced to {walker.step} steps, the plan has "
+                f"{len(context.steps)}; plan and run the same function"
+            )
+        return jax.tree_util.tree_unflatten(context.out_tree, outs)
+
+    planned.__name__ = getattr(fn, "__name__", "planned")
+    return jax.jit(
+        planned,
+        in_shardings=in_shardings(plan, jax_mesh),
+        out_shardings=out_shardings(plan, jax_mesh),
+    )
