@@ -16,6 +16,23 @@ from .rules import ShardingRule
 from .sharding import Sharding
 from .types import DTYPE_BYTES, TensorType
 
+
+def __getattr__(name: str):
+    """Lazy exports of the text form, verifier and builder (they import the registry)."""
+    lazy = {
+        "print_graph": ("printer", "print_graph"),
+        "parse_graph": ("parser", "parse_graph"),
+        "verify": ("verify", "verify"),
+        "GraphBuilder": ("builder", "GraphBuilder"),
+    }
+    if name in lazy:
+        import importlib
+
+        module, attr = lazy[name]
+        return getattr(importlib.import_module(f".{module}", __name__), attr)
+    raise AttributeError(name)
+
+
 __all__ = [
     "DTYPE_BYTES", "FrontendError", "Graph", "IRParseError", "IRVerifyError", "InfeasiblePlanError",
     "Mesh", "Op", "Origin", "Role", "ShardingError", "ShardingRule", "Sharding", "ShardplanError",

@@ -239,6 +239,18 @@ def norm(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     return rowwise(ins, outs, {**attrs, "_trailing_weights": True})
 
 
+def _topk(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """topk along ``axis``: values and indices share the k factor; the input axis is unsplittable."""
+    x, out = ins[0], outs[0]
+    axis = _axes(attrs, "axis", x.rank, [x.rank - 1])[0]
+    letters = _letters(x.rank + 1)
+    k = letters[-1]
+    sizes = {**dict(zip(letters, x.shape, strict=False)), k: out.shape[axis]}
+    result = [(k,) if d == axis else (letters[d],) for d in range(x.rank)]
+    operand = [(letters[d],) for d in range(x.rank)]
+    return _make([operand], [result] * len(outs), sizes, {letters[axis]})
+
+
 def transpose(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     """Result dim j is operand dim ``perm[j]``."""
     x = ins[0]
@@ -497,8 +509,9 @@ for _kind in ("layer_norm", "rms_norm"):
     register_rule(_kind, norm)
 for _kind in """softmax log_softmax softmax_backward log_softmax_backward
 layer_norm_backward rms_norm_backward cross_entropy cross_entropy_backward nll_loss
-nll_loss_backward cumsum sort topk""".split():
+nll_loss_backward cumsum sort""".split():
     register_rule(_kind, rowwise)
+register_rule("topk", lambda ins, outs, attrs: _topk(ins, outs, attrs))
 register_rule("reshape", reshape, flops="none", linear=True)
 register_rule("transpose", transpose, flops="none", linear=True)
 register_rule("broadcast_in_dim", broadcast_in_dim, flops="none", linear=True)

@@ -13,6 +13,10 @@ from ..passes.enumerate_strategies import Strategy, input_strategies, op_strateg
 from .problem import Problem
 
 PERSISTENT_ROLES = (Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT, Role.CONSTANT)
+MEMORY_TIEBREAK = 1e-3
+"""Seconds charged per second of HBM traffic the persistent state would take to read once:
+it makes a sharded input win over an equally fast replicated one (memory has value) without
+ever outweighing a real compute or communication difference."""
 
 
 @dataclass(eq=False, slots=True)
@@ -32,9 +36,22 @@ class Space:
     def op_node(self, index: int) -> int:
         return self.num_inputs + index
 
-    def layout(self, value: Value, choice: list[int]) -> Sharding:
+    def produced(self, value: Value, choice: list[int]) -> Sharding:
+        """The layout the producer's chosen strategy emits (may be partial)."""
         node, k = self.producer[value]
         return self.strategies[node][choice[node]].results[k]
+
+    def layout(self, value: Value, choice: list[int]) -> Sharding:
+        """The layout consumers see: a pinned op result is resharded to its pin first."""
+        pin = pinned_result(value)
+        return pin if pin is not None else self.produced(value, choice)
+
+
+def pinned_result(value: Value) -> Sharding | None:
+    """The user pin of an op result (a GSPMD sharding constraint), if any."""
+    if value.producer is not None and value.pinned and value.sharding is not None:
+        return value.sharding
+    return None
 
 
 def build_space(graph: Graph, mesh: Mesh) -> Space:
@@ -42,19 +59,10 @@ def build_space(graph: Graph, mesh: Mesh) -> Space:
     producer: dict[Value, tuple[int, int]] = {v: (n, 0) for n, v in enumerate(graph.inputs)}
     for i, op in enumerate(graph.ops):
         node = len(graph.inputs) + i
-        strategies.append(_pinned_filter(op, op_strategies(op, mesh)))
+        strategies.append(op_strategies(op, mesh))
         for k, r in enumerate(op.results):
             producer[r] = (node, k)
     return Space(graph, mesh, strategies, producer)
-
-
-def _pinned_filter(op: Op, strategies: list[Strategy]) -> list[Strategy]:
-    """Keep only strategies that produce pinned result layouts (falls back if none match)."""
-    pins = [(k, r.sharding) for k, r in enumerate(op.results) if r.pinned and r.sharding]
-    if not pins:
-        return strategies
-    kept = [s for s in strategies if all(s.results[k].without_partial() == p for k, p in pins)]
-    return kept or strategies
 
 
 def op_cost(op: Op, strategy: Strategy, mesh: Mesh, cluster: Cluster) -> float:
@@ -72,10 +80,15 @@ def _local_bytes(type_: TensorType, sharding: Sharding, mesh: Mesh) -> int:
     return type_.nbytes // sharding.shard_count(mesh)
 
 
+def input_cost(memory_bytes: float, cluster: Cluster) -> float:
+    """Tie-breaking price of holding ``memory_bytes`` of persistent state per device."""
+    return MEMORY_TIEBREAK * memory_bytes / cluster.hbm_bandwidth
+
+
 def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) -> Problem:
     graph, mesh = space.graph, space.mesh
-    costs = [np.zeros(len(s)) for s in space.strategies[: space.num_inputs]]
     memory = [_input_memory(v, space.strategies[n], mesh) for n, v in enumerate(graph.inputs)]
+    costs = [input_cost(m, cluster) for m in memory]
     for i, op in enumerate(graph.ops):
         strategies = space.strategies[space.op_node(i)]
         costs.append(np.array([op_cost(op, s, mesh, cluster) for s in strategies]))
@@ -88,11 +101,16 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
 
     for i, op in enumerate(graph.ops):
         v = space.op_node(i)
+        for k, result in enumerate(op.results):
+            if (pin := pinned_result(result)) is not None:  # the producer pays to meet its pin
+                cost = [price(result.type)(s.results[k], pin) for s in space.strategies[v]]
+                problem.node_costs[v] = problem.node_costs[v] + np.array(cost)
         for j, value in enumerate(op.operands):
             u, k = space.producer[value]
+            pin = pinned_result(value)
             problem.add_edge(
                 u, v,
-                [s.results[k] for s in space.strategies[u]],
+                [pin if pin is not None else s.results[k] for s in space.strategies[u]],
                 [s.operands[j] for s in space.strategies[v]],
                 price(value.type),
             )  # fmt: skip
@@ -104,7 +122,8 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
 def _add_output_edge(problem: Problem, space: Space, j: int, value: Value, price) -> None:
     """Aliased outputs must come back in their input's layout; others must not stay partial."""
     u, k = space.producer[value]
-    produced = [s.results[k] for s in space.strategies[u]]
+    pin = pinned_result(value)
+    produced = [pin if pin is not None else s.results[k] for s in space.strategies[u]]
     alias = space.graph.output_aliases.get(j)
     if alias is not None:
         wanted = [s.results[0] for s in space.strategies[alias]]

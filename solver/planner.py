@@ -10,7 +10,15 @@ from ..costmodel import get_cluster, reshard, reshard_time
 from ..costmodel.cluster import Cluster
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
 from ..passes.merge_followers import follower_pairs
-from .costs import Space, build_problem, build_space, op_cost
+from .costs import (
+    PERSISTENT_ROLES,
+    Space,
+    build_problem,
+    build_space,
+    input_cost,
+    op_cost,
+    pinned_result,
+)
 from .ilp import Solution, solve
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
@@ -93,6 +101,19 @@ def build_plan(space: Space, cluster: Cluster, solution: Solution, problem: Prob
     for i, op in enumerate(graph.ops):
         strategy = space.strategies[space.op_node(i)][choice[space.op_node(i)]]
         compute += op_cost(op, strategy, mesh, cluster)
+        for k, result in enumerate(op.results):
+            if pinned_result(result) is not None:
+                produced = strategy.results[k]
+                _record(
+                    reshards,
+                    result.name,
+                    f"pin:{result.name}",
+                    produced,
+                    shardings[result.name],
+                    result,
+                    mesh,
+                    cluster,
+                )
         for j, value in enumerate(op.operands):
             operand_shardings[(i, j)] = strategy.operands[j]
             _record(
@@ -170,9 +191,16 @@ def evaluate_choice(space: Space, cluster: Cluster, choice: list[int]) -> float:
     """Modelled cost of a full assignment, recomputed from scratch (tests compare with the ILP)."""
     graph, mesh = space.graph, space.mesh
     total = 0.0
+    for n, value in enumerate(graph.inputs):
+        if value.role in PERSISTENT_ROLES:
+            layout = space.strategies[n][choice[n]].results[0]
+            total += input_cost(value.type.nbytes // layout.shard_count(mesh), cluster)
     for i, op in enumerate(graph.ops):
         strategy = space.strategies[space.op_node(i)][choice[space.op_node(i)]]
         total += op_cost(op, strategy, mesh, cluster)
+        for k, result in enumerate(op.results):
+            if (pin := pinned_result(result)) is not None:
+                total += reshard_time(strategy.results[k], pin, result.type, mesh, cluster)
         for j, value in enumerate(op.operands):
             total += reshard_time(
                 space.layout(value, choice), strategy.operands[j], value.type, mesh, cluster
@@ -183,7 +211,7 @@ def evaluate_choice(space: Space, cluster: Cluster, choice: list[int]) -> float:
         if alias is not None:
             dst = space.strategies[alias][choice[alias]].results[0]
         else:
-            dst = value.sharding if value.pinned and value.sharding else src.without_partial()
+            dst = src.without_partial()
         total += reshard_time(src, dst, value.type, mesh, cluster)
     return total
 
