@@ -1,0 +1,271 @@
+"""Emit a Plan for PyTorch: DTensor placements, an applied module, parallelize_module styles.
+
+Placements are per mesh dimension in the plan mesh's axis order: mesh axis ``a`` splitting
+tensor dim ``d`` is ``Shard(d)``, a partial axis is ``Partial()``, an unused one ``Replicate()``.
+``apply`` distributes parameters as planned and redistributes activations where the plan says
+so at module boundaries (inputs/outputs of modules that own parameters) and on gradients, so
+the DTensor program follows the planned layouts and issues the planned collectives.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import (
+    DTensor,
+    Partial,
+    Placement,
+    Replicate,
+    Shard,
+    distribute_tensor,
+)
+from torch.distributed.tensor.experimental import implicit_replication
+from torch.nn.attention import SDPBackend, sdpa_kernel
+
+from ...ir import FrontendError, Mesh, Role, Sharding
+from ...solver.plan import Plan
+from .capture import TorchContext
+
+Placements = tuple[Placement, ...]
+
+
+def placements_of(sharding: Sharding, mesh: Mesh) -> Placements:
+    """DTensor placements (one per mesh axis, mesh order) of an IR sharding.
+
+    A dim split over several axes must list them in mesh order (major first), which is what
+    DTensor's default shard order means; the reverse needs ``_StridedShard`` and is refused.
+    """
+    out: list[Placement] = []
+    for axis in mesh.axis_names:
+        if axis in sharding.partial:
+            out.append(Partial())
+            continue
+        dims = [d for d, axes in enumerate(sharding.dims) if axis in axes]
+        out.append(Shard(dims[0]) if dims else Replicate())
+    for d, axes in enumerate(sharding.dims):
+        order = [mesh.axis_index(a) for a in axes]
+        if order != sorted(order):
+            raise FrontendError(
+                f"dimension {d} of sharding {sharding} is split over {axes}, minor mesh axis "
+                "first; DTensor's public placements cannot express it (needs _StridedShard). "
+                "hint: pin the dimension to mesh order"
+            )
+    return tuple(out)
+
+
+def context_of(plan: Plan) -> TorchContext:
+    context = plan.frontend_context
+    if not isinstance(context, TorchContext):
+        raise FrontendError(
+            "this plan has no torch capture context (it was loaded from JSON or planned from an "
+            "IR graph); re-plan with shardplan.plan(model, *inputs, mesh=...) to emit for torch"
+        )
+    return context
+
+
+def to_placements(plan: Plan) -> dict[str, Placements]:
+    """``{param_fqn: placements}`` for every parameter, tied aliases included.
+
+    Works without a capture context too (a loaded plan): then graph inputs with the PARAMETER
+    role are keyed by their origin path.
+    """
+    context = plan.frontend_context
+    if not isinstance(context, TorchContext):
+        return {
+            v.origin.path or v.name: placements_of(plan.shardings[v.name], plan.mesh)
+            for v in plan.graph.inputs
+            if v.role is Role.PARAMETER
+        }
+    result = {fqn: _param_placements(plan, name) for fqn, name in context.param_values.items()}
+    for alias, canonical in context.tied.items():
+        result[alias] = result[canonical]
+    return result
+
+
+def _param_placements(plan: Plan, value: str) -> Placements:
+    """A parameter's placements; a (meaningless) partial parameter is stored replicated."""
+    return tuple(
+        Replicate() if isinstance(p, Partial) else p
+        for p in placements_of(plan.shardings[value], plan.mesh)
+    )
+
+
+def consumed_layout(plan: Plan, value: str, within: str | None = None) -> Sharding:
+    """The layout the first consumer of ``value`` (inside module ``within``) computes with."""
+    for index, op in enumerate(plan.graph.ops):
+        if within is not None and not _inside(op.origin.module, within):
+            continue
+        for j, operand in enumerate(op.operands):
+            if operand.name == value:
+                return plan.operand_shardings.get((index, j), plan.shardings[value])
+    return plan.shardings[value]
+
+
+def _inside(module: str, prefix: str) -> bool:
+    return prefix == "" or module == prefix or module.startswith(prefix + ".")
+
+
+def check_mesh(plan: Plan, device_mesh: DeviceMesh) -> None:
+    names = tuple(device_mesh.mesh_dim_names or ())
+    shape = tuple(device_mesh.shape)
+    want = plan.mesh.axis_names
+    if names != want or shape != tuple(plan.mesh.shape[a] for a in want):
+        raise FrontendError(
+            f"device mesh {dict(zip(names, shape, strict=False))} does not match the plan mesh "
+            f"{plan.mesh}; build it with init_device_mesh(device, "
+            f"{tuple(plan.mesh.shape[a] for a in want)}, mesh_dim_names={want})"
+        )
+
+
+def redistribute(x: Any, placements: Placements) -> Any:
+    """Move a DTensor to ``placements`` when DTensor can (S->P is not a layout change it has)."""
+    if not isinstance(x, DTensor) or tuple(x.placements) == placements:
+        return x
+    fixed = tuple(
+        old if isinstance(new, Partial) and not isinstance(old, (Partial, Replicate)) else new
+        for old, new in zip(x.placements, placements, strict=True)
+    )
+    return x.redistribute(placements=fixed) if tuple(x.placements) != fixed else x
+
+
+def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
+    """The same module, parameters as DTensors and activations moved as planned.
+
+    Inputs given to the root module are distributed to the planned input layouts (every rank
+    passes the same global tensors, as in SPMD data loading); buffers and tensors made inside
+    ``forward`` are treated as replicated (``implicit_replication``); after backward each
+    gradient is redistributed to the layout the planned optimizer update consumes it in (the
+    data-parallel all-reduce / reduce-scatter).
+    """
+    context = context_of(plan)
+    check_mesh(plan, device_mesh)
+    _distribute_parameters(plan, context, model, device_mesh)
+    _install_root_hooks(plan, context, model, device_mesh)
+    _install_boundary_hooks(plan, context, model)
+    _install_grad_hooks(plan, context, model)
+    return model
+
+
+def _distribute_parameters(
+    plan: Plan, context: TorchContext, model: nn.Module, mesh: DeviceMesh
+) -> None:
+    placements = to_placements(plan)
+    done: dict[int, nn.Parameter] = {}
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for name, param in list(module.named_parameters(recurse=False)):
+            fqn = f"{module_name}.{name}" if module_name else name
+            if id(param) not in done:
+                if fqn not in placements:
+                    raise FrontendError(f"parameter {fqn} is not in the plan; re-plan this model")
+                tensor = distribute_tensor(
+                    param.detach(), mesh, list(placements[fqn]), src_data_rank=None
+                )
+                done[id(param)] = nn.Parameter(tensor, requires_grad=param.requires_grad)
+            module.register_parameter(name, done[id(param)])
+
+
+def _install_root_hooks(
+    plan: Plan, context: TorchContext, model: nn.Module, mesh: DeviceMesh
+) -> None:
+    layouts = {
+        slot: placements_of(plan.shardings[value], plan.mesh)
+        for slot, value in zip(context.input_slots, context.input_values, strict=True)
+    }
+    active: list[Any] = []
+
+    def distribute(x: Any, slot: int | str) -> Any:
+        if not isinstance(x, torch.Tensor) or isinstance(x, DTensor) or slot not in layouts:
+            return x
+        return distribute_tensor(x, mesh, list(layouts[slot]), src_data_rank=None)
+
+    def pre(module: nn.Module, args: tuple, kwargs: dict) -> tuple[tuple, dict]:
+        for cm in _forward_contexts(mesh):
+            cm.__enter__()
+            active.append(cm)
+        args = tuple(distribute(a, i) for i, a in enumerate(args))
+        return args, {k: distribute(v, k) for k, v in kwargs.items()}
+
+    def post(module: nn.Module, args: tuple, out: Any) -> Any:
+        while active:
+            active.pop().__exit__(None, None, None)
+        return out
+
+    model.register_forward_pre_hook(pre, with_kwargs=True)
+    model.register_forward_hook(post)
+
+
+def _forward_contexts(mesh: DeviceMesh) -> list[Any]:
+    """Contexts around the root forward: plain tensors made inside act as replicated, and on
+    CPU attention takes the math path (DTensor has no strategy for the CPU flash kernel)."""
+    contexts: list[Any] = [implicit_replication(), _replicate_saved_tensors(mesh)]
+    if mesh.device_type == "cpu":
+        contexts.append(sdpa_kernel([SDPBackend.MATH]))
+    return contexts
+
+
+def _replicate_saved_tensors(mesh: DeviceMesh) -> Any:
+    """Plain tensors autograd saves (rotary tables, masks) come back as replicated DTensors,
+    so backward - which runs outside ``implicit_replication`` - never mixes the two kinds."""
+    replicate = [Replicate()] * mesh.ndim
+
+    def pack(t: torch.Tensor) -> torch.Tensor:
+        if isinstance(t, DTensor) or t.dim() == 0:
+            return t
+        return DTensor.from_local(t, mesh, replicate, run_check=False)
+
+    return torch.autograd.graph.saved_tensors_hooks(pack, lambda t: t)
+
+
+def _install_boundary_hooks(plan: Plan, context: TorchContext, model: nn.Module) -> None:
+    """Redistribute inputs/outputs of parameter-owning modules to their planned layouts."""
+    modules = dict(model.named_modules())
+    for path, inputs in context.module_inputs.items():
+        if path not in modules or path == "":
+            continue
+        want = {
+            i: placements_of(consumed_layout(plan, v, path), plan.mesh) for i, v in inputs.items()
+        }
+        modules[path].register_forward_pre_hook(_input_hook(want))
+    for path, value in context.module_outputs.items():
+        if path in modules and path != "":
+            placements = placements_of(plan.shardings[value], plan.mesh)
+            modules[path].register_forward_hook(_output_hook(placements))
+
+
+def _input_hook(want: dict[int, Placements]):  # type: ignore[no-untyped-def]
+    def hook(module: nn.Module, args: tuple) -> tuple:
+        return tuple(redistribute(a, want[i]) if i in want else a for i, a in enumerate(args))
+
+    return hook
+
+
+def _output_hook(placements: Placements):  # type: ignore[no-untyped-def]
+    def hook(module: nn.Module, args: tuple, out: Any) -> Any:
+        return redistribute(out, placements)
+
+    return hook
+
+
+def _install_grad_hooks(plan: Plan, context: TorchContext, model: nn.Module) -> None:
+    params = dict(model.named_parameters())
+    for fqn, grad_value in context.grad_values.items():
+        param = params.get(fqn)
+        if param is None:
+            continue
+        layout = consumed_layout(plan, grad_value, "optimizer")
+        placements = placements_of(layout.without_partial(), plan.mesh)
+
+        def hook(p: torch.Tensor, placements: Placements = placements) -> None:
+            p.grad = redistribute(p.grad, placements)
+
+        param.register_post_accumulate_grad_hook(hook)
+
+
+def to_parallelize_plan(plan: Plan) -> Any:
+    """``parallelize_module`` styles + ``fully_shard`` calls (see ``styles.py``)."""
+    from .styles import to_parallelize_plan as build
+
+    return build(plan)
