@@ -1,4 +1,4 @@
-"""A tiny Hugging Face LlamaForCausalLM (no weights downloaded) planned and trained on simulated ranks.
+"""A tiny Hugging Face LlamaForCausalLM (no weights downloaded), planned and trained on 4 ranks.
 
 Run: ``python examples/hf_llama.py``. Tests import ``make()``, which returns ``(model, inputs)``
 with HF keyword inputs ``{"input_ids": ids, "labels": ids}`` (the model computes its own loss).

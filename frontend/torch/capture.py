@@ -47,6 +47,8 @@ class TorchContext:
     module_outputs: dict[str, str] = field(default_factory=dict)
     tied: dict[str, str] = field(default_factory=dict)
     """Tied parameter alias FQN -> canonical FQN."""
+    module_kinds: dict[str, str] = field(default_factory=dict)
+    """Module path -> ``Linear`` / ``Embedding`` (subclasses too) or the class name."""
     loss_value: str | None = None
     optimizer: optim.OptimizerSpec = field(default_factory=optim.OptimizerSpec)
 
@@ -88,8 +90,16 @@ def capture(
         ) from exc
     graph = Graph(name or type(model).__name__)
     context = TorchContext(mode=mode, tied=traced.tied, optimizer=spec)
+    context.module_kinds = {path: _kind(m) for path, m in model.named_modules()}
     _lower(traced, graph, context)
     return graph, context
+
+
+def _kind(module: nn.Module) -> str:
+    for base in (nn.Linear, nn.Embedding):
+        if isinstance(module, base):
+            return base.__name__
+    return type(module).__name__
 
 
 def _owner(path: str) -> str:
