@@ -1,0 +1,422 @@
+"""Step-time simulation: compute and communication on two streams, with dependencies.
+
+One device's step as MAD-Max models it (Hsia et al., ISCA'24; re-derived, no code taken): a
+compute stream runs the ops in graph order, a communication stream runs collectives in the
+order they become ready, and each task starts at ``max(its stream's clock, its dependencies)``.
+
+- an op waits for its operands: a produced value, or the collectives resharding it for this op;
+- a collective waits for its producer (an op result, or a pinned result's own reshard);
+- a collective on a graph input (a parameter all-gather) may be issued early, but no more than
+  ``prefetch_window`` layers ahead of its consumer (FSDP's one-layer prefetch);
+- nothing else orders the comm stream, so gradient reductions run under the rest of backward
+  while tensor-parallel collectives, needed at once, stay on the critical path.
+
+Exposed communication is the compute stream's idle time; the rest of the communication is
+overlapped. Compute/communication contention for SMs and HBM is not modelled.
+"""
+
+from __future__ import annotations
+
+import enum
+import heapq
+import math
+import re
+from collections.abc import Sequence
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
+
+from shardplan.ir.graph import Graph, Op, Role, Value
+from shardplan.ir.registry import op_flops
+
+from .cluster import Cluster, get_cluster
+from .compute import compute_time
+
+if TYPE_CHECKING:
+    from shardplan.solver.plan import Plan
+
+
+class Phase(enum.Enum):
+    """Which part of a training step an op belongs to (inferred from the graph's structure)."""
+
+    FORWARD = "forward"
+    BACKWARD = "backward"
+    UPDATE = "update"
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationOptions:
+    prefetch_window: int | None = 1
+    """Layers ahead a graph input's collective may start (``None``: as early as t = 0)."""
+
+
+@dataclass(frozen=True, slots=True)
+class Transfer:
+    """The collectives on one edge, run back to back on the communication stream."""
+
+    value: Value
+    consumer: int | None
+    """Index of the consuming op; ``None`` for a graph output or alias round trip."""
+    time: float
+    pin: bool = False
+    """A pinned result's reshard: every consumer of ``value`` waits for it."""
+    carried: Value | None = None
+    """For an updated parameter's way back to its stored layout: the graph input it replaces.
+    In steady state that collective overlaps the *next* step's start (Megatron's
+    ``overlap_param_gather``), so it is simulated as a prefetch of ``carried`` for
+    ``consumer``, its first use."""
+
+
+@dataclass(frozen=True, slots=True)
+class SimulationResult:
+    """Step time and its parts, seconds on one device.
+
+    Invariants: ``step_time = compute_time + exposed_comm_time``;
+    ``comm_time = exposed_comm_time + overlapped_comm_time``.
+    """
+
+    step_time: float
+    compute_time: float
+    comm_time: float
+    exposed_comm_time: float
+    overlapped_comm_time: float
+    exposed_by_phase: dict[str, float] = field(default_factory=dict)
+    """Compute-stream idle time, by the phase of the op (or ``"tail"``) that waited."""
+
+    def __str__(self) -> str:
+        return (
+            f"step {self.step_time * 1e3:.3f} ms = compute {self.compute_time * 1e3:.3f} ms + "
+            f"exposed comm {self.exposed_comm_time * 1e3:.3f} ms "
+            f"(overlapped {self.overlapped_comm_time * 1e3:.3f} ms)"
+        )
+
+
+# -- phases -------------------------------------------------------------------------------------
+
+
+def op_phases(graph: Graph) -> dict[Op, Phase]:
+    """Forward / backward / update, from structure alone (frontends tag no phases).
+
+    Forward ops reach a non-aliased output (the loss). Of the rest, backward ops are those that
+    (or whose descendants) read a forward value - a saved activation or a data input; update
+    ops read only gradients, parameters and optimizer states. A graph with no aliased outputs
+    (inference) is all forward.
+    """
+    aliased = set(graph.output_aliases)
+    loss = {v for j, v in enumerate(graph.outputs) if j not in aliased}
+    if not aliased:
+        return dict.fromkeys(graph.ops, Phase.FORWARD)
+    forward = _ancestors(graph, loss)
+    forward_values = {r for op in forward for r in op.results}
+    forward_values |= {v for v in graph.inputs if v.role in (Role.INPUT, Role.CONSTANT)}
+    reads_forward: dict[Op, bool] = {}
+    phases: dict[Op, Phase] = {}
+    for op in reversed(graph.ops):
+        reads = any(v in forward_values for v in op.operands) or any(
+            reads_forward.get(user, False) for r in op.results for user in r.users
+        )
+        reads_forward[op] = reads
+        if op in forward:
+            phases[op] = Phase.FORWARD
+        else:
+            phases[op] = Phase.BACKWARD if reads else Phase.UPDATE
+    return {op: phases[op] for op in graph.ops}
+
+
+def _ancestors(graph: Graph, values: set[Value]) -> set[Op]:
+    seen: set[Op] = set()
+    stack = [v.producer for v in values if v.producer is not None]
+    while stack:
+        op = stack.pop()
+        if op in seen:
+            continue
+        seen.add(op)
+        stack.extend(v.producer for v in op.operands if v.producer is not None)
+    return seen
+
+
+_LAYER = re.compile(r"(?:^|[./])(\d+)(?=$|[./])")
+
+
+def layer_blocks(graph: Graph) -> list[int]:
+    """Per op, the index of its block: a maximal run of ops in one numbered layer.
+
+    The layer is the first integer component of the op's module path (``model.layers.3.mlp`` ->
+    3); forward visits layers 0..L-1 and backward L-1..0, so each visit is its own block.
+    """
+    blocks, last, current = [], None, -1
+    for op in graph.ops:
+        match = _LAYER.search(op.origin.module)
+        key = match.group(1) if match else None
+        if key is not None and key != last:
+            current, last = current + 1, key
+        blocks.append(max(current, 0))
+    return blocks
+
+
+# -- the two-stream simulation ------------------------------------------------------------------
+
+
+class _Streams:
+    """Clocks of both streams, the queue of ready collectives and what each op waits for."""
+
+    def __init__(self, graph: Graph, transfers: Sequence[Transfer], options: SimulationOptions):
+        self.transfers = list(transfers)
+        self.end: dict[int, float] = {}  # job id -> end time, once scheduled
+        self.ready: dict[Value, float] = dict.fromkeys(graph.inputs, 0.0)
+        self.queue: list[tuple[float, int]] = []  # (ready time, job id): FIFO by readiness
+        self.compute_clock = self.comm_clock = 0.0
+        self.pin_job: dict[Value, int] = {}
+        self.waiting: dict[Value, list[int]] = {}  # value -> edge jobs released when it is ready
+        self.needs: dict[int, dict[Value, list[int]]] = {}  # op -> operand -> its edge jobs
+        self.gated: dict[int, list[int]] = {}  # op index -> input jobs released on reaching it
+        gates = _gates(graph, options.prefetch_window)
+        for job, t in enumerate(self.transfers):
+            if t.consumer is not None:
+                read = t.carried if t.carried is not None else t.value
+                self.needs.setdefault(t.consumer, {}).setdefault(read, []).append(job)
+            if t.pin:
+                if t.value.producer is None:
+                    raise ValueError(f"a pin reshard needs an op result, got %{t.value.name}")
+                self.pin_job[t.value] = job
+                self.waiting.setdefault(t.value, [])
+            elif t.consumer is not None and (t.value.producer is None or t.carried is not None):
+                self.gated.setdefault(gates[t.consumer], []).append(job)
+            else:
+                self.waiting.setdefault(t.value, []).append(job)
+        for v in graph.inputs:
+            self.release(v, 0.0)
+
+    def release(self, value: Value, time: float) -> None:
+        """``value`` is readable at ``time``: queue the collectives that were waiting for it."""
+        self.ready[value] = time
+        for job in self.waiting.pop(value, []):
+            heapq.heappush(self.queue, (time, job))
+
+    def produced(self, value: Value, time: float) -> None:
+        if value in self.pin_job:
+            heapq.heappush(self.queue, (time, self.pin_job[value]))
+        else:
+            self.release(value, time)
+
+    def drain_until(self, job: int | None) -> None:
+        """Run queued collectives in readiness order until ``job`` has run (``None``: all)."""
+        while self.queue and (job is None or job not in self.end):
+            ready, popped = heapq.heappop(self.queue)
+            start = max(self.comm_clock, ready)
+            self.comm_clock = self.end[popped] = start + self.transfers[popped].time
+            if self.transfers[popped].pin:
+                self.release(self.transfers[popped].value, self.comm_clock)
+        if job is not None and job not in self.end:
+            raise RuntimeError(f"collective {job} can never run: its producer never finished")
+
+    def operand_ready(self, index: int, value: Value) -> float:
+        jobs = self.needs.get(index, {}).get(value)
+        if jobs:
+            for job in jobs:
+                self.drain_until(job)
+            return max(self.end[job] for job in jobs)
+        if value not in self.ready and value in self.pin_job:
+            self.drain_until(self.pin_job[value])
+        return self.ready[value]
+
+
+def _gates(graph: Graph, window: int | None) -> list[int]:
+    """Per op, the op whose turn releases collectives on graph inputs it consumes."""
+    if window is None:
+        return [0] * len(graph.ops)
+    blocks = layer_blocks(graph)
+    first: dict[int, int] = {}
+    for i, b in enumerate(blocks):
+        first.setdefault(b, i)
+    return [first.get(b - window, 0) if b - window >= 0 else 0 for b in blocks]
+
+
+def simulate_graph(
+    graph: Graph,
+    op_times: Sequence[float],
+    transfers: Sequence[Transfer],
+    options: SimulationOptions | None = None,
+) -> SimulationResult:
+    """Schedule ``graph``'s ops (``op_times[i]`` seconds each) and ``transfers`` on two streams.
+
+    Args:
+      graph: the step; ops run on the compute stream in graph order.
+      op_times: seconds of each op on one device.
+      transfers: collectives per edge (see ``Transfer``).
+      options: prefetch window for collectives on graph inputs.
+    Returns:
+      compute, exposed and overlapped communication (``SimulationResult``).
+    """
+    if len(op_times) != len(graph.ops):
+        raise ValueError(f"{len(op_times)} op times for {len(graph.ops)} ops")
+    streams = _Streams(graph, transfers, options or SimulationOptions())
+    phases = op_phases(graph)
+    exposed: dict[str, float] = {}
+    for i, op in enumerate(graph.ops):
+        for job in streams.gated.pop(i, []):
+            heapq.heappush(streams.queue, (streams.compute_clock, job))
+        start = max([streams.compute_clock] + [streams.operand_ready(i, v) for v in op.operands])
+        idle = start - streams.compute_clock
+        if idle > 0:
+            key = phases[op].value
+            exposed[key] = exposed.get(key, 0.0) + idle
+        streams.compute_clock = start + op_times[i]
+        for r in op.results:
+            streams.produced(r, streams.compute_clock)
+    streams.drain_until(None)
+    step = max(streams.compute_clock, streams.comm_clock)
+    if step > streams.compute_clock:
+        exposed["tail"] = step - streams.compute_clock
+    compute = float(sum(op_times))
+    comm = float(sum(t.time for t in transfers))
+    exposed_total = step - compute
+    return SimulationResult(
+        step, compute, comm, exposed_total, max(comm - exposed_total, 0.0), exposed
+    )
+
+
+def serial_result(op_times: Sequence[float], transfers: Sequence[Transfer]) -> SimulationResult:
+    """No overlap at all (the planner's v1 objective): every collective is exposed."""
+    compute, comm = float(sum(op_times)), float(sum(t.time for t in transfers))
+    return SimulationResult(compute + comm, compute, comm, comm, 0.0)
+
+
+# -- plans --------------------------------------------------------------------------------------
+
+
+def simulate(plan: Plan, options: SimulationOptions | None = None) -> SimulationResult:
+    """Simulate one step of a ``Plan`` on its mesh's cluster (op roofline + planned reshards)."""
+    graph, mesh = plan.graph, plan.mesh
+    cluster = get_cluster(mesh.cluster)
+    produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith("pin:")}
+    times = [_op_time(i, op, plan, produced, cluster) for i, op in enumerate(graph.ops)]
+    by_name = {v.name: v for v in graph.values()}
+    position = {op: i for i, op in enumerate(graph.ops)}
+    transfers = [
+        _transfer(r.consumer, by_name[r.value], r.time, graph, position) for r in plan.reshards
+    ]
+    return simulate_graph(graph, times, transfers, options)
+
+
+def plan_op_times(plan: Plan) -> list[float]:
+    """Roofline seconds of each op under the plan's layouts (as ``solver.costs.op_cost``)."""
+    cluster = get_cluster(plan.mesh.cluster)
+    produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith("pin:")}
+    return [_op_time(i, op, plan, produced, cluster) for i, op in enumerate(plan.graph.ops)]
+
+
+def _op_time(index: int, op: Op, plan: Plan, produced: dict, cluster: Cluster) -> float:
+    """Local FLOPs are the global ones over the product of every mesh axis the op's layouts use
+    (each axis splits one factor, so that product is the strategy's split)."""
+    mesh = plan.mesh
+    operands = [plan.operand_shardings[(index, j)] for j in range(len(op.operands))]
+    results = [produced.get(r.name, plan.shardings[r.name]) for r in op.results]
+    axes = set().union(*(s.used_axes for s in operands + results))
+    split = math.prod(mesh.axis_size(a) for a in axes)
+    ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
+    flops = op_flops(op.kind, op.rule, ins, outs) / split
+    nbytes = sum(t.nbytes // s.shard_count(mesh) for t, s in zip(ins, operands, strict=True))
+    nbytes += sum(t.nbytes // s.shard_count(mesh) for t, s in zip(outs, results, strict=True))
+    return compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster)
+
+
+def _transfer(
+    consumer: str, value: Value, time: float, graph: Graph, position: dict[Op, int]
+) -> Transfer:
+    kind, _, rest = consumer.partition(":")
+    match kind:
+        case "op":
+            return Transfer(value, int(rest.split(":")[0]), time)
+        case "pin":
+            return Transfer(value, None, time, pin=True)
+        case "alias":  # carried into the next step, needed by the stored input's first use
+            carried = graph.inputs[graph.output_aliases[int(rest)]]
+            first = min((position[u.op] for u in carried.uses), default=None)
+            if first is not None:
+                return Transfer(value, first, time, carried=carried)
+            return Transfer(value, None, time)
+        case _:  # output:<j>: must finish before the step ends
+            return Transfer(value, None, time)
+
+
+# -- the planner's proxy ------------------------------------------------------------------------
+
+GRADIENT_EXPOSURE = 0.2
+"""Fraction of a gradient reduction (backward -> update edge) the step still waits for: it runs
+under the rest of backward; what stays exposed is the last layers' share (DDP's last bucket)."""
+PREFETCH_EXPOSURE = 0.2
+"""Fraction of a parameter / optimizer-state collective that stays exposed: with a one-layer
+prefetch it hides behind the previous layer's compute except for the first layer."""
+
+_PHASE_CACHE: dict[int, tuple[Graph, int, dict[Op, Phase]]] = {}
+
+
+def edge_exposure(value: Value, consumer: Op | None, graph: Graph) -> float:
+    """Fraction in [0, 1] of the reshard cost on ``value -> consumer`` that lengthens the step.
+
+    The planner's linear stand-in for ``simulate`` (``solver/costs.py`` multiplies edge costs
+    by it): collectives on parameters and optimizer states are prefetchable
+    (``PREFETCH_EXPOSURE``), gradient reductions feeding the update overlap backward
+    (``GRADIENT_EXPOSURE``), an updated parameter's way back to its stored layout
+    (``consumer=None``) overlaps the next step's start like a prefetch, and everything else -
+    tensor-parallel collectives between forward or backward ops - is on the critical path
+    (1.0). It cannot see saturation (more communication than compute to hide it behind);
+    ``simulate`` reports that afterwards.
+    """
+    if value.producer is None:
+        return PREFETCH_EXPOSURE if value.role in (Role.PARAMETER, Role.OPTIMIZER_STATE) else 1.0
+    if consumer is None:
+        return PREFETCH_EXPOSURE
+    phases = _phases_cached(graph)
+    producer, user = phases.get(value.producer), phases.get(consumer)
+    if user is Phase.UPDATE and producer is Phase.BACKWARD:
+        return GRADIENT_EXPOSURE
+    return 1.0
+
+
+def weight_edges(problem, space) -> None:
+    """Multiply each edge of a solver ``Problem`` by ``edge_exposure`` (before elimination).
+
+    Duck-typed over ``solver.costs.Space`` / ``solver.problem.Problem`` so the cost model does
+    not import the solver: an edge ``u -> v`` joins the node of the producer of a value (a graph
+    input or an op) to the node of its consumer (an op, or for an alias round trip the input
+    it replaces). A multi-result producer takes the largest exposure of its results.
+    """
+    graph = space.graph
+    n_in = len(graph.inputs)
+    for edge in problem.edges:
+        consumer = graph.ops[edge.v - n_in] if edge.v >= n_in else None
+        if edge.u < n_in:
+            values = [graph.inputs[edge.u]]
+        else:
+            values = list(graph.ops[edge.u - n_in].results)
+        edge.cost = edge.cost * max(edge_exposure(v, consumer, graph) for v in values)
+
+
+def _phases_cached(graph: Graph) -> dict[Op, Phase]:
+    hit = _PHASE_CACHE.get(id(graph))
+    if hit is not None and hit[0] is graph and hit[1] == len(graph.ops):
+        return hit[2]
+    if len(_PHASE_CACHE) >= 16:
+        _PHASE_CACHE.clear()
+    phases = op_phases(graph)
+    _PHASE_CACHE[id(graph)] = (graph, len(graph.ops), phases)
+    return phases
+
+
+__all__ = [
+    "GRADIENT_EXPOSURE",
+    "PREFETCH_EXPOSURE",
+    "Phase",
+    "SimulationOptions",
+    "SimulationResult",
+    "Transfer",
+    "edge_exposure",
+    "layer_blocks",
+    "op_phases",
+    "plan_op_times",
+    "serial_result",
+    "simulate",
+    "simulate_graph",
+    "weight_edges",
+]
