@@ -1,0 +1,35 @@
+"""Fixtures for the torch frontend tests: the example models and a simulated world."""
+
+from __future__ import annotations
+
+import importlib.util
+import warnings
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+
+
+def load_example(name: str) -> ModuleType:
+    """Import ``examples/<name>.py`` (examples are scripts, not part of the package)."""
+    spec = importlib.util.spec_from_file_location(
+        f"shardplan_example_{name}", EXAMPLES / f"{name}.py"
+    )
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.fixture(scope="session")
+def examples() -> dict[str, ModuleType]:
+    return {name: load_example(name) for name in ("torch_mlp", "hf_llama", "hf_gpt2")}
+
+
+@pytest.fixture(autouse=True)
+def _quiet_dtensor() -> None:
+    """DTensor warns about sequential per-axis collectives; they are expected here."""
+    warnings.filterwarnings("ignore", message=".*sequential.*")
+    warnings.filterwarnings("ignore", message="Full backward hook is firing.*")
