@@ -34,6 +34,7 @@ class GPTConfig:
     dtype: str = "float32"
     lr: float = 1e-3
     weight_decay: float = 0.1
+    adam_eps: float = 1e-8
 
     @property
     def head_dim(self) -> int:
@@ -130,7 +131,7 @@ def adamw(c: GPTConfig, params: Params, grads: Params, opt_state: Params):
     bias2 = 1 - 0.95 ** count.astype(jnp.float32)
 
     def update(p, m, v):
-        step = (m / bias1) / (jnp.sqrt(v / bias2) + 1e-8)
+        step = (m / bias1) / (jnp.sqrt(v / bias2) + c.adam_eps)
         decay = c.weight_decay * p if p.ndim >= 2 else 0.0
         return (p - c.lr * (step + decay)).astype(p.dtype)
 

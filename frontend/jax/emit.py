@@ -19,6 +19,7 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from ...ir import FrontendError, Mesh, Sharding
 from ...solver.plan import Plan
 from .capture import JaxContext
+from .paths import pinned_layouts
 from .walk import Walker
 
 
@@ -91,6 +92,8 @@ class _Emit(Walker[Any]):
         self.jax_mesh = jax_mesh
         self.op_index = {id(op): i for i, op in enumerate(plan.graph.ops)}
         self.constraints = 0
+        self.edges, self.results, self.outputs = _reshard_paths(plan)
+        self.chains: dict[tuple[str, tuple[Sharding, ...]], Any] = {}
 
     def _pin(self, x: Any, sharding: Sharding | None) -> Any:
         if sharding is None or sharding.partial or sharding.rank != len(getattr(x, "shape", ())):
@@ -100,26 +103,48 @@ class _Emit(Walker[Any]):
             x, NamedSharding(self.jax_mesh, partition_spec(sharding))
         )
 
+    def _pin_path(self, x: Any, layouts: list[Sharding], value: str = "") -> Any:
+        """Pin ``layouts`` in turn; chains of the same value share their common prefix, so a
+        reshard two consumers need is done once (as ``paths.distinct_collectives`` counts)."""
+        for k, layout in enumerate(layouts):
+            key = (value, tuple(layouts[: k + 1]))
+            if value and key in self.chains:
+                x = self.chains[key]
+                continue
+            x = self._pin(x, layout)
+            if value:
+                self.chains[key] = x
+        return x
+
     def _pin_results(self, outs: list[Any]) -> list[Any]:
+        """Pin each result at its planned layout (after the steps of a user pin, if any)."""
         if self.step >= len(self.context.steps):
             raise FrontendError("the function traced differently from the planned one")
-        names = self.context.steps[self.step]
-        return [
-            self._pin(x, self.plan.shardings.get(n) if n else None)
-            for x, n in zip(outs, names, strict=True)
-        ]
+        pinned = []
+        for x, name in zip(outs, self.context.steps[self.step], strict=True):
+            if name in self.results:
+                x = self._pin_path(x, self.results[name])
+            pinned.append(self._pin(x, self.plan.shardings.get(name) if name else None))
+        return pinned
 
     def _pin_operands(self, ins: list[Any]) -> list[Any]:
-        """Where the plan reshards an edge, pin the consumer's operand layout too."""
+        """Where the plan reshards an edge, pin every layout along the way to the consumer's."""
         out = list(ins)
         for k, use in enumerate(self.context.step_uses[self.step]):
             if use is None or id(use[0]) not in self.op_index:
                 continue
             op, index = use
-            wanted = self.plan.operand_shardings.get((self.op_index[id(op)], index))
-            if wanted is not None and wanted != self.plan.shardings.get(op.operands[index].name):
+            key = (self.op_index[id(op)], index)
+            if key in self.edges:
+                out[k] = self._pin_path(out[k], self.edges[key], op.operands[index].name)
+            elif (wanted := self.plan.operand_shardings.get(key)) != self.plan.shardings.get(
+                op.operands[index].name
+            ):
                 out[k] = self._pin(out[k], wanted)
         return out
+
+    def pin_outputs(self, outs: list[Any]) -> list[Any]:
+        return [self._pin_path(x, self.outputs.get(i, [])) for i, x in enumerate(outs)]
 
     def apply(self, eqn: Any, ins: list[Any]) -> list[Any]:
         ins = self._pin_operands(ins)
@@ -144,6 +169,28 @@ class _Emit(Walker[Any]):
         return value
 
 
+Paths = dict[Any, list[Sharding]]
+
+
+def _reshard_paths(plan: Plan) -> tuple[Paths, Paths, Paths]:
+    """Layouts to pin along each planned reshard: by (op, operand), by pinned result name, and
+    by output index."""
+    edges: Paths = {}
+    results: Paths = {}
+    outputs: Paths = {}
+    for r in plan.reshards:
+        layouts = pinned_layouts(r.src, r.dst, r.collectives)
+        kind, _, where = r.consumer.partition(":")
+        if kind == "op":
+            op, operand = where.split(":")
+            edges[(int(op), int(operand))] = layouts
+        elif kind == "pin":
+            results[where] = ([] if r.src.partial else [r.src]) + layouts
+        elif kind in ("output", "alias"):
+            outputs[int(where)] = layouts
+    return edges, results, outputs
+
+
 def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
     """``jax.jit(fn)`` with the planned in/out shardings and every planned intermediate layout.
 
@@ -159,6 +206,7 @@ def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
         closed = jax.make_jaxpr(fn)(*args)
         walker = _Emit(plan, context, jax_mesh)
         outs = [walker.materialize(v) for v in walker.run_closed(closed, flat)]
+        outs = walker.pin_outputs(outs)
         if walker.step != len(context.steps):
             raise FrontendError(
                 f"{getattr(fn, '__name__', fn)} traced to {walker.step} steps, the plan has "

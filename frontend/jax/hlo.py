@@ -21,6 +21,7 @@ import numpy as np
 
 from ...costmodel.collective import COLLECTIVE_KINDS
 from ...ir import Mesh
+from .paths import distinct_collectives
 
 DTYPE_BYTES = {
     "f64": 8, "f32": 4, "bf16": 2, "f16": 2, "s64": 8, "u64": 8, "s32": 4, "u32": 4,
@@ -249,11 +250,14 @@ def compare(predicted: Sequence[object], compiled: Sequence[HloCollective], mesh
 
 
 def check_plan_collectives(plan: object, jitted: object, *args: object) -> list[HloCollective]:
-    """Compile ``jitted`` for ``args``, compare its collectives with ``plan.collectives()``.
+    """Compile ``jitted`` for ``args``, compare its collectives with the plan's.
+
+    The plan's list is ``plan.collectives()`` with the same step on the same value counted
+    once (``paths.distinct_collectives``): XLA does a shared reshard once.
 
     Returns the compiled collectives; raises CollectiveMismatch with both lists on a mismatch.
     """
     hlo = jitted.lower(*args).compile().as_text()  # type: ignore[attr-defined]
     found = collectives(hlo, plan.mesh)  # type: ignore[attr-defined]
-    compare(plan.collectives(), found, plan.mesh)  # type: ignore[attr-defined]
+    compare(distinct_collectives(plan.reshards), found, plan.mesh)  # type: ignore[attr-defined]
     return found

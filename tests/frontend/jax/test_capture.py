@@ -1,0 +1,122 @@
+"""Capture: jaxpr -> IR graph (kinds, rules, roles, paths, aliases, scans)."""
+
+from __future__ import annotations
+
+import warnings
+
+import jax
+import jax.numpy as jnp
+import jax_gpt
+import jax_mlp
+import pytest
+from shardplan.frontend.jax.capture import capture, default_role
+from shardplan.ir import Role, UnsupportedOpWarning
+
+pytestmark = pytest.mark.jax
+
+
+def _capture_quiet(fn, *args, **options):
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnsupportedOpWarning)
+        return capture(fn, *args, **options)
+
+
+def test_capture_mlp_lowers_every_equation():
+    step, args = jax_mlp.make()
+    graph, context = _capture_quiet(step, *args)
+    kinds = [op.kind for op in graph.ops]
+    assert kinds.count("dot_general") == 5
+    assert len(graph.inputs) == len(context.arg_inputs) == 10
+    assert len(graph.outputs) == len(context.outputs) == 9
+
+
+def test_capture_backward_dots_follow_dimension_numbers():
+    step, args = jax_mlp.make()
+    graph, _ = _capture_quiet(step, *args)
+    dims = {
+        (op.attrs["lhs_contracting"], op.attrs["rhs_contracting"])
+        for op in graph.ops
+        if op.kind == "dot_general"
+    }
+    assert dims == {((1,), (0,)), ((0,), (0,)), ((1,), (1,))}
+    weight_grad = next(
+        op for op in graph.ops if op.kind == "dot_general" and op.attrs["lhs_contracting"] == (0,)
+    )
+    assert weight_grad.rule.reduction == {weight_grad.rule.operands[0][0][0]}  # batch reduces
+
+
+def test_capture_paths_roles_and_aliases():
+    step, args = jax_mlp.make()
+    graph, _ = _capture_quiet(step, *args)
+    by_path = {v.origin.path: v for v in graph.inputs}
+    assert by_path["params['w1']"].role is Role.PARAMETER
+    assert by_path["opt_state['mu']['w1']"].role is Role.OPTIMIZER_STATE
+    assert by_path["batch['x']"].role is Role.INPUT
+    # outputs (params, opt_state, loss): the first 8 replace the inputs they update
+    assert graph.output_aliases == {i: i for i in range(8)}
+
+
+def test_capture_roles_option_overrides_the_heuristic():
+    step, args = jax_mlp.make()
+    graph, _ = _capture_quiet(step, *args, roles={"batch['y']": Role.CONSTANT})
+    assert {v.origin.path: v.role for v in graph.inputs}["batch['y']"] is Role.CONSTANT
+    assert default_role(["state", "opt_state", "mu"]) is Role.OPTIMIZER_STATE
+
+
+def test_capture_from_shape_dtype_structs_allocates_nothing():
+    config = jax_gpt.GPTConfig(vocab=32000, d_model=4096, n_heads=32, d_ff=11008, seq=2048)
+    step, args = jax_gpt.make(config, abstract=True)
+    graph, _ = _capture_quiet(step, *args)
+    embed = next(v for v in graph.inputs if v.origin.path == "params['embed']")
+    assert embed.type.shape == (32000, 4096)
+
+
+def test_capture_gpt_maps_embeddings_and_attention():
+    step, args = jax_gpt.make()
+    graph, _ = _capture_quiet(step, *args)
+    kinds = {op.kind for op in graph.ops}
+    assert {"embedding", "embedding_backward", "xla_gather", "xla_scatter_add"} <= kinds
+    embedding = next(op for op in graph.ops if op.kind == "embedding")
+    assert embedding.origin.source.startswith("jax_gpt.py:")
+    scores = [op for op in graph.ops if op.kind == "dot_general" and op.attrs["lhs_batch"]]
+    assert scores
+    assert scores[0].attrs["lhs_batch"] == (0, 2)
+
+
+def test_capture_scan_unrolls_layers_with_module_paths():
+    step, args = jax_gpt.make(jax_gpt.GPTConfig(scan_layers=True, n_layers=3))
+    graph, context = _capture_quiet(step, *args)
+    modules = {op.origin.module for op in graph.ops}
+    assert {"layers.0", "layers.1", "layers.2"} <= modules
+    # forward residuals go straight to the backward scan: only weight gradients are stacked
+    stacked = [op for op in graph.ops if op.kind == "concat"]
+    assert len(stacked) == len(jax_gpt._layer_shapes(jax_gpt.GPTConfig()))
+    assert len(context.steps) == len(context.step_uses)
+
+
+def test_capture_inlines_remat_custom_vjp_and_jit():
+    @jax.custom_vjp
+    def scale(x):
+        return 3.0 * x
+
+    scale.defvjp(lambda x: (3.0 * x, None), lambda _, g: (3.0 * g,))
+
+    @jax.checkpoint
+    def layer(w, x):
+        return jnp.tanh(jax.jit(jnp.dot)(x, w))
+
+    def loss(w, x):
+        return jnp.sum(scale(layer(w, x)) ** 2)
+
+    graph, _ = _capture_quiet(jax.grad(loss), jnp.ones((8, 4)), jnp.ones((2, 8)))
+    assert not {"remat2", "checkpoint", "jit", "custom_vjp_call"} & {op.kind for op in graph.ops}
+
+
+def test_capture_unknown_primitive_warns_with_its_name():
+    def pool(x):
+        return jax.lax.reduce_window(x, -jnp.inf, jax.lax.max, (1, 2), (1, 2), "VALID")
+
+    with pytest.warns(UnsupportedOpWarning, match="reduce_window_max"):
+        graph, _ = capture(pool, jnp.ones((4, 8)))
+    op = next(op for op in graph.ops if op.kind == "reduce_window_max")
+    assert op.rule.need_replication == set(op.rule.factor_names)

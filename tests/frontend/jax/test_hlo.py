@@ -1,0 +1,98 @@
+"""The collective checker: replica-group syntaxes, tuple collectives, CPU reduce-scatter."""
+
+from __future__ import annotations
+
+import jax
+import jax.numpy as jnp
+import pytest
+from jax.sharding import AxisType, NamedSharding
+from jax.sharding import PartitionSpec as P
+from shardplan.costmodel.collective import Collective
+from shardplan.frontend.jax.hlo import (
+    CollectiveMismatch,
+    HloCollective,
+    collectives,
+    compare,
+    replica_groups,
+)
+from shardplan.ir import Mesh
+
+pytestmark = pytest.mark.jax
+
+MESH = Mesh({"data": 2, "model": 4})
+
+
+@pytest.mark.parametrize(
+    ("attrs", "groups"),
+    [
+        ("replica_groups={{0,4},{1,5},{2,6},{3,7}}", [[0, 4], [1, 5], [2, 6], [3, 7]]),
+        ("replica_groups=[4,2]<=[2,4]T(1,0)", [[0, 4], [1, 5], [2, 6], [3, 7]]),
+        ("replica_groups=[2,4]<=[8]", [[0, 1, 2, 3], [4, 5, 6, 7]]),
+        ("replica_groups=mesh['axis_0'=2,'axis_1'=4] {'axis_0'}", [[0, 4], [1, 5], [2, 6], [3, 7]]),
+        (
+            "replica_groups=mesh['axis_0'=4,'axis_1'=2], device_ids=([2,4]T(1,0)) {'axis_0'}",
+            [[0, 1, 2, 3], [4, 5, 6, 7]],
+        ),
+        ("replica_groups={}", [list(range(8))]),
+    ],
+)
+def test_replica_groups_every_syntax(attrs, groups):
+    assert replica_groups(attrs + ", to_apply=%add", 8) == groups
+
+
+def _megatron_hlo(out_spec):
+    mesh = jax.make_mesh((2, 4), ("data", "model"), axis_types=(AxisType.Auto,) * 2)
+
+    def named(*spec):
+        return NamedSharding(mesh, P(*spec))
+
+    def mlp(x, w1, w2):
+        return jax.nn.relu(x @ w1) @ w2
+
+    jitted = jax.jit(
+        mlp,
+        in_shardings=(named("data", None), named(None, "model"), named("model", None)),
+        out_shardings=named(*out_spec),
+    )
+    args = (jnp.ones((16, 64)), jnp.ones((64, 256)), jnp.ones((256, 64)))
+    return jitted.lower(*args).compile().as_text()
+
+
+def test_collectives_megatron_all_reduce():
+    found = collectives(_megatron_hlo(("data", None)), MESH)
+    assert [(c.kind, c.bytes, c.group_size, c.axes) for c in found] == [
+        ("all-reduce", 2048, 4, ("model",))
+    ]
+
+
+def test_collectives_cpu_all_reduce_then_slice_is_reduce_scatter():
+    found = collectives(_megatron_hlo(("data", "model")), MESH)
+    assert [(c.kind, c.bytes, c.axes) for c in found] == [("reduce-scatter", 512, ("model",))]
+
+
+def test_collectives_split_combined_tuple_all_reduce():
+    hlo = """
+ENTRY %main (p0: f32[8], p1: f32[4,4]) -> (f32[8], f32[4,4]) {
+  %p0 = f32[8]{0} parameter(0)
+  %p1 = f32[4,4]{1,0} parameter(1)
+  %ar = (f32[8]{0}, f32[4,4]{1,0}) all-reduce(%p0, %p1), replica_groups=[2,4]<=[8], to_apply=%add
+  %a = f32[8]{0} get-tuple-element(%ar), index=0
+  %b = f32[4,4]{1,0} get-tuple-element(%ar), index=1
+  ROOT %t = (f32[8]{0}, f32[4,4]{1,0}) tuple(%a, %b)
+}
+"""
+    found = collectives(hlo, MESH)
+    assert [(c.kind, c.bytes, c.axes) for c in found] == [
+        ("all-reduce", 32, ("model",)),
+        ("all-reduce", 64, ("model",)),
+    ]
+
+
+def test_compare_prints_both_lists_on_mismatch():
+    predicted = [Collective("all-gather", ("model",), 2048)]
+    compiled = [HloCollective("all-reduce", 2048, 4, ("model",), "all-reduce.1")]
+    with pytest.raises(
+        CollectiveMismatch, match=r"(?s)predicted by the plan.*all-gather.*XLA.*all-reduce"
+    ):
+        compare(predicted, compiled, MESH)
+    compare([Collective("all-reduce", ("model",), 2048)], compiled, MESH)
