@@ -17,7 +17,8 @@ def load_example(name: str) -> ModuleType:
     spec = importlib.util.spec_from_file_location(
         f"shardplan_example_{name}", EXAMPLES / f"{name}.py"
     )
-    assert spec is not None and spec.loader is not None
+    assert spec is not None
+    assert spec.loader is not None
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module

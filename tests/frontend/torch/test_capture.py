@@ -70,7 +70,7 @@ def test_capture_training_step_roles_and_aliases(examples) -> None:  # type: ign
 
 def test_capture_inference_mode_is_forward_only(examples) -> None:  # type: ignore[no-untyped-def]
     model, inputs = examples["torch_mlp"].make(batch=8, dim=4, hidden=8)
-    graph, context = capture(model, *inputs, mode="inference")
+    graph, _ = capture(model, *inputs, mode="inference")
     assert [op.kind for op in graph.ops if op.kind == "matmul"] == ["matmul", "matmul"]
     assert not graph.output_aliases
     assert not any(v.role is Role.OPTIMIZER_STATE for v in graph.inputs)
