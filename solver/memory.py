@@ -1,0 +1,438 @@
+"""Memory of a training step as solver terms: peak-memory constraints and recomputation choices.
+
+Every value contributes a *term*: bytes per strategy of one decision node, live over an interval
+of op indices (``passes/liveness.py``). A graph input is held in its own layout all step. An op
+result is kept in the layout its *last reader* consumes it in — a partial gradient reduced
+right away into the layout of the update that reads it (DDP keeps it whole, ZeRO-2 keeps a
+shard), a forward activation in the layout its backward use wants. Copies made for one op only
+(an all-gather before a matmul) are transient and not counted.
+
+The budget is one linear row per *reduced time point* (XLA's MemoryTermReducer idea): only the
+points where the live set is maximal are kept — for intervals, a point where some term ends
+after some term started since the last end — so dropping the others loses nothing. Terms are
+summed per node per time point with a difference array.
+
+Recomputation is one 0/1 choice per layer and mode (``selective``/``full``, at most one): it
+frees the layer's saved activations between its forward and its backward (window terms, priced
+through an auxiliary ``q >= saved(x) - M * r``) and costs the recomputed forward ops' compute
+(``f >= forward(x) - C * (1 - r)``, added to the objective); both auxiliaries are pushed to
+their bound by the row or the objective, so the linearisation is exact for 0/1 values.
+"""
+
+from __future__ import annotations
+
+import bisect
+from dataclasses import dataclass, field
+
+import numpy as np
+from ortools.sat.python import cp_model
+
+from ..costmodel.cluster import Cluster
+from ..costmodel.memory import MemoryItem, MemoryProfile, gib, memory_profile
+from ..ir import InfeasiblePlanError, Role, Value
+from ..passes.liveness import Liveness, Phase, liveness
+from .costs import Space, op_cost
+from .problem import Problem
+
+INPUT_CATEGORY = {Role.PARAMETER: "parameters", Role.OPTIMIZER_STATE: "optimizer_states"}
+
+
+@dataclass(frozen=True, slots=True)
+class Term:
+    """``nbytes[s]`` per device while node ``node`` takes strategy ``s``, over [start, stop]."""
+
+    label: str
+    category: str
+    start: int
+    stop: int
+    node: int
+    nbytes: np.ndarray
+    freed_by: tuple[str, str] | None = None
+    """(layer, mode class): recomputing that layer in that mode (or ``full``) drops the term."""
+
+
+def frees(decision: str | None, mode_class: str) -> bool:
+    """Whether a layer recomputed with ``decision`` frees values of ``mode_class``."""
+    return decision == "full" or (decision == "selective" and mode_class == "selective")
+
+
+@dataclass(eq=False)
+class MemoryModel:
+    """The memory side of one planning problem (built once, read by the ILP and the Plan)."""
+
+    space: Space
+    live: Liveness
+    terms: list[Term]
+    limit: float | None
+    recompute_ops: dict[tuple[str, str], list[tuple[int, np.ndarray]]]
+    """(layer, mode) -> (node, compute seconds per strategy) of the ops it re-runs."""
+    forced: dict[str, str | None] | None = None
+    """Layer -> fixed decision (hand-written strategies); None lets the solver choose."""
+    allow_recompute: bool = True
+    decisions: dict[str, str] = field(default_factory=dict)
+    """Layer -> mode of the last solution (empty: nothing recomputed)."""
+
+    # -- exact evaluation ------------------------------------------------------------------
+    def items(self, choice: list[int], decisions: dict[str, str] | None = None) -> list:
+        decisions = self.decisions if decisions is None else decisions
+        out = []
+        for t in self.terms:
+            if t.freed_by is not None and frees(decisions.get(t.freed_by[0]), t.freed_by[1]):
+                continue
+            out.append(
+                MemoryItem(t.label, t.category, t.start, t.stop, int(t.nbytes[choice[t.node]]))
+            )
+        return out
+
+    def profile(self, choice: list[int], decisions: dict[str, str] | None = None) -> MemoryProfile:
+        return memory_profile(self.items(choice, decisions), self.live.end)
+
+    def fixed_decisions(self) -> dict[str, str]:
+        return {k: v for k, v in (self.forced or {}).items() if v}
+
+    def fits(self, choice: list[int]) -> bool:
+        """Whether a full choice without solver-chosen recomputation fits the limit."""
+        if self.limit is None:
+            return True
+        return self.profile(choice, self.fixed_decisions()).peak <= self.limit
+
+    def recompute_cost(self, choice: list[int], decisions: dict[str, str] | None = None) -> float:
+        decisions = self.decisions if decisions is None else decisions
+        return sum(
+            float(vec[choice[n]])
+            for layer, mode in decisions.items()
+            for n, vec in self.recompute_ops.get((layer, mode), [])
+        )
+
+    # -- CP-SAT ----------------------------------------------------------------------------
+    def add_to_cpsat(self, model, problem: Problem, x: dict, terms: list, scale: float) -> None:
+        """Peak rows under ``self.limit`` and recomputation variables with their cost."""
+        self._vars: dict = {}
+        if self.limit is None and not self.forced:
+            return
+        self._vars = _Builder(self, model, problem, x).build(int(self.limit or 2**62), terms, scale)
+
+    def read(self, solver: cp_model.CpSolver | None) -> None:
+        """Record the recomputation decisions of a CP-SAT solution (None: the LP's, none)."""
+        if solver is None or not getattr(self, "_vars", None):
+            self.decisions = self.fixed_decisions()
+            return
+        self.decisions = {
+            layer: mode for (layer, mode), var in self._vars.items() if solver.Value(var)
+        }
+
+    def minimum(self, problem: Problem, time_limit: float = 10.0) -> tuple[int, list[int], dict]:
+        """The smallest modelled peak any choice reaches (recomputing allowed), and the choice."""
+        model = cp_model.CpModel()
+        x = {}
+        for n in problem.live_nodes():
+            x[n] = [model.NewBoolVar("") for _ in problem.node_costs[n]]
+            model.AddExactlyOne(x[n])
+        peak = model.NewIntVar(0, 2**50, "peak")
+        self._vars = _Builder(self, model, problem, x).build(peak, None, 1.0)
+        model.Minimize(peak)
+        solver = cp_model.CpSolver()
+        solver.parameters.max_time_in_seconds = time_limit
+        solver.parameters.num_workers = 1
+        solver.Solve(model)
+        choice = [0] * len(problem.node_costs)
+        for n, vars_ in x.items():
+            choice[n] = next(s for s, v in enumerate(vars_) if solver.Value(v))
+        self.read(solver)
+        full = problem.expand(choice)
+        return self.profile(full).peak, full, dict(self.decisions)
+
+
+class _Builder:
+    """Adds one model's memory rows to a CP-SAT model (resolving eliminated nodes)."""
+
+    def __init__(self, memory: MemoryModel, model, problem: Problem, x: dict) -> None:
+        self.memory, self.model, self.x = memory, model, x
+        self.resolve = _resolution(problem)
+
+    def vector(self, node: int, values: np.ndarray) -> tuple[int, np.ndarray]:
+        leader, mapping = self.resolve.get(node, (node, None))
+        return leader, (values if mapping is None else values[mapping])
+
+    def expr(self, pairs: list[tuple[int, np.ndarray]]):
+        """Linear expression of sum_n vec_n[s_n] (per-node minima become constants)."""
+        total: dict[int, np.ndarray] = {}
+        for node, vec in pairs:
+            leader, v = self.vector(node, vec)
+            total[leader] = total[leader] + v if leader in total else v.astype(np.int64)
+        constant, parts = 0, []
+        for n, vec in total.items():
+            base = int(vec.min())
+            constant += base
+            if len(self.x[n]) > 1:
+                parts += [
+                    int(c - base) * var for var, c in zip(self.x[n], vec, strict=True) if c > base
+                ]
+        return constant + sum(parts), constant + sum(int(v.max() - v.min()) for v in total.values())
+
+    def build(self, limit, terms: list | None, scale: float) -> dict:
+        mem = self.memory
+        r_vars = self._recompute_vars(terms, scale)
+        fixed, windows = [], {}
+        for t in mem.terms:
+            if t.freed_by is not None and mem.allow_recompute:
+                windows.setdefault(t.freed_by, []).append(t)
+            else:
+                fixed.append(t)
+        q_terms = []
+        for (layer, cls), group in sorted(windows.items()):
+            expr, bound = self.expr([(t.node, t.nbytes) for t in group])
+            q = self.model.NewIntVar(0, max(bound, 0), f"q_{layer}_{cls}")
+            freeing = [r_vars[(layer, "full")]]
+            if cls == "selective":
+                freeing.append(r_vars[(layer, "selective")])
+            self.model.Add(q >= expr - bound * sum(freeing))
+            q_terms.append((group[0].start, group[0].stop, q))
+        intervals = [(t.start, t.stop) for t in fixed] + [(a, b) for a, b, _ in q_terms]
+        kept = reduced_time_points(intervals, mem.live.end)
+        rows = _rows(fixed, kept, self)
+        for lo, hi, q in q_terms:
+            for k in _kept_range(kept, lo, hi):
+                rows[k].append(q)
+        for row in rows:
+            self.model.Add(sum(row) <= limit)
+        return r_vars
+
+    def _recompute_vars(self, terms: list | None, scale: float) -> dict:
+        mem, r_vars = self.memory, {}
+        if not mem.allow_recompute:
+            return r_vars
+        for layer in mem.live.layers:
+            pair = {m: self.model.NewBoolVar(f"r_{layer}_{m}") for m in ("selective", "full")}
+            self.model.Add(sum(pair.values()) <= 1)
+            if mem.forced is not None:
+                wanted = mem.forced.get(layer)
+                for m, var in pair.items():
+                    self.model.Add(var == int(m == wanted))
+            for m, var in pair.items():
+                r_vars[(layer, m)] = var
+                ops = mem.recompute_ops.get((layer, m), [])
+                if terms is None or not ops:
+                    continue
+                scaled = [(n, np.round(v * scale).astype(np.int64)) for n, v in ops]
+                expr, bound = self.expr(scaled)
+                f = self.model.NewIntVar(0, max(bound, 0), f"f_{layer}_{m}")
+                self.model.Add(f >= expr - bound * (1 - var))
+                terms.append((f, 1))
+        return r_vars
+
+
+def _rows(fixed: list[Term], kept: list[int], builder: _Builder) -> list[list]:
+    """Per kept time point, the linear terms of every unconditional term live there."""
+    diff: dict[int, list] = {}
+    for t in fixed:
+        ks = _kept_range(kept, t.start, t.stop)
+        if not ks:
+            continue
+        node, vec = builder.vector(t.node, t.nbytes)
+        row = diff.setdefault(
+            node, [np.zeros(len(vec), dtype=np.int64) for _ in range(len(kept) + 1)]
+        )
+        row[ks.start] += vec
+        row[ks.stop] -= vec
+    rows: list[list] = [[] for _ in kept]
+    for node, deltas in sorted(diff.items()):
+        acc = np.zeros_like(deltas[0])
+        for k in range(len(kept)):
+            acc = acc + deltas[k]
+            if acc.any():
+                rows[k].append(_linear(builder, node, acc))
+    return rows
+
+
+def _linear(builder: _Builder, node: int, vec: np.ndarray):
+    base = int(vec.min())
+    vars_ = builder.x[node]
+    if len(vars_) == 1:
+        return int(vec[0])
+    return base + sum(int(c - base) * v for v, c in zip(vars_, vec, strict=True) if c > base)
+
+
+def _kept_range(kept: list[int], lo: int, hi: int) -> range:
+    return range(bisect.bisect_left(kept, lo), bisect.bisect_right(kept, hi))
+
+
+def reduced_time_points(intervals: list[tuple[int, int]], end: int) -> list[int]:
+    """Time points whose live set is maximal: an interval ends there after one started.
+
+    For closed intervals these are exactly the maximal cliques of the interval graph, so a
+    peak over them equals the peak over all points (every other live set is a subset).
+    """
+    starts, stops = [0] * (end + 2), [0] * (end + 2)
+    for lo, hi in intervals:
+        if lo <= hi:
+            starts[max(lo, 0)] += 1
+            stops[min(hi, end)] += 1
+    kept, opened = [], False
+    for t in range(end + 1):
+        opened = opened or starts[t] > 0
+        if opened and (stops[t] > 0 or t == end):
+            kept.append(t)
+            opened = False
+    return kept
+
+
+def _resolution(problem: Problem) -> dict[int, tuple[int, np.ndarray]]:
+    """Eliminated node -> (live node, live strategy -> its strategy)."""
+    out: dict[int, tuple[int, np.ndarray]] = {}
+    for f, ld, mapping in reversed(problem.eliminated):
+        if ld in out:
+            leader, inner = out[ld]
+            out[f] = (leader, mapping[inner])
+        else:
+            out[f] = (ld, mapping)
+    return out
+
+
+# -- building the terms of a graph ----------------------------------------------------------------
+def build_memory_model(
+    space: Space,
+    cluster: Cluster,
+    limit: float | None,
+    recompute: bool | dict[str, str | None] = True,
+) -> MemoryModel:
+    """Terms of every value plus the per-layer recomputation costs.
+
+    Args:
+      recompute: True lets the solver choose per layer; False forbids recomputation; a dict
+        fixes the decision of each layer (``{"layers.0": "full"}``; missing layers: none).
+    """
+    live = liveness(space.graph)
+    terms: list[Term] = []
+    cache: dict = {}
+    for n, value in enumerate(space.graph.inputs):
+        vec = _bytes(space, n, "results", 0, value, cache)
+        category = INPUT_CATEGORY.get(value.role, "inputs")
+        terms.append(Term(f"%{value.name}", category, 0, live.end, n, vec))
+    freed = _freed_classes(live)
+    for i, op in enumerate(space.graph.ops):
+        for k, value in enumerate(op.results):
+            term = _result_term(space, live, i, k, value, cache)
+            if term is not None:
+                terms += _split(term, freed.get(value), live)
+    forced = recompute if isinstance(recompute, dict) else None
+    allow = recompute is not False
+    costs = _recompute_costs(space, cluster, live) if allow else {}
+    return MemoryModel(space, live, terms, limit, costs, forced, allow)
+
+
+def _bytes(space: Space, node: int, side: str, slot: int, value: Value, cache: dict) -> np.ndarray:
+    strategies = space.strategies[node]
+    key = (id(strategies), side, slot, value.type)
+    if key not in cache:
+        mesh, nbytes = space.mesh, value.type.nbytes
+        cache[key] = np.array(
+            [nbytes // getattr(s, side)[slot].shard_count(mesh) for s in strategies], dtype=np.int64
+        )
+    return cache[key]
+
+
+def _result_term(space: Space, live: Liveness, i: int, k: int, value: Value, cache) -> Term | None:
+    """Kept in the layout of its last reader (a partial gradient is reduced into the update's
+    layout); a parameter copy and an unread loss in the produced layout (FSDP gathers a
+    copy per use: that traffic is on the edges, the buffer is transient)."""
+    category = _category(value, live, i)
+    start, stop = live.define[value], live.last_use[value]
+    if value in live.last_reader and category != "parameter_copies":
+        reader, slot = live.last_reader[value]
+        node = space.op_node(reader)
+        return Term(f"%{value.name}", category, start, stop, node,
+                    _bytes(space, node, "operands", slot, value, cache))  # fmt: skip
+    if category == "parameter_copies" or _is_output(space, value):
+        node = space.op_node(i)
+        return Term(f"%{value.name}", category, start, live.end, node,
+                    _bytes(space, node, "results", k, value, cache))  # fmt: skip
+    return None
+
+
+def _is_output(space: Space, value: Value) -> bool:
+    graph = space.graph
+    return any(v is value and j not in graph.output_aliases for j, v in enumerate(graph.outputs))
+
+
+def _category(value: Value, live: Liveness, i: int) -> str:
+    phase = live.phase[i]
+    if phase is Phase.UPDATE:
+        return "update"
+    if phase is Phase.BACKWARD:
+        return "gradients" if _read_by_update(value, live) else "activations"
+    operands = [v for v in value.producer.operands if v.type.numel > 1]  # type: ignore[union-attr]
+    if operands and all(_parameter_derived(v) for v in operands):
+        return "parameter_copies"
+    return "activations"
+
+
+def _read_by_update(value: Value, live: Liveness) -> bool:
+    reader = live.last_reader.get(value)
+    return reader is not None and live.phase[reader[0]] is Phase.UPDATE
+
+
+def _parameter_derived(value: Value) -> bool:
+    while value.producer is not None and len(value.producer.operands) == 1:
+        value = value.producer.operands[0]
+    return value.producer is None and value.role is Role.PARAMETER
+
+
+def _freed_classes(live: Liveness) -> dict[Value, tuple[str, str, int, int]]:
+    """Saved value -> (layer, mode class, forward end, backward start)."""
+    out: dict[Value, tuple[str, str, int, int]] = {}
+    for name, layer in live.layers.items():
+        selective = set(layer.saved["selective"])
+        for v in layer.saved["full"]:
+            cls = "selective" if v in selective else "full"
+            out[v] = (name, cls, layer.forward_end, layer.backward_start)
+    return out
+
+
+def _split(term: Term, freed, live: Liveness) -> list[Term]:
+    """A saved value: live in forward, free in its layer's window if recomputed, live again."""
+    if freed is None:
+        return [term]
+    layer, cls, fe, bs = freed
+    if not (term.start <= fe and bs <= term.stop and fe + 1 <= bs - 1):
+        return [term]
+    parts = [
+        Term(term.label, term.category, term.start, fe, term.node, term.nbytes),
+        Term(term.label, term.category, fe + 1, bs - 1, term.node, term.nbytes, (layer, cls)),
+        Term(term.label, term.category, bs, term.stop, term.node, term.nbytes),
+    ]
+    return parts
+
+
+def _recompute_costs(space: Space, cluster: Cluster, live: Liveness) -> dict:
+    """(layer, mode) -> per recomputed op, its node and compute seconds per strategy."""
+    cache: dict = {}
+    out: dict[tuple[str, str], list[tuple[int, np.ndarray]]] = {}
+    for name, layer in live.layers.items():
+        for mode, ops in layer.recompute_ops.items():
+            entries = []
+            for i in ops:
+                op, node = space.graph.ops[i], space.op_node(i)
+                key = (op.kind, op.rule, id(space.strategies[node]))
+                key += (tuple(v.type for v in op.operands),)
+                if key not in cache:
+                    cache[key] = np.array(
+                        [op_cost(op, s, space.mesh, cluster) for s in space.strategies[node]]
+                    )
+                entries.append((node, cache[key]))
+            out[(name, mode)] = entries
+    return out
+
+
+def infeasible_error(memory: MemoryModel, problem: Problem, limit: float) -> InfeasiblePlanError:
+    """The clear error: the smallest peak any layout (and recomputation) reaches, and its parts."""
+    peak, choice, decisions = memory.minimum(problem)
+    profile = memory.profile(choice, decisions)
+    error = InfeasiblePlanError(
+        f"the training step does not fit: its smallest modelled peak is {gib(peak)} per device "
+        f"(sharding everything it can, recomputing {len(decisions)} of {len(memory.live.layers)} "
+        f"layers) but the limit is {gib(limit)}. Largest at that peak: {profile.describe()}. "
+        "Use more devices, a larger memory_limit, or a smaller batch"
+    )
+    error.minimum_bytes = peak  # type: ignore[attr-defined]
+    return error
