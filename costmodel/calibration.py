@@ -40,6 +40,8 @@ class Calibration:
     """``e_max``: fraction of dense peak a large GEMM reaches."""
     matmul_half_flops: float = 2e9
     """``F_half``: GEMM FLOPs at which the efficiency is half of ``e_max``."""
+    attention_efficiency: float = 0.50
+    """Fraction of dense peak a fused (flash) attention kernel reaches on its causal FLOPs."""
     memory_efficiency: float = 0.80
     intra_busbw_efficiency: float = 1.0
     inter_busbw_efficiency: float = 1.0
@@ -47,7 +49,7 @@ class Calibration:
     source: str = ""
 
     def __post_init__(self) -> None:
-        for name in ("matmul_efficiency", "memory_efficiency"):
+        for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ClusterConfigError(f"calibration {self.name!r}: {name} not in (0, 1]")
         for name in ("intra_busbw_efficiency", "inter_busbw_efficiency"):
@@ -61,6 +63,12 @@ class Calibration:
         if flops <= 0:
             return self.matmul_efficiency
         return self.matmul_efficiency * flops / (flops + self.matmul_half_flops)
+
+    def attention_time(self, flops: float, cluster: Cluster, dtype: str = "bf16") -> float:
+        """Time of a fused attention kernel doing ``flops`` (causal FLOPs, as FA counts them)."""
+        if flops <= 0:
+            return 0.0
+        return max(flops / (cluster.peak(dtype) * self.attention_efficiency), self.kernel_floor)
 
     def matmul_time(self, flops: float, nbytes: float, dtype: str, cluster: Cluster) -> float:
         """Roofline time of a GEMM with the size-dependent efficiency and the kernel floor."""
@@ -112,6 +120,8 @@ DEFAULTS: dict[str, Calibration] = {
         # Calculon's A100 table gives 0.95/0.9/0.6/0.1 at >=128/16/1 MFLOP buckets (ref §5).
         matmul_efficiency=0.82,
         matmul_half_flops=2e9,
+        # FlashAttention-2 (Dao 2023, abstract): 50-73% of the theoretical maximum on A100.
+        attention_efficiency=0.60,
         memory_efficiency=0.80,  # ref §3 priors 0.70-0.84 (autoparallel .. MAD-Max)
         source="ref §3/§5 priors (Calculon A100 size table; MAD-Max 0.836 memory; 7 us floor)",
     ),
@@ -121,6 +131,9 @@ DEFAULTS: dict[str, Calibration] = {
         # Megatron sizes; autoparallel's 0.70 and MAD-Max's 0.705 priors, ref §3).
         matmul_efficiency=0.72,
         matmul_half_flops=4e9,
+        # FlashAttention-3 (Shah et al. 2024, abstract): FlashAttention-2 reaches only 35% of
+        # H100 peak; FA3 75% (fp16 fwd). 2024 Megatron-Core runs predate FA3 in TE: FA2 level.
+        attention_efficiency=0.35,
         memory_efficiency=0.80,
         source="ref §3 priors (autoparallel 0.70, MAD-Max 0.705 compute; 0.70-0.84 memory)",
     ),

@@ -1,0 +1,190 @@
+"""Fidelity benchmark: predicted vs published iteration time of real training runs.
+
+    .venv/bin/python bench/fidelity.py [--json out.json] [--capture]
+
+Rows are the reference sheet's measured runs (``reference/ground_truth_and_hardware.md`` §2):
+Korthikanti'22 Table 5 (A100, both recompute modes), Megatron-Core weak scaling (H100) and
+Llama 3 405B (H100). Each published configuration is evaluated by the analytic per-layer model
+in ``transformer_cost.py`` with ONE calibration per GPU generation
+(``costmodel.calibration.DEFAULTS``); nothing is fitted per row. TF/GPU uses model FLOPs
+(``6 N T + 12 l s h T`` = Korthikanti's ``72 B s l h^2 (1 + s/6h + V/12lh)`` for GPTs).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+from dataclasses import dataclass
+from itertools import combinations
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from transformer_cost import Config, Model, estimate
+
+A100, H100 = "a100-80gb", "h100-sxm"
+CONVENTION = "model FLOPs 6NT+12lshT (=72Bslh^2(1+s/6h+V/12lh) for GPT), recompute not counted"
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    source: str
+    label: str
+    model: Model
+    config: Config
+    cluster: str
+    published_time: float = 0.0
+    """Seconds per iteration, when the source gives it."""
+    published_tflops: float = 0.0
+    """Model TF/s per GPU, when the source gives it (then the time is derived from it)."""
+
+    @property
+    def gpus(self) -> int:
+        c = self.config
+        return c.tp * c.pp * c.dp
+
+    def flops(self) -> float:
+        c = self.config
+        return self.model.model_flops(c.global_batch * c.seq, c.seq)
+
+    def measured_time(self) -> float:
+        if self.published_time:
+            return self.published_time
+        return self.flops() / (self.published_tflops * 1e12 * self.gpus)
+
+
+def _gpt(name: str, layers: int, hidden: int, heads: int, vocab: int, dropout: bool) -> Model:
+    return Model(name, layers, hidden, heads, 4 * hidden, vocab, dropout=dropout)
+
+
+def korthikanti_rows() -> list[Row]:
+    """Table 5 (arXiv 2205.05198): A100-80GB, s=2048, V=51200, DP=1; configs per Calculon."""
+    shapes = [  # name, layers, hidden, heads, tp, pp, batch, micro, chunks, full (s), sel (s)
+        ("22B", 48, 6144, 64, 8, 1, 4, 4, 1, 1.42, 1.10),
+        ("175B", 96, 12288, 96, 8, 8, 64, 1, 3, 18.13, 13.75),
+        ("530B", 105, 20480, 128, 8, 35, 280, 1, 3, 49.05, 37.83),
+        ("1T", 128, 25600, 160, 8, 64, 512, 1, 1, 94.42, 71.49),
+    ]
+    rows = []
+    for name, layers, hidden, heads, tp, pp, batch, micro, chunks, full, sel in shapes:
+        model = _gpt(name, layers, hidden, heads, 51200, dropout=True)
+        for mode, time, sp in (("full", full, False), ("selective", sel, True)):
+            config = Config(tp, pp, 1, batch, 2048, micro, chunks, sp, mode)
+            rows.append(Row("Korthikanti'22", f"{name} {mode}", model, config, A100, time))
+    return rows
+
+
+def megatron_core_rows() -> list[Row]:
+    """Megatron-LM README weak scaling on H100: s=4096, V=131072, DP=48, comm overlap."""
+    shapes = [  # name, heads, hidden, layers, tp, pp, batch, TF/GPU
+        ("1.7B", 16, 2048, 24, 1, 1, 192, 408.8),
+        ("7.1B", 32, 4096, 30, 2, 1, 192, 465.9),
+        ("16B", 48, 6144, 32, 4, 1, 192, 489.1),
+        ("32B", 56, 7168, 48, 8, 1, 192, 459.6),
+        ("70B", 64, 8192, 84, 8, 2, 384, 419.7),
+        ("119B", 80, 10240, 92, 8, 4, 768, 420.5),
+        ("177B", 96, 12288, 96, 8, 6, 1152, 432.8),
+        ("314B", 128, 16384, 96, 8, 8, 1536, 474.4),
+        ("462B", 144, 18432, 112, 8, 16, 3072, 459.9),
+    ]
+    rows = []
+    for name, heads, hidden, layers, tp, pp, batch, tflops in shapes:
+        model = _gpt(name, layers, hidden, heads, 131072, dropout=False)
+        config = Config(
+            tp, pp, 48, batch, 4096, 1, 1, tp > 1, "none",
+            flash_attention=True, tp_overlap=True, dp_overlap=True,
+        )  # fmt: skip
+        rows.append(Row("Megatron-Core H100", name, model, config, H100, 0.0, tflops))
+    return rows
+
+
+def llama3_rows() -> list[Row]:
+    """Llama 3 405B (arXiv 2407.21783 Table 4): 126 layers, GQA 128/8, ffn 53248, s=8192."""
+    model = Model("405B", 126, 16384, 128, 53248, 128256, 8, gated_mlp=True, dropout=False)
+    rows = []
+    for gpus, dp, tflops in ((8192, 64, 430.0), (16384, 128, 400.0)):
+        config = Config(
+            8, 16, dp, 16 * 2**20 // 8192, 8192, 1, 1, True, "none",
+            flash_attention=True, tp_overlap=True, dp_overlap=True,
+        )  # fmt: skip
+        rows.append(Row("Llama 3 405B", f"{gpus} GPUs", model, config, H100, 0.0, tflops))
+    return rows
+
+
+def kendall_tau(xs: list[float], ys: list[float]) -> float:
+    """Kendall's tau-a over all pairs (ties count as neither)."""
+    pairs = list(combinations(range(len(xs)), 2))
+    if not pairs:
+        return float("nan")
+    score = sum(
+        (1 if (xs[i] - xs[j]) * (ys[i] - ys[j]) > 0 else -1)
+        for i, j in pairs
+        if xs[i] != xs[j] and ys[i] != ys[j]
+    )
+    return score / len(pairs)
+
+
+def evaluate(rows: list[Row]) -> list[dict]:
+    out = []
+    for row in rows:
+        est = estimate(row.model, row.config, row.cluster)
+        measured = row.measured_time()
+        flops_per_gpu = row.flops() / row.gpus
+        out.append({
+            "source": row.source, "row": row.label, "cluster": row.cluster,
+            "tp": row.config.tp, "pp": row.config.pp, "dp": row.config.dp,
+            "microbatches": row.config.microbatches, "chunks": row.config.chunks,
+            "published_s": measured, "predicted_s": est.step_time,
+            "published_tflops": flops_per_gpu / measured / 1e12,
+            "predicted_tflops": flops_per_gpu / est.step_time / 1e12,
+            "error": est.step_time / measured - 1,
+            "bubble": est.pipeline.bubble_fraction, "dp_exposed_s": est.dp_exposed,
+        })  # fmt: skip
+    return out
+
+
+def report(results: list[dict]) -> str:
+    head = (
+        f"{'source':<19} {'row':<14} {'TP':>2} {'PP':>3} {'DP':>4} {'m':>4} "
+        f"{'pub s':>8} {'pred s':>8} {'pub TF':>7} {'pred TF':>7} {'error':>7}"
+    )
+    lines = [f"FLOP convention: {CONVENTION}", head, "-" * len(head)]
+    for r in results:
+        lines.append(
+            f"{r['source']:<19} {r['row']:<14} {r['tp']:>2} {r['pp']:>3} {r['dp']:>4} "
+            f"{r['microbatches']:>4} {r['published_s']:>8.2f} {r['predicted_s']:>8.2f} "
+            f"{r['published_tflops']:>7.1f} {r['predicted_tflops']:>7.1f} {r['error']:>+7.1%}"
+        )
+    errors = [abs(r["error"]) for r in results]
+    worst = max(results, key=lambda r: abs(r["error"]))
+    lines.append(
+        f"median |error| {statistics.median(errors):.1%}; mean {statistics.mean(errors):.1%}"
+    )
+    lines.append(f"worst: {worst['source']} {worst['row']} {worst['error']:+.1%}")
+    for source in dict.fromkeys(r["source"] for r in results):
+        rs = [r for r in results if r["source"] == source]
+        tau = kendall_tau([r["published_tflops"] for r in rs], [r["predicted_tflops"] for r in rs])
+        tau_t = kendall_tau([r["published_s"] for r in rs], [r["predicted_s"] for r in rs])
+        lines.append(f"Kendall tau {source}: TF/GPU {tau:+.2f}, iteration time {tau_t:+.2f}")
+    return "\n".join(lines)
+
+
+def all_rows() -> list[Row]:
+    return korthikanti_rows() + megatron_core_rows() + llama3_rows()
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--json", type=Path, help="also write the results here")
+    args = parser.parse_args(argv)
+    results = evaluate(all_rows())
+    print(report(results))
+    if args.json:
+        args.json.write_text(json.dumps(results, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

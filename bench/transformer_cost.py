@@ -1,0 +1,214 @@
+"""Analytic per-layer cost of a Megatron-style transformer training step (used by fidelity).
+
+Time comes from the cost model's parts - the calibrated roofline (``Calibration.matmul_time`` /
+``memory_time``), alpha-beta collectives on the cluster's links (``collective_time``) and the
+pipeline schedule simulation (``schedule_pipeline``) - applied to one layer's kernels and scaled
+by the layer count. Nothing here is fitted to a published row.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from shardplan.costmodel import collective_time, get_cluster
+from shardplan.costmodel.calibration import Calibration, default_calibration
+from shardplan.costmodel.pipeline import PipelineResult, schedule_pipeline
+from shardplan.ir import Mesh
+
+BYTES = 2  # bf16 / fp16 activations and weights
+
+
+@dataclass(frozen=True, slots=True)
+class Model:
+    """Decoder-only transformer shapes."""
+
+    name: str
+    layers: int
+    hidden: int
+    heads: int
+    ffn: int
+    vocab: int
+    kv_heads: int = 0
+    """0: multi-head attention (kv_heads = heads)."""
+    gated_mlp: bool = False
+    """SwiGLU (Llama): two up projections."""
+    dropout: bool = True
+
+    @property
+    def kv_hidden(self) -> int:
+        return self.hidden * (self.kv_heads or self.heads) // self.heads
+
+    def layer_params(self) -> int:
+        h, f = self.hidden, self.ffn
+        attention = h * (h + 2 * self.kv_hidden) + h * h
+        return attention + (3 if self.gated_mlp else 2) * h * f
+
+    def model_flops(self, tokens: float, seq: int) -> float:
+        """Model FLOPs of one step: 6 N T for the weights plus 12 l s h T for attention.
+
+        For a GPT (ffn = 4h) this is Korthikanti'22's ``72 B s l h^2 (1 + s/6h + V/12lh)``
+        exactly (ref §1); recomputation is not counted (MFU convention).
+        """
+        weights = self.layers * self.layer_params() + self.vocab * self.hidden
+        return 6 * weights * tokens + 12 * self.layers * seq * self.hidden * tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Config:
+    """A published parallel configuration (Megatron vocabulary)."""
+
+    tp: int
+    pp: int
+    dp: int
+    global_batch: int
+    seq: int
+    micro_batch: int = 1
+    chunks: int = 1
+    sequence_parallel: bool = False
+    recompute: str = "none"
+    """``"none"``, ``"selective"`` (attention core) or ``"full"``."""
+    flash_attention: bool = False
+    tp_overlap: bool = False
+    """Megatron-Core ``--tp-comm-overlap``: TP collectives run under the adjacent GEMMs."""
+    dp_overlap: bool = False
+    """``--overlap-grad-reduce``: gradient reduction under the last micro-batch's backward."""
+
+    @property
+    def microbatches(self) -> int:
+        return self.global_batch // (self.dp * self.micro_batch)
+
+
+@dataclass(frozen=True, slots=True)
+class Estimate:
+    step_time: float
+    pipeline: PipelineResult
+    layer_forward: float
+    layer_backward: float
+    tp_comm_per_layer: float
+    dp_exposed: float
+
+
+def _mesh(config: Config, cluster: str) -> Mesh:
+    return Mesh({"dp": config.dp, "pp": config.pp, "tp": config.tp}, cluster=cluster)
+
+
+def _gemms(m: Model, c: Config) -> tuple[list[float], float]:
+    """Per-GPU FLOPs of one layer's forward GEMMs (weights) and of the attention core."""
+    t, tokens, h = c.tp, c.micro_batch * c.seq, m.hidden
+    up = (2 if m.gated_mlp else 1) * m.ffn
+    weights = [h * (h + 2 * m.kv_hidden), h * h, h * up, m.ffn * h]
+    core = 4 * c.micro_batch * c.seq * c.seq * h / t  # QK^T and PV
+    return [2 * tokens * w / t for w in weights], core
+
+
+def _memory_bytes(m: Model, c: Config) -> tuple[float, float]:
+    """HBM bytes of one layer's forward elementwise kernels: (hidden-sized, attention scores).
+
+    Norms, residual adds, dropouts and the activation touch ``b s h`` tensors (split by tp only
+    under sequence parallelism); a non-fused attention core also reads and writes the
+    ``b a s^2`` score tensor (mask+softmax, dropout), which flash attention never stores.
+    """
+    e = c.micro_batch * c.seq * m.hidden * BYTES
+    sp = c.tp if c.sequence_parallel else 1
+    hidden = (2 * 2 + 2 * 3) * e / sp  # two norms (r+w), two residual adds (2r+w)
+    if m.dropout:
+        hidden += 2 * 2.5 * e / sp  # read, write, 1-byte mask
+    ratio = m.ffn / m.hidden
+    hidden += (3 if m.gated_mlp else 2) * ratio * e / c.tp  # activation on the ffn width
+    scores = 0.0
+    if not c.flash_attention:
+        scores = c.micro_batch * m.heads * c.seq * c.seq * BYTES / c.tp
+        scores *= 2 + (2.5 if m.dropout else 0)
+    return hidden, scores
+
+
+def layer_times(m: Model, c: Config, cluster: str, cal: Calibration) -> tuple[float, float, float]:
+    """(forward, backward incl. recomputation, TP communication) seconds of one layer."""
+    cl = get_cluster(cluster)
+    weights, core = _gemms(m, c)
+    gemm_f = sum(cal.matmul_time(f, 0, "bf16", cl) for f in weights)
+    heads_per_gpu = c.micro_batch * m.heads // c.tp
+    if c.flash_attention:  # causal blocks skipped; backward 2.5x forward FLOPs (FlashAttention-2)
+        core_f = cal.attention_time(core / 2, cl)
+        core_b = 2.5 * core_f
+    else:  # batched GEMMs of one head each
+        core_f = heads_per_gpu * cal.matmul_time(core / heads_per_gpu, 0, "bf16", cl)
+        core_b = 2 * core_f
+    hidden, scores = _memory_bytes(m, c)
+    kernels = 8 if m.dropout else 6
+    mem_f = cal.memory_time(hidden, cl) + kernels * cal.kernel_floor + cal.memory_time(scores, cl)
+    tp_f, tp_b = _tp_comm(m, c, cluster)
+    exposed_f = max(0.0, tp_f - gemm_f) if c.tp_overlap else tp_f
+    exposed_b = max(0.0, tp_b - 2 * gemm_f) if c.tp_overlap else tp_b
+    forward = gemm_f + core_f + mem_f + exposed_f
+    backward = 2 * gemm_f + core_b + 2 * mem_f + exposed_b
+    if c.recompute == "full":
+        backward += forward
+    elif c.recompute == "selective" and not c.flash_attention:
+        backward += core_f + cal.memory_time(scores, cl)
+    return forward, backward, tp_f + tp_b
+
+
+def _tp_comm(m: Model, c: Config, cluster: str) -> tuple[float, float]:
+    """Forward and backward tensor-parallel collectives of one layer (Korthikanti'22 §4.2.2)."""
+    if c.tp == 1:
+        return 0.0, 0.0
+    mesh = _mesh(c, cluster)
+    e = c.micro_batch * c.seq * m.hidden * BYTES
+    if not c.sequence_parallel:  # g/g-bar: one all-reduce per block each way
+        ar = collective_time("all-reduce", e, "tp", mesh)
+        return 2 * ar, 2 * ar
+    ag = collective_time("all-gather", e, "tp", mesh)
+    rs = collective_time("reduce-scatter", e / c.tp, "tp", mesh)
+    # backward re-gathers the norm outputs for the weight gradients (Calculon's seq_par_ag_redo)
+    return 2 * (ag + rs), 2 * (ag + rs) + (0.0 if c.tp_overlap else 2 * ag)
+
+
+def _ends(m: Model, c: Config, cluster: str, cal: Calibration) -> tuple[float, float, float]:
+    """(embedding forward, logits+loss forward, logits+loss backward) of one micro-batch."""
+    cl = get_cluster(cluster)
+    tokens = c.micro_batch * c.seq
+    embed = cal.memory_time(2 * tokens * m.hidden * BYTES, cl)
+    logits = cal.matmul_time(2 * tokens * m.hidden * m.vocab / c.tp, 0, "bf16", cl)
+    loss = cal.memory_time(3 * tokens * m.vocab / c.tp * 4, cl)  # fp32 softmax passes
+    return embed, logits + loss, 2 * logits + loss
+
+
+def estimate(m: Model, c: Config, cluster: str, cal: Calibration | None = None) -> Estimate:
+    """Predicted iteration time of ``m`` trained under ``c`` on ``cluster``."""
+    cal = cal or default_calibration(cluster)
+    fwd, bwd, tp_comm = layer_times(m, c, cluster, cal)
+    per_stage = m.layers / c.pp  # uneven splits are averaged
+    embed, head_f, head_b = _ends(m, c, cluster, cal)
+    forward = [per_stage * fwd] * c.pp
+    backward = [per_stage * bwd] * c.pp
+    forward[0] += embed
+    forward[-1] += head_f
+    backward[-1] += head_b
+    mesh = _mesh(c, cluster)
+    sp = c.tp if c.sequence_parallel else 1
+    p2p = collective_time("collective-permute", c.micro_batch * c.seq * m.hidden * BYTES / sp,
+                          "pp", mesh) if c.pp > 1 else 0.0  # fmt: skip
+    schedule = "interleaved" if c.chunks > 1 else "1f1b"
+    pipe = schedule_pipeline(forward, backward, c.microbatches, schedule, c.chunks, p2p)
+    dp = _dp_exposed(m, c, cluster, backward[0], forward[0])
+    return Estimate(pipe.step_time + dp, pipe, fwd, bwd, tp_comm, dp)
+
+
+def _dp_exposed(
+    m: Model, c: Config, cluster: str, last_backward: float, first_forward: float
+) -> float:
+    """Sharded data parallelism (Megatron distributed optimizer; Llama 3's FSDP without
+    resharding): a reduce-scatter of the bf16 gradients and an all-gather of the updated bf16
+    parameters once per step. With overlap the reduce-scatter runs under the last micro-batch's
+    backward and the all-gather under the next step's first forward (``--overlap-grad-reduce``,
+    ``--overlap-param-gather``); only what sticks out is exposed."""
+    if c.dp == 1:
+        return 0.0
+    params = (m.layers * m.layer_params() / c.pp + m.vocab * m.hidden) / c.tp
+    mesh = _mesh(c, cluster)
+    rs = collective_time("reduce-scatter", BYTES * params / c.dp, "dp", mesh)
+    ag = collective_time("all-gather", BYTES * params, "dp", mesh)
+    if not c.dp_overlap:
+        return rs + ag
+    return max(0.0, rs - last_backward) + max(0.0, ag - first_forward)
