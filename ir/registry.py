@@ -91,13 +91,26 @@ def op_flops(kind: str, rule: ShardingRule, ins: Types, outs: Types) -> float:
     model = info.flops if info else "elementwise"
     if model == "dot":
         return 2.0 * math.prod(rule.size_of.values())
-    if model == "attention":  # QK^T and PV: 2*b*h*s*t*(d+e) over the factors b,h,s,t,d,e
-        return 2.0 * math.prod(rule.size_of.values()) / rule.size_of["d"] * 2
-    if model == "attention_backward":
-        return 2.5 * 4.0 * math.prod(rule.size_of.values()) / rule.size_of["d"]
+    if model in ("attention", "attention_backward"):
+        backward = model == "attention_backward"
+        return _attention_flops(ins, backward) * (2.5 if backward else 1.0)
     if model == "none":
         return 0.0
     return float(sum(t.numel for t in outs))
+
+
+def _attention_flops(ins: Types, backward: bool) -> float:
+    """QK^T and PV: 2*b*h*s*t*(d+e) from q[b,h,s,d], k[b,h,t,d], v[b,h,t,e].
+
+    The backward of an attention op lists grad_out first; its q/k/v follow (see
+    attention_backward), so the shapes are found by rank-4 operands in order.
+    """
+    four = [t.shape for t in ins if t.rank == 4][int(backward) :]
+    if len(four) < 3:
+        return float(sum(t.numel for t in ins))
+    q, k, v = four[:3]
+    b, h, s, d = q
+    return 2.0 * b * h * s * k[2] * (d + v[3])
 
 
 # -- rule builders ---------------------------------------------------------------------------

@@ -10,6 +10,7 @@ from __future__ import annotations
 from . import (
     annotate,  # noqa: F401
     propagate,  # noqa: F401
+    repeated_layers,  # noqa: F401
 )
 from .manager import (
     NoOptions,

@@ -55,11 +55,23 @@ def pinned_result(value: Value) -> Sharding | None:
 
 
 def build_space(graph: Graph, mesh: Mesh) -> Space:
-    strategies = [input_strategies(v, mesh) for v in graph.inputs]
+    """Enumerate strategies; ops and inputs with the same signature share one list object
+    (so the copies of a repeated layer cost a dictionary lookup, and pricing can be cached)."""
+    cache: dict[tuple, list[Strategy]] = {}
+    strategies = []
+    for v in graph.inputs:
+        pin = v.sharding if v.pinned else None
+        key = ("input", v.type.shape, v.role is Role.CONSTANT and v.type.numel <= 1, pin)
+        if key not in cache:
+            cache[key] = input_strategies(v, mesh)
+        strategies.append(cache[key])
     producer: dict[Value, tuple[int, int]] = {v: (n, 0) for n, v in enumerate(graph.inputs)}
     for i, op in enumerate(graph.ops):
         node = len(graph.inputs) + i
-        strategies.append(op_strategies(op, mesh))
+        key = ("op", op.kind, op.rule, bool(op.operands))
+        if key not in cache:
+            cache[key] = op_strategies(op, mesh)
+        strategies.append(cache[key])
         for k, r in enumerate(op.results):
             producer[r] = (node, k)
     return Space(graph, mesh, strategies, producer)
@@ -85,13 +97,22 @@ def input_cost(memory_bytes: float, cluster: Cluster) -> float:
     return MEMORY_TIEBREAK * memory_bytes / cluster.hbm_bandwidth
 
 
+def _op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster, cache: dict):
+    key = (op.kind, op.rule, tuple(v.type for v in op.operands), tuple(r.type for r in op.results))
+    key += (id(strategies),)
+    if key not in cache:
+        cache[key] = np.array([op_cost(op, s, space.mesh, cluster) for s in strategies])
+    return cache[key]
+
+
 def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) -> Problem:
     graph, mesh = space.graph, space.mesh
     memory = [_input_memory(v, space.strategies[n], mesh) for n, v in enumerate(graph.inputs)]
     costs = [input_cost(m, cluster) for m in memory]
+    cache: dict = {}
     for i, op in enumerate(graph.ops):
         strategies = space.strategies[space.op_node(i)]
-        costs.append(np.array([op_cost(op, s, mesh, cluster) for s in strategies]))
+        costs.append(_op_costs(op, strategies, space, cluster, cache))
         memory.append(np.zeros(len(strategies)))
     names = [f"%{v.name}" for v in graph.inputs] + [repr(op) for op in graph.ops]
     problem = Problem(names, costs, memory=memory, memory_limit=memory_limit)
@@ -108,12 +129,16 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
         for j, value in enumerate(op.operands):
             u, k = space.producer[value]
             pin = pinned_result(value)
-            problem.add_edge(
-                u, v,
-                [pin if pin is not None else s.results[k] for s in space.strategies[u]],
-                [s.operands[j] for s in space.strategies[v]],
-                price(value.type),
-            )  # fmt: skip
+            key = ("edge", id(space.strategies[u]), k, pin, id(space.strategies[v]), j, value.type)
+            if key not in cache:
+                u_keys, u_group = _group_layouts(
+                    [pin if pin is not None else s.results[k] for s in space.strategies[u]]
+                )
+                v_keys, v_group = _group_layouts([s.operands[j] for s in space.strategies[v]])
+                price_of = price(value.type)
+                matrix = np.array([[price_of(a, b) for b in v_keys] for a in u_keys], dtype=float)
+                cache[key] = (u_group, v_group, matrix)
+            problem.add_grouped_edge(u, v, *cache[key])
     for j, value in enumerate(graph.outputs):
         _add_output_edge(problem, space, j, value, price(value.type))
     return problem
@@ -138,6 +163,12 @@ def _add_output_edge(problem: Problem, space: Space, j: int, value: Value, price
     else:
         extra = np.array([price(p, p.without_partial()) for p in produced])
         problem.node_costs[u] = problem.node_costs[u] + extra
+
+
+def _group_layouts(layouts: list) -> tuple[list, np.ndarray]:
+    keys: dict = {}
+    group = np.array([keys.setdefault(x, len(keys)) for x in layouts], dtype=np.int64)
+    return list(keys), group
 
 
 def _input_memory(value: Value, strategies: list[Strategy], mesh: Mesh) -> np.ndarray:

@@ -33,27 +33,26 @@ def solve_relaxation(problem: Problem) -> Relaxation | None:
     lp = pywraplp.Solver.CreateSolver("GLOP")
     if lp is None:
         return None
-    objective = lp.Objective()
     scale = _scale(problem)  # GLOP's tolerances are absolute: bring costs to order 1e3
-    x = {n: _node_vars(lp, objective, problem.node_costs[n] * scale) for n in problem.live_nodes()}
+    live = problem.live_nodes()
+    coef = {n: np.where(np.isfinite(c := problem.node_costs[n]), c, np.inf) * scale for n in live}
+    x = {n: _node_vars(lp, len(problem.node_costs[n])) for n in live}
+    objective = lp.Objective()
     for e in problem.edges:
-        rows, cols = e.cost.shape
-        y = [[x[e.u][s] for s in np.nonzero(e.u_group == a)[0]] for a in range(rows)]
-        z = [[x[e.v][s] for s in np.nonzero(e.v_group == b)[0]] for b in range(cols)]
-        pair = [[lp.NumVar(0.0, 1.0, "") for _ in range(cols)] for _ in range(rows)]
-        for a in range(rows):
-            lp.Add(sum(pair[a]) == sum(y[a]))
-        for b in range(cols):
-            lp.Add(sum(pair[a][b] for a in range(rows)) == sum(z[b]))
-        for a in range(rows):
-            for b in range(cols):
-                _set_cost(objective, pair[a][b], e.cost[a, b] * scale)
-    if problem.memory is not None and problem.memory_limit is not None:
-        memory = [
-            float(m) * v for n in x for v, m in zip(x[n], problem.memory[n], strict=True) if m
-        ]
-        if memory:
-            lp.Add(sum(memory) <= float(problem.memory_limit))
+        cost = e.cost * scale
+        if np.all(np.isfinite(cost)):  # move what is separable to the endpoints' own costs
+            row_min = cost.min(axis=1, keepdims=True)
+            col_min = (cost - row_min).min(axis=0, keepdims=True)
+            coef[e.u] = coef[e.u] + row_min.reshape(-1)[e.u_group]
+            coef[e.v] = coef[e.v] + col_min.reshape(-1)[e.v_group]
+            cost = cost - row_min - col_min
+            if not np.any(cost > 0):
+                continue
+        _pair_block(lp, objective, x[e.u], e.u_group, x[e.v], e.v_group, cost)
+    for n in live:
+        for var, c in zip(x[n], coef[n], strict=True):
+            _set_cost(objective, var, c)
+    _memory_row(lp, problem, x)
     objective.SetMinimization()
     if lp.Solve() != pywraplp.Solver.OPTIMAL:
         return None
@@ -68,18 +67,42 @@ def solve_relaxation(problem: Problem) -> Relaxation | None:
     return Relaxation(choice, integral, objective.Value() / scale)
 
 
-def _scale(problem: Problem) -> float:
-    finite = [c[np.isfinite(c)] for c in problem.node_costs]
-    finite += [e.cost[np.isfinite(e.cost)] for e in problem.edges]
-    peak = max([float(np.max(np.abs(c))) for c in finite if c.size] + [0.0])
-    return 1e3 / peak if peak > 0 else 1.0
+def _pair_block(lp, objective, xu: list, u_group, xv: list, v_group, cost: np.ndarray) -> None:
+    """Pair variables p[a][b]: rows sum to u's group indicator, columns to v's."""
+    rows, cols = cost.shape
+    pair = [[lp.NumVar(0.0, 1.0, "") for _ in range(cols)] for _ in range(rows)]
+    for a in range(rows):
+        row = lp.Constraint(0.0, 0.0)
+        for var in pair[a]:
+            row.SetCoefficient(var, 1.0)
+        for s in np.nonzero(u_group == a)[0]:
+            row.SetCoefficient(xu[s], -1.0)
+    for b in range(cols):
+        col = lp.Constraint(0.0, 0.0)
+        for a in range(rows):
+            col.SetCoefficient(pair[a][b], 1.0)
+        for s in np.nonzero(v_group == b)[0]:
+            col.SetCoefficient(xv[s], -1.0)
+    for a in range(rows):
+        for b in range(cols):
+            _set_cost(objective, pair[a][b], cost[a, b])
 
 
-def _node_vars(lp: pywraplp.Solver, objective, costs: np.ndarray) -> list:
-    vars_ = [lp.NumVar(0.0, 1.0, "") for _ in costs]
-    lp.Add(sum(vars_) == 1)
-    for var, cost in zip(vars_, costs, strict=True):
-        _set_cost(objective, var, cost)
+def _memory_row(lp, problem: Problem, x: dict) -> None:
+    if problem.memory is None or problem.memory_limit is None:
+        return
+    row = lp.Constraint(-lp.infinity(), float(problem.memory_limit))
+    for n, vars_ in x.items():
+        for var, m in zip(vars_, problem.memory[n], strict=True):
+            if m:
+                row.SetCoefficient(var, float(m))
+
+
+def _node_vars(lp: pywraplp.Solver, count: int) -> list:
+    vars_ = [lp.NumVar(0.0, 1.0, "") for _ in range(count)]
+    one = lp.Constraint(1.0, 1.0)
+    for var in vars_:
+        one.SetCoefficient(var, 1.0)
     return vars_
 
 
@@ -89,3 +112,10 @@ def _set_cost(objective, var, cost: float) -> None:
             objective.SetCoefficient(var, float(cost))
     else:
         var.SetUb(0.0)  # an impossible choice
+
+
+def _scale(problem: Problem) -> float:
+    finite = [c[np.isfinite(c)] for c in problem.node_costs]
+    finite += [e.cost[np.isfinite(e.cost)] for e in problem.edges]
+    peak = max([float(np.max(np.abs(c))) for c in finite if c.size] + [0.0])
+    return 1e3 / peak if peak > 0 else 1.0

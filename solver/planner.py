@@ -10,6 +10,7 @@ from ..costmodel import get_cluster, reshard, reshard_time
 from ..costmodel.cluster import Cluster
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
 from ..passes.merge_followers import follower_pairs
+from ..passes.repeated_layers import find_repeated_layers
 from .costs import (
     PERSISTENT_ROLES,
     Space,
@@ -20,6 +21,7 @@ from .costs import (
     pinned_result,
 )
 from .ilp import Solution, solve
+from .memory import build_memory_model, infeasible_error
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
 
@@ -31,11 +33,14 @@ def plan_graph(
     memory_limit: float | None = None,
     time_limit: float = 30.0,
     merge_followers: bool = True,
+    share_layers: bool = True,
+    recompute: bool | dict[str, str | None] = True,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
-    The memory limit (per device, bytes) bounds persistent state: parameters, optimizer states
-    and inputs. It defaults to the cluster's device memory.
+    The memory limit (per device, bytes; default the cluster's device memory) bounds the
+    modelled peak of the step: persistent state plus live activations (``solver/memory.py``).
+    ``recompute``: True lets the solver recompute layers, False forbids it, a dict fixes it.
     """
     graph.mesh = mesh
     if pins:
@@ -47,16 +52,34 @@ def plan_graph(
     space = build_space(graph, mesh)
     problem = build_problem(space, cluster, limit)
     _check_memory_feasible(space, problem, limit)
-    if merge_followers:
-        for follower, leader in follower_pairs(graph, space.producer, space.num_inputs):
-            problem.eliminate(follower, leader, problem.follow_mapping(follower, leader))
-    solution = solve(problem, time_limit=time_limit, hints=_hints(space))
+    memory = build_memory_model(space, cluster, limit, recompute)  # memory hook
+    shrink(problem, space, share_layers=share_layers, merge_followers=merge_followers)
+    solution = solve(problem, time_limit=time_limit, hints=_hints(space), memory=memory)
     if not solution.choice:
+        if solution.status == "INFEASIBLE":  # memory hook: say what the minimum is
+            raise infeasible_error(memory, problem, limit)
         raise InfeasiblePlanError(
             f"the solver found no plan ({solution.status}) within {time_limit:.0f} s; "
             "raise time_limit or the memory limit"
         )
-    return build_plan(space, cluster, solution, problem)
+    return build_plan(space, cluster, solution, problem, memory)
+
+
+def shrink(problem: Problem, space: Space, share_layers: bool, merge_followers: bool) -> None:
+    """Share variables across repeated layers, then merge followers, then coalesce edges."""
+    representative: dict[int, int] = {}
+    if share_layers:
+        representative = find_repeated_layers(space.graph).representative
+        for copy, first in sorted(representative.items()):
+            if space.strategies[copy] is space.strategies[first]:
+                problem.eliminate(copy, first, np.arange(len(space.strategies[copy])))
+        problem.coalesce()
+    if merge_followers:
+        for follower, leader in follower_pairs(space.graph, space.producer, space.num_inputs):
+            leader = representative.get(leader, leader)
+            if problem.alive[follower] and problem.alive[leader]:
+                problem.eliminate(follower, leader, problem.follow_mapping(follower, leader))
+        problem.coalesce()
 
 
 def _hints(space: Space) -> dict[int, int]:
@@ -90,7 +113,9 @@ def _gib(nbytes: float) -> str:
     return f"{nbytes / 2**30:.3f} GiB"
 
 
-def build_plan(space: Space, cluster: Cluster, solution: Solution, problem: Problem) -> Plan:
+def build_plan(
+    space: Space, cluster: Cluster, solution: Solution, problem: Problem, memory=None
+) -> Plan:
     graph, mesh, choice = space.graph, space.mesh, solution.choice
     shardings: dict[str, Sharding] = {}
     for value in graph.values():
@@ -140,6 +165,14 @@ def build_plan(space: Space, cluster: Cluster, solution: Solution, problem: Prob
         outputs.append(dst)
         _record(reshards, value.name, label, src, dst, value, mesh, cluster)
     comm = sum(r.time for r in reshards)
+    if memory is not None:  # memory hook: the modelled peak, recomputation and its cost
+        return _with_memory(
+            space,
+            solution,
+            problem,
+            memory,
+            (shardings, operand_shardings, reshards, compute, comm, outputs),
+        )
     memory = memory_breakdown(space, shardings)
     stats = SolverStats(
         solution.status, solution.objective, solution.bound, solution.wall_time,
@@ -147,6 +180,21 @@ def build_plan(space: Space, cluster: Cluster, solution: Solution, problem: Prob
     )  # fmt: skip
     return Plan(graph, mesh, shardings, operand_shardings, reshards, compute, comm,
                 sum(memory.values()), memory, stats, outputs)  # fmt: skip
+
+
+def _with_memory(space, solution, problem, memory, parts) -> Plan:
+    """Plan with the memory model's peak, breakdown and recomputation (memory hook)."""
+    shardings, operand_shardings, reshards, compute, comm, outputs = parts
+    profile = memory.profile(solution.choice)
+    compute += memory.recompute_cost(solution.choice)
+    stats = SolverStats(
+        solution.status, solution.objective, solution.bound, solution.wall_time,
+        solution.num_variables, len(problem.live_nodes()),
+    )  # fmt: skip
+    return Plan(space.graph, space.mesh, shardings, operand_shardings, reshards, compute, comm,
+                profile.peak, dict(profile.by_category), stats, outputs,
+                recompute=dict(memory.decisions), memory_limit=memory.limit,
+                memory_profile=profile)  # fmt: skip
 
 
 def _record(reshards, name, consumer, src, dst, value, mesh, cluster) -> None:
@@ -216,5 +264,4 @@ def evaluate_choice(space: Space, cluster: Cluster, choice: list[int]) -> float:
     return total
 
 
-__all__ = ["build_plan", "evaluate_choice", "memory_breakdown", "plan_graph"]
-_ = np
+__all__ = ["build_plan", "evaluate_choice", "memory_breakdown", "plan_graph", "shrink"]

@@ -5,8 +5,9 @@
 
 Edge costs are stored per *layout group*: many strategies of a producer yield the same result
 layout, many of a consumer need the same operand layout, so a k_u x k_v matrix collapses to
-(distinct layouts) x (distinct layouts). Followers are eliminated here, generically: a node
-whose strategy is a function of another's disappears and its costs fold into its leader.
+(distinct layouts) x (distinct layouts). Nodes are eliminated here, generically: a node whose
+strategy is a function of another's (a follower, or a copy of a repeated layer) disappears and
+its costs fold into its leader; parallel edges are then coalesced into one.
 """
 
 from __future__ import annotations
@@ -29,21 +30,32 @@ class Edge:
     def value(self, su: int, sv: int) -> float:
         return float(self.cost[self.u_group[su], self.v_group[sv]])
 
+    def full(self) -> np.ndarray:
+        """The k_u x k_v matrix over strategies."""
+        return self.cost[self.u_group][:, self.v_group]
+
 
 @dataclass(eq=False, slots=True)
 class Problem:
     names: list[str]
     node_costs: list[np.ndarray]
-    edges: list[Edge] = field(default_factory=list)
+    edge_table: dict[int, Edge] = field(default_factory=dict)
     memory: list[np.ndarray] | None = None
     memory_limit: float | None = None
     eliminated: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
     """(follower, leader, leader strategy -> follower strategy), in elimination order."""
     alive: list[bool] = field(default_factory=list)
+    adjacency: dict[int, set[int]] = field(default_factory=dict)
+    """Node -> ids of the edges touching it."""
+    _next_edge: int = 0
 
     def __post_init__(self) -> None:
         if not self.alive:
             self.alive = [True] * len(self.node_costs)
+
+    @property
+    def edges(self) -> list[Edge]:
+        return list(self.edge_table.values())
 
     @property
     def sizes(self) -> list[int]:
@@ -57,46 +69,61 @@ class Problem:
         u_keys, u_group = _group(u_layouts)
         v_keys, v_group = _group(v_layouts)
         cost = np.array([[cost_fn(a, b) for b in v_keys] for a in u_keys], dtype=float)
-        if np.any(cost != 0):
-            self.edges.append(Edge(u, v, u_group, v_group, cost))
+        self.add_grouped_edge(u, v, u_group, v_group, cost)
+
+    def add_grouped_edge(self, u: int, v: int, u_group, v_group, cost: np.ndarray) -> None:
+        if not np.any(cost != 0):
+            return
+        if u == v:  # a self-edge is a node cost
+            idx = np.arange(len(u_group))
+            self.node_costs[u] = self.node_costs[u] + cost[u_group[idx], v_group[idx]]
+            return
+        self._insert(Edge(u, v, np.asarray(u_group), np.asarray(v_group), cost))
+
+    def _insert(self, edge: Edge) -> None:
+        key = self._next_edge
+        self._next_edge += 1
+        self.edge_table[key] = edge
+        self.adjacency.setdefault(edge.u, set()).add(key)
+        self.adjacency.setdefault(edge.v, set()).add(key)
+
+    def _remove(self, key: int) -> Edge:
+        edge = self.edge_table.pop(key)
+        self.adjacency[edge.u].discard(key)
+        self.adjacency[edge.v].discard(key)
+        return edge
 
     def evaluate(self, choice: list[int]) -> float:
         """Objective of a full assignment (eliminated followers need not be consistent here)."""
         total = sum(float(self.node_costs[n][choice[n]]) for n in self.live_nodes())
-        return total + sum(e.value(choice[e.u], choice[e.v]) for e in self.edges)
+        return total + sum(e.value(choice[e.u], choice[e.v]) for e in self.edge_table.values())
 
     def memory_of(self, choice: list[int]) -> float:
         if self.memory is None:
             return 0.0
         return sum(float(self.memory[n][choice[n]]) for n in self.live_nodes())
 
-    # -- follower elimination ---------------------------------------------------------------
+    # -- elimination --------------------------------------------------------------------------
     def eliminate(self, follower: int, leader: int, mapping: np.ndarray) -> None:
         """Make ``follower`` take strategy ``mapping[s]`` whenever ``leader`` takes ``s``."""
         f, ld = follower, leader
         self.node_costs[ld] = self.node_costs[ld] + self.node_costs[f][mapping]
         if self.memory is not None:
             self.memory[ld] = self.memory[ld] + self.memory[f][mapping]
-        kept: list[Edge] = []
-        for e in self.edges:
-            if f not in (e.u, e.v):
-                kept.append(e)
-                continue
-            if e.u == f:
-                e.u, e.u_group = ld, e.u_group[mapping]
-            if e.v == f:
-                e.v, e.v_group = ld, e.v_group[mapping]
-            if e.u == e.v:  # both ends on the leader: a node cost now
+        for key in sorted(self.adjacency.get(f, ())):
+            e = self._remove(key)
+            u, ug = (ld, e.u_group[mapping]) if e.u == f else (e.u, e.u_group)
+            v, vg = (ld, e.v_group[mapping]) if e.v == f else (e.v, e.v_group)
+            if u == v:
                 idx = np.arange(len(mapping))
-                self.node_costs[ld] = self.node_costs[ld] + e.cost[e.u_group[idx], e.v_group[idx]]
+                self.node_costs[ld] = self.node_costs[ld] + e.cost[ug[idx], vg[idx]]
             else:
-                kept.append(_compact(e))
-        self.edges = kept
+                self._insert(_compact(Edge(u, v, ug, vg, e.cost)))
         self.alive[f] = False
         self.eliminated.append((f, ld, mapping))
 
     def expand(self, choice: list[int]) -> list[int]:
-        """Fill in eliminated followers from their leaders (reverse elimination order)."""
+        """Fill in eliminated nodes from their leaders (reverse elimination order)."""
         full = list(choice)
         for f, ld, mapping in reversed(self.eliminated):
             full[f] = int(mapping[full[ld]])
@@ -105,12 +132,32 @@ class Problem:
     def follow_mapping(self, follower: int, leader: int) -> np.ndarray:
         """For each leader strategy, the follower strategy cheapest given the edges between them."""
         cost = np.tile(self.node_costs[follower], (len(self.node_costs[leader]), 1))
-        for e in self.edges:
+        for key in self.adjacency.get(follower, ()):
+            e = self.edge_table[key]
             if e.u == leader and e.v == follower:
-                cost = cost + e.cost[e.u_group][:, e.v_group]
+                cost = cost + e.full()
             elif e.u == follower and e.v == leader:
-                cost = cost + e.cost[e.u_group][:, e.v_group].T
+                cost = cost + e.full().T
         return np.argmin(cost, axis=1)  # ties go to the lowest index: deterministic
+
+    def coalesce(self) -> None:
+        """Merge parallel edges (same endpoints) into one, summing their costs."""
+        by_pair: dict[tuple[int, int], list[int]] = {}
+        for key, e in self.edge_table.items():
+            by_pair.setdefault((min(e.u, e.v), max(e.u, e.v)), []).append(key)
+        for (u, v), keys in sorted(by_pair.items()):
+            if len(keys) < 2:
+                continue
+            edges = [self._remove(k) for k in keys]
+            u_keys = np.stack([e.u_group if e.u == u else e.v_group for e in edges], axis=1)
+            v_keys = np.stack([e.v_group if e.v == v else e.u_group for e in edges], axis=1)
+            u_rows, u_group = np.unique(u_keys, axis=0, return_inverse=True)
+            v_rows, v_group = np.unique(v_keys, axis=0, return_inverse=True)
+            cost = np.zeros((len(u_rows), len(v_rows)))
+            for i, e in enumerate(edges):
+                block = e.cost if e.u == u else e.cost.T
+                cost += block[np.ix_(u_rows[:, i], v_rows[:, i])]
+            self.add_grouped_edge(u, v, u_group.reshape(-1), v_group.reshape(-1), cost)
 
 
 def _group(layouts: list) -> tuple[list, np.ndarray]:
@@ -123,4 +170,4 @@ def _compact(e: Edge) -> Edge:
     """Drop rows/columns no strategy selects any more and renumber the groups."""
     rows, u_group = np.unique(e.u_group, return_inverse=True)
     cols, v_group = np.unique(e.v_group, return_inverse=True)
-    return Edge(e.u, e.v, u_group, v_group, e.cost[np.ix_(rows, cols)])
+    return Edge(e.u, e.v, u_group.reshape(-1), v_group.reshape(-1), e.cost[np.ix_(rows, cols)])
