@@ -6,7 +6,6 @@ import math
 import random
 
 import pytest
-
 from shardplan.solver.stages import LayerCosts, assign_stages, brute_force_stages
 
 
