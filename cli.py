@@ -114,7 +114,53 @@ def build_parser() -> argparse.ArgumentParser:
     show.add_argument("plan_file", metavar="PLAN.json", type=Path)
 
     commands.add_parser("passes", help="list the registered graph passes")
+    _add_costmodel_commands(commands)
     return parser
+
+
+# -- cost-model commands (calibrate, whatif; owned by the cost-model issue) ----------------------
+def _add_costmodel_commands(commands: Any) -> None:
+    cal = commands.add_parser("calibrate", help="fit efficiency factors from microbenchmarks")
+    cal.add_argument("measurements", type=Path, help="JSON from bench/microbench_gpu.py")
+    cal.add_argument("--cluster", help="catalogue cluster the numbers are relative to")
+    cal.add_argument("--out", type=Path, help="write the calibration JSON here")
+    what = commands.add_parser("whatif", help="sweep hardware parameters and re-plan")
+    what.add_argument("target", metavar="FILE.py[:FACTORY]")
+    what.add_argument("--mesh", type=parse_mesh, required=True)
+    what.add_argument("--cluster", default="h100-sxm")
+    what.add_argument(
+        "--vary", action="append", required=True, metavar="PARAM=X,Y",
+        help="e.g. link_bandwidth=0.5,1,2,4 (repeatable)",
+    )  # fmt: skip
+    what.add_argument("--repeat", type=int, default=1, help="multiply times (layers stood for)")
+    what.add_argument("--plot", type=Path, help="write the PNG here")
+
+
+def cmd_calibrate(args: argparse.Namespace) -> int:
+    from .costmodel.calibration import fit
+
+    calibration = fit(args.measurements, args.cluster)
+    sys.stdout.write(calibration.to_json())
+    if args.out is not None:
+        args.out.write_text(calibration.to_json())
+    return 0
+
+
+def cmd_whatif(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    from .whatif import whatif
+
+    vary = {}
+    for item in args.vary:
+        name, _, values = item.partition("=")
+        try:
+            vary[name] = [float(v) for v in values.split(",")]
+        except ValueError:
+            parser.error(f"argument --vary: {item!r} is not PARAM=X,Y,...")
+    mesh = Mesh(args.mesh, cluster=_resolve_cluster(parser, args.cluster))
+    model, example_args = _plan_arguments(load_target(args.target), args.target)
+    result = whatif(model, *example_args, mesh=mesh, vary=vary, repeat=args.repeat, plot=args.plot)
+    print(result.table())
+    return 0
 
 
 # -- commands -----------------------------------------------------------------------------------
@@ -264,6 +310,10 @@ def main(argv: Sequence[str] | None = None) -> int:
                 return cmd_plan(args, parser)
             case "show" | "explain":
                 return cmd_show(args)
+            case "calibrate":
+                return cmd_calibrate(args)
+            case "whatif":
+                return cmd_whatif(args, parser)
             case _:
                 return cmd_passes()
     except SystemExit as exc:  # parser.error after parsing (unknown cluster)

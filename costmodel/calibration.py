@@ -177,6 +177,7 @@ def fit(measurements: Mapping[str, object] | str | Path, cluster: Cluster | str 
     start = default_calibration(base)
     changes: dict[str, float] = {}
     changes.update(_fit_matmul(data.get("matmul", []), base))
+    changes.update(_fit_attention(data.get("attention", []), base))
     changes.update(_fit_memory(data.get("hbm", []), base))
     changes.update(_fit_links(data.get("collectives", []), base))
     src = f"fitted from {data.get('device', 'measurements')} ({data.get('date', 'undated')})"
@@ -202,10 +203,20 @@ def _fit_matmul(rows, cluster: Cluster) -> dict[str, float]:
     slope, intercept = np.polyfit(inv_f, inv_eff, 1)
     if intercept <= 0:  # every GEMM was floor-bound: no asymptote to read off
         return {}
-    e_max = min(1.0, 1.0 / intercept)
-    out = {"matmul_efficiency": e_max, "matmul_half_flops": max(0.0, slope * e_max)}
+    e_max = min(1.0, 1.0 / float(intercept))
+    out = {"matmul_efficiency": e_max, "matmul_half_flops": max(0.0, float(slope) * e_max)}
     out["kernel_floor"] = min(s for _, s, _ in pts)
     return out
+
+
+def _fit_attention(rows, cluster: Cluster) -> dict[str, float]:
+    """Median achieved fraction of peak over the fused-attention runs (causal FLOPs)."""
+    effs = [
+        float(r["flops"]) / (float(r["seconds"]) * cluster.peak(str(r.get("dtype", "bf16"))))
+        for r in rows
+        if float(r["seconds"]) > 0
+    ]
+    return {"attention_efficiency": min(1.0, statistics.median(effs))} if effs else {}
 
 
 def _fit_memory(rows, cluster: Cluster) -> dict[str, float]:

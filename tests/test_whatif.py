@@ -41,3 +41,16 @@ def test_whatif_scale_cluster_scales_one_parameter():
     assert scale_cluster(base, "hbm_capacity", 0.5).hbm_capacity == base.hbm_capacity // 2
     with pytest.raises(ValueError, match="cannot vary"):
         scale_cluster(base, "color", 2)
+
+
+def test_whatif_cli_prints_a_table(tmp_path, capsys):
+    from shardplan.cli import main
+
+    png = tmp_path / "w.png"
+    code = main([
+        "whatif", "examples/mlp_graph.py", "--mesh", "dp=2,tp=4", "--cluster", "h100-sxm",
+        "--vary", "link_bandwidth=0.5,2", "--plot", str(png),
+    ])  # fmt: skip
+    assert code == 0
+    assert "link_bandwidth" in capsys.readouterr().out
+    assert png.exists()

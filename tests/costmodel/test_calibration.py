@@ -92,3 +92,14 @@ def test_calibration_defaults_exist_per_generation():
     assert default_calibration("a100-80gb") is DEFAULTS["a100-80gb"]
     assert default_calibration("h100-sxm+x").name == "h100-sxm"
     assert default_calibration("b200").source.startswith("b200 catalogue")
+
+
+def test_calibration_cli_fits_a_file(tmp_path, capsys):
+    from shardplan.cli import main
+
+    path = tmp_path / "m.json"
+    path.write_text(json.dumps({"cluster": "cpu-test", "hbm": [{"bytes": 1e9, "seconds": 0.02}]}))
+    out = tmp_path / "cal.json"
+    assert main(["calibrate", str(path), "--out", str(out)]) == 0
+    assert load_calibration(out).memory_efficiency == pytest.approx(0.5)
+    assert '"memory_efficiency": 0.5' in capsys.readouterr().out
