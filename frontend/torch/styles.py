@@ -77,7 +77,15 @@ def to_parallelize_plan(plan: Plan) -> ParallelizePlan:
     """See the module docstring."""
     model_params = to_placements(plan)
     mesh_axes = plan.mesh.axis_names
-    dp = batch_axes(plan)
+    # An axis that splits some weight on a dim other than 0 is tensor parallel even when it
+    # also splits the batch (fully_shard only ever shards dim 0).
+    row_split = {
+        mesh_axes[i]
+        for placements in model_params.values()
+        for i, p in enumerate(placements)
+        if isinstance(p, Shard) and p.dim != 0
+    }
+    dp = tuple(a for a in batch_axes(plan) if a not in row_split)
     result = ParallelizePlan(dp_axes=dp)
     tp_candidates = {
         mesh_axes[i]

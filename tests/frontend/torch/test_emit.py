@@ -119,6 +119,7 @@ def test_to_parallelize_plan_llama_styles_collapse_layers(examples) -> None:  # 
         for name, spec in (("up_proj", ("tp", None)), ("gate_proj", ("tp", None)),
                            ("down_proj", (None, "tp")))
     }  # fmt: skip
+    pins["input_ids"] = sp.Sharding.of(None, None)
     plan = sp.plan(model, *inputs, mesh=sp.Mesh({"tp": 2}), pins=pins, time_limit=10)
     styles = plan.to_parallelize_plan().styles
     assert isinstance(styles["model.layers.*.mlp.up_proj"], ColwiseParallel)
