@@ -171,6 +171,38 @@ def report(results: list[dict]) -> str:
     return "\n".join(lines)
 
 
+def ir_layer_check(rows: list[Row]) -> str:
+    """Per-layer training FLOPs of the IR (``shardplan.models`` builder, two layers minus one)
+    against the analytic ``6 N_layer T + 12 s h T`` the time model uses: the shapes the
+    benchmark prices are the shapes a captured graph has."""
+    from shardplan.ir import op_flops
+    from shardplan.models import TransformerConfig, training_step
+
+    def contraction_flops(graph) -> float:
+        kinds = ("dot", "einsum", "matmul", "attention", "attention_backward")
+        return sum(
+            op_flops(op.kind, op.rule, [v.type for v in op.operands], [v.type for v in op.results])
+            for op in graph.ops
+            if op.kind in kinds
+        )
+
+    lines = ["IR layer check (models.training_step, 1 sequence; IR / analytic per-layer FLOPs):"]
+    seen: set[str] = set()
+    for row in rows:
+        m, seq = row.model, row.config.seq
+        if m.name in seen:
+            continue
+        seen.add(m.name)
+        arch = "llama" if m.gated_mlp else "gpt"
+        cfg = TransformerConfig(m.name, m.layers, m.hidden, m.heads, m.ffn, m.vocab, seq, arch,
+                                m.kv_heads)  # fmt: skip
+        ir = contraction_flops(training_step(cfg, 1, layers=2))
+        ir -= contraction_flops(training_step(cfg, 1, layers=1))
+        analytic = 6 * m.layer_params() * seq + 12 * seq * seq * m.hidden
+        lines.append(f"  {row.source} {m.name}: {ir / analytic:.3f}")
+    return "\n".join(lines)
+
+
 def all_rows() -> list[Row]:
     return korthikanti_rows() + megatron_core_rows() + llama3_rows()
 
@@ -179,8 +211,10 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the results here")
     args = parser.parse_args(argv)
-    results = evaluate(all_rows())
+    rows = all_rows()
+    results = evaluate(rows)
     print(report(results))
+    print(ir_layer_check(rows))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0
