@@ -45,7 +45,8 @@ class JaxContext:
     steps: list[tuple[str | None, ...]] = field(default_factory=list)
     """Per walk step, the IR value names of its results (None: no IR value)."""
     step_uses: list[tuple[tuple[Op, int] | None, ...]] = field(default_factory=list)
-    """Per walk step and operand, the IR (op, operand index) that consumes it first."""
+    """Per walk step and operand, the IR (op, operand index) that consumes it first; its
+    operand may be a size-1-dims reshape of the step's operand (see ``emit.relayout``)."""
 
 
 def default_role(keys: Sequence[str]) -> Role:
@@ -111,6 +112,18 @@ def _source(eqn: Any) -> str:
     return ""
 
 
+StepUse = tuple[Op, int]
+
+
+def _first_use(ops: Sequence[Op], value: Value) -> StepUse | None:
+    return next(((op, i) for op in ops for i, v in enumerate(op.operands) if v is value), None)
+
+
+def _same_dims(a: Sequence[int], b: Sequence[int]) -> bool:
+    """Reshapes that only add or drop size-1 dims keep every layout expressible."""
+    return [d for d in a if d != 1] == [d for d in b if d != 1]
+
+
 class _Capture(Walker[Value]):
     """The capture walk: every step appends IR ops and records their values."""
 
@@ -137,12 +150,16 @@ class _Capture(Walker[Value]):
         return Origin(module=".".join(self.modules), source=source)
 
     def _record(self, ins: Sequence[Value], outs: Sequence[Value], first_op: int | None) -> None:
+        """Remember the step's result names and, per operand, the IR use whose planned layout
+        the emitter pins (looking through a step-internal reshape, as for embedding ids)."""
         ops = self.graph.ops[first_op:] if first_op is not None else []
-        uses = []
+        uses: list[StepUse | None] = []
         for value in ins:
-            use = next(
-                ((op, i) for op in ops for i, v in enumerate(op.operands) if v is value), None
-            )
+            use = _first_use(ops, value)
+            if use is not None and use[0].kind == "reshape":
+                inner = _first_use(ops, use[0].results[0])
+                if inner is not None and _same_dims(value.type.shape, use[0].results[0].type.shape):
+                    use = inner
             uses.append(use)
         self.context.steps.append(tuple(v.name for v in outs))
         self.context.step_uses.append(tuple(uses))

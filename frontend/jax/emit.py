@@ -10,7 +10,7 @@ instead, which is where the plan puts the reduction.
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from typing import Any
 
 import jax
@@ -45,6 +45,17 @@ def partition_spec(sharding: Sharding) -> PartitionSpec:
     for axes in sharding.dims:
         entries.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
     return PartitionSpec(*entries)
+
+
+def relayout(
+    sharding: Sharding | None, shape: Sequence[int], new_shape: Sequence[int]
+) -> Sharding | None:
+    """The same layout after a reshape that only adds or drops size-1 dims."""
+    if sharding is None or tuple(shape) == tuple(new_shape):
+        return sharding
+    axes = iter([a for a, size in zip(sharding.dims, shape, strict=True) if size != 1])
+    dims = tuple(next(axes) if size != 1 else () for size in new_shape)
+    return Sharding(dims, sharding.partial)
 
 
 def _context(plan: Plan) -> JaxContext:
@@ -134,13 +145,15 @@ class _Emit(Walker[Any]):
             if use is None or id(use[0]) not in self.op_index:
                 continue
             op, index = use
-            key = (self.op_index[id(op)], index)
+            key, value = (self.op_index[id(op)], index), op.operands[index]
+            shape = tuple(getattr(out[k], "shape", ()))
             if key in self.edges:
-                out[k] = self._pin_path(out[k], self.edges[key], op.operands[index].name)
+                path = [relayout(s, value.type.shape, shape) for s in self.edges[key]]
+                out[k] = self._pin_path(out[k], path, value.name)
             elif (wanted := self.plan.operand_shardings.get(key)) != self.plan.shardings.get(
-                op.operands[index].name
+                value.name
             ):
-                out[k] = self._pin(out[k], wanted)
+                out[k] = self._pin(out[k], relayout(wanted, value.type.shape, shape))
         return out
 
     def pin_outputs(self, outs: list[Any]) -> list[Any]:

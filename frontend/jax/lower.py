@@ -263,15 +263,8 @@ def lower_scatter_add(em: Emitter, eqn: Any, ins: list[Value]) -> list[Value]:
         return [em.one("xla_scatter_add", ins, out, **attrs)]
     ids = _squeeze_index_vector(em, indices)
     rows = em.one("embedding_backward", [updates, ids], out)
-    return [rows] if _is_zeros(operand) else [em.one("add", [operand, rows], out)]
-
-
-def _is_zeros(value: Value) -> bool:
-    """True for ``broadcast_in_dim(0.0)``, the usual base a gradient is scattered into."""
-    op = value.producer
-    while op is not None and op.kind in ("broadcast_in_dim", "convert") and op.operands:
-        op = op.operands[0].producer
-    return op is not None and op.kind == "constant" and op.attrs.get("value") == 0
+    # The base (usually zeros) stays an operand, so the plan gives it the result's layout.
+    return [em.one("add", [operand, rows], out)]
 
 
 LOWERINGS: dict[str, Lowering] = {
