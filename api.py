@@ -16,7 +16,12 @@ def _is_torch_module(obj: object) -> bool:
 def plan(
     model_or_fn: Any,
     *example_args: Any,
-    mesh: Mesh,
+    mesh: Mesh | None = None,
+    devices: int | None = None,
+    cluster: str = "h100-sxm",
+    pipeline_axis: str = "pp",
+    microbatches: int | None = None,
+    schedule: str = "1f1b",
     pins: Mapping[str, Sharding] | None = None,
     memory_limit: float | None = None,
     time_limit: float = 30.0,
@@ -28,7 +33,12 @@ def plan(
       model_or_fn: an IR ``Graph``, a ``torch.nn.Module`` (training step captured by default),
         or a JAX callable.
       example_args: example inputs; real, meta/fake tensors or ``jax.ShapeDtypeStruct``.
-      mesh: the device mesh and cluster.
+      mesh: the device mesh and cluster. An axis named ``pipeline_axis`` ("pp") is pipelined:
+        stages and micro-batches are chosen too.
+      devices: instead of a mesh, a device count: every (pp, dp, tp) shape on ``cluster`` is
+        planned and the best returned (``plan.candidates`` has the table).
+      cluster: the cluster for ``devices``.
+      microbatches, schedule: pipeline options ("1f1b" or "gpipe").
       pins: value name or origin path -> required sharding (GSPMD-style user constraints).
       memory_limit: per-device bytes; defaults to the cluster's device memory.
       time_limit: solver wall-clock limit in seconds.
@@ -54,6 +64,30 @@ def plan(
             f"cannot plan a {type(model_or_fn).__name__}: pass an IR Graph, a torch.nn.Module "
             "with example inputs, or a JAX callable with example arguments"
         )
-    result = plan_graph(graph, mesh, pins=pins, memory_limit=memory_limit, time_limit=time_limit)
+    if mesh is None:
+        if devices is None:
+            raise FrontendError("pass mesh=sp.Mesh({...}) or devices=N (with cluster=...) to plan")
+        from .solver.mesh_search import search_mesh
+
+        if pins:
+            from .passes.annotate import annotate
+
+            annotate(graph, pins)
+        result = search_mesh(graph, devices, cluster, memory_limit, time_limit)
+    elif pipeline_axis in mesh.axis_names and mesh.axis_size(pipeline_axis) > 1:
+        from .solver.pipeline import plan_pipeline
+
+        if pins:
+            from .passes.annotate import annotate
+
+            graph.mesh = mesh
+            annotate(graph, pins)
+        result = plan_pipeline(
+            graph, mesh, pipeline_axis, memory_limit, schedule, microbatches, time_limit
+        )
+    else:
+        result = plan_graph(
+            graph, mesh, pins=pins, memory_limit=memory_limit, time_limit=time_limit
+        )
     result.frontend_context = context
     return result

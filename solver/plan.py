@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -10,6 +9,37 @@ from ..costmodel.collective import Collective
 from ..ir import Graph, Mesh, Role, Sharding, ShardplanError
 
 PLAN_FORMAT_VERSION = 1
+
+
+@dataclass(frozen=True, slots=True)
+class StageSpec:
+    """One pipeline stage: a contiguous range of repeated layers on one index of the pp axis."""
+
+    index: int
+    layers: tuple[int, ...]
+    """Layer indices (of ``stack``) the stage runs."""
+    stack: str
+    """Module path of the layer stack, e.g. ``model.layers``."""
+    first_stage_extras: bool = False
+    """Runs what precedes the stack (embedding); the last stage runs what follows (head, loss)."""
+    time: float = 0.0
+    """Seconds of forward + backward for the whole batch on this stage."""
+    memory_bytes: float = 0.0
+    """Per-device peak: layer state plus in-flight activations."""
+
+    @property
+    def first_module(self) -> str:
+        return f"{self.stack}.{self.layers[0]}"
+
+
+@dataclass(frozen=True, slots=True)
+class PipelinePlan:
+    axis: str
+    stages: tuple[StageSpec, ...]
+    microbatches: int
+    schedule: str
+    step_time: float
+    bubble_fraction: float
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,11 +102,44 @@ class Plan:
     output_shardings: list[Sharding] = field(default_factory=list)
     frontend_context: object | None = None
     """Framework data for emitters (pytree structure, module FQNs); never serialised."""
+    recompute: dict[str, str] = field(default_factory=dict)
+    """Layer -> recomputation mode (``selective``/``full``) the plan uses (memory model)."""
+    memory_limit: float | None = None
+    """Per-device budget the plan was solved under."""
+    memory_profile: object | None = None
+    """``costmodel.memory.MemoryProfile`` of the modelled peak; never serialised."""
+    pipeline: PipelinePlan | None = None
+    """Stages and micro-batches when the mesh has a pipeline axis (``solver/pipeline.py``)."""
+    exposed_comm_time: float | None = None
+    """Communication the two-stream simulator could not hide behind compute (None: all)."""
+    candidates: list = field(default_factory=list)
+    """Mesh-shape search: every (pp, dp, tp) tried (``solver/mesh_search.py``); never serialised."""
+
+    def memory_breakdown(self):
+        """The modelled peak: bytes by kind and the largest values live at it (memory model)."""
+        from ..costmodel.memory import MemoryProfile
+
+        if isinstance(self.memory_profile, MemoryProfile):
+            return self.memory_profile
+        return MemoryProfile(self.peak_memory_bytes, 0, dict(self.memory), ())
 
     @property
     def step_time(self) -> float:
-        """Modelled seconds of one step (compute + exposed communication)."""
-        return self.compute_time + self.comm_time
+        """Modelled seconds of one step (compute + exposed communication; the pipeline
+        schedule's step, bubble included, when the plan has stages)."""
+        if self.pipeline is not None:
+            return self.pipeline.step_time
+        exposed = self.comm_time if self.exposed_comm_time is None else self.exposed_comm_time
+        return self.compute_time + exposed
+
+    @property
+    def stages(self) -> list[StageSpec]:
+        """Pipeline stages (one stage covering everything when not pipelined)."""
+        return list(self.pipeline.stages) if self.pipeline is not None else []
+
+    def pipeline_split_spec(self):
+        """``{"model.layers.8": SplitPoint.BEGINNING, ...}`` for torch.distributed.pipelining."""
+        return _torch_emit().pipeline_split_spec(self)
 
     def sharding_of(self, name: str) -> Sharding:
         try:
@@ -118,7 +181,7 @@ class Plan:
 def load_plan(path: str | Path) -> Plan:
     from .serialize import plan_from_json
 
-    return plan_from_json(json.loads(Path(path).read_text()))
+    return plan_from_json(Path(path).read_text())
 
 
 def _jax_emit():

@@ -1,0 +1,221 @@
+"""Pipeline planning: intra-op plan on the sub-mesh, per-layer costs, then stage assignment.
+
+The mesh axis named for pipelining (``"pp"``) is taken out; the rest is the sub-mesh each stage
+runs on. Every repeated layer shares one intra-op plan (DESIGN.md §6), so one solve on the
+sub-mesh prices every layer; its costs are attributed to layers, to what runs before the stack
+(first stage) and after it (last stage), and the stage ILP (``solver/stages.py``) picks the
+split and the micro-batch count under each stage's memory.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..costmodel import get_cluster, group_link
+from ..costmodel.cluster import Cluster
+from ..costmodel.simulate import edge_exposure
+from ..ir import Graph, InfeasiblePlanError, Mesh, Op, Role, ShardplanError, Value
+from ..passes.repeated_layers import _layer_members
+from .costs import op_cost
+from .plan import PipelinePlan, Plan, StageSpec
+from .stages import LayerCosts, StageAssignment, assign_stages
+
+
+def plan_pipeline(
+    graph: Graph,
+    mesh: Mesh,
+    axis: str = "pp",
+    memory_limit: float | None = None,
+    schedule: str = "1f1b",
+    microbatches: int | None = None,
+    time_limit: float = 30.0,
+) -> Plan:
+    """Plan ``graph`` on ``mesh`` with pipeline stages along ``axis``."""
+    from .planner import plan_graph
+
+    stages = mesh.axis_size(axis)
+    sub_mesh = Mesh([(n, s) for n, s in mesh.axes if n != axis], cluster=mesh.cluster)
+    cluster = get_cluster(mesh.cluster)
+    limit = memory_limit if memory_limit is not None else cluster.hbm_capacity
+    # The sub-mesh holds 1/stages of the layers: price state against the whole pipeline's memory.
+    inner = plan_graph(graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit)
+    if stages == 1:
+        return inner
+    split = attribute_layer_costs(inner, cluster)
+    if split.costs.num_layers < stages:
+        raise ShardplanError(
+            f"cannot pipeline {split.costs.num_layers} repeated layers over {axis}={stages} "
+            "stages; use fewer stages or a model with a layer stack (module paths layers.<i>)"
+        )
+    options = [microbatches] if microbatches else _microbatch_options(inner)
+    link = group_link((axis,), mesh, cluster)
+    best = assign_stages(
+        split.costs, stages, options, limit, schedule, link.p2p_bandwidth, link.latency
+    )
+    if best is None:
+        raise InfeasiblePlanError(
+            f"no split of {split.costs.num_layers} layers into {stages} stages fits "
+            f"{limit / 2**30:.1f} GiB per device with micro-batches {options}; add devices or "
+            "allow recomputation"
+        )
+    inner.pipeline = _pipeline_plan(axis, split, best)
+    return inner
+
+
+def _pipeline_plan(axis: str, split: LayerSplit, best: StageAssignment) -> PipelinePlan:
+    ranges = best.layer_ranges(split.costs.num_layers)
+    specs = tuple(
+        StageSpec(s, tuple(split.layer_ids[i] for i in r), split.stack, s == 0,
+                  best.stage_times[s], best.stage_memory[s])
+        for s, r in enumerate(ranges)
+    )  # fmt: skip
+    p, m = best.stages, best.microbatches
+    bubble = (p - 1) / (m + p - 1) if best.schedule != "interleaved" else 0.0
+    return PipelinePlan(axis, specs, m, best.schedule, best.step_time, bubble)
+
+
+def _microbatch_options(plan: Plan) -> list[int]:
+    """Divisors of the per-replica batch (dim 0 of the largest batch input), up to 64."""
+    batch_inputs = [v for v in plan.graph.inputs if v.role is Role.INPUT and v.type.rank >= 2]
+    if not batch_inputs:
+        return [1]
+    v = max(batch_inputs, key=lambda value: value.type.numel)  # tokens / activations
+    local = v.type.shape[0] // plan.mesh.group_size(plan.sharding_of(v.name).dims[0])
+    return [m for m in range(1, min(local, 64) + 1) if local % m == 0]
+
+
+@dataclass
+class LayerSplit:
+    costs: LayerCosts
+    stack: str
+    layer_ids: list[int]
+    layer_of_op: dict[int, int] = field(default_factory=dict)
+
+
+def attribute_layer_costs(plan: Plan, cluster: Cluster) -> LayerSplit:
+    """Split a solved plan's time and memory into per-layer, before-stack and after-stack parts."""
+    graph = plan.graph
+    stack, layer_ids, layer_of = _stack(graph)
+    turn = _turning_point(graph)
+    time, pre, post, step = _time_split(plan, cluster, layer_of, len(layer_ids), turn)
+    state, pre_bytes, post_bytes = _state_split(plan, layer_of, len(layer_ids))
+    act, boundary = _activation_split(plan, layer_of, len(layer_ids), turn)
+    costs = LayerCosts(tuple(time), tuple(state), tuple(act), pre, post, pre_bytes, post_bytes,
+                       boundary, step)  # fmt: skip
+    return LayerSplit(costs, stack, layer_ids, layer_of)
+
+
+def _stack(graph: Graph) -> tuple[str, list[int], dict[int, int]]:
+    """The longest layer stack: its name, layer indices, and node -> position in the stack."""
+    members = _layer_members(graph)
+    stacks: dict[str, list[int]] = {}
+    for stack, index in members:
+        stacks.setdefault(stack, []).append(index)
+    if not stacks:
+        raise ShardplanError(
+            "no repeated layers found (module paths like model.layers.<i>): nothing to pipeline"
+        )
+    stack = max(sorted(stacks), key=lambda s: len(stacks[s]))
+    layer_ids = sorted(stacks[stack])
+    layer_of = {node: i for i, layer in enumerate(layer_ids) for node in members[(stack, layer)]}
+    return stack, layer_ids, layer_of
+
+
+def _time_split(plan: Plan, cluster: Cluster, layer_of: dict[int, int], n: int, turn: int):
+    """Per-layer, before-stack, after-stack and per-step (optimizer outside layers) seconds."""
+    graph, base = plan.graph, len(plan.graph.inputs)
+    times = _op_times(plan, cluster)
+    time, pre, post, step = [0.0] * n, 0.0, 0.0, 0.0
+    first_layer_op = min((node - base for node in layer_of if node >= base), default=0)
+    last_layer_op = max((node - base for node in layer_of if node >= base), default=0)
+    for i, op in enumerate(graph.ops):
+        layer = layer_of.get(base + i)
+        if layer is not None:
+            time[layer] += times[i]
+        elif op.origin.module == "optimizer":
+            step += times[i]
+        elif i < first_layer_op or (turn < i and i > last_layer_op):
+            pre += times[i]  # embedding forward, and its gradient after the stack's backward
+        else:
+            post += times[i]
+    return time, pre, post, step
+
+
+def _state_split(plan: Plan, layer_of: dict[int, int], n: int):
+    """Parameters (+ their gradients) and optimizer state per layer; the rest split pre/post."""
+    state, pre, post = [0.0] * n, 0.0, 0.0
+    for node, value in enumerate(plan.graph.inputs):
+        nbytes = _local(value, plan) * (2 if value.role is Role.PARAMETER else 1)
+        if node in layer_of:
+            state[layer_of[node]] += nbytes
+        elif value.role in (Role.PARAMETER, Role.OPTIMIZER_STATE):
+            pre, post = pre + nbytes / 2, post + nbytes / 2
+    return state, pre, post
+
+
+def _activation_split(plan: Plan, layer_of: dict[int, int], n: int, turn: int):
+    """Bytes saved for backward per layer, and the largest layer-to-layer hand-off."""
+    graph, base = plan.graph, len(plan.graph.inputs)
+    act, boundary = [0.0] * n, 0.0
+    index_of = {op: i for i, op in enumerate(graph.ops)}
+    for i, op in enumerate(graph.ops[: turn + 1]):
+        here = layer_of.get(base + i)
+        for value in op.results:
+            users = [index_of[u] for u in value.users]
+            if here is not None and any(u > turn for u in users):
+                act[here] += _local(value, plan)
+            nxt = (here if here is not None else -1) + 1
+            if any(layer_of.get(base + u, -2) == nxt for u in users if u <= turn):
+                boundary = max(boundary, float(_local(value, plan)))
+    return act, boundary
+
+
+def _turning_point(graph: Graph) -> int:
+    """Index of the op producing the loss (the first scalar graph output), else the middle."""
+    for value in graph.outputs:
+        if value.type.rank == 0 and value.producer is not None:
+            return next(i for i, op in enumerate(graph.ops) if op is value.producer)
+    return len(graph.ops) // 2
+
+
+def _local(value: Value, plan: Plan) -> int:
+    return value.type.nbytes // plan.sharding_of(value.name).shard_count(plan.mesh)
+
+
+def _op_times(plan: Plan, cluster: Cluster) -> list[float]:
+    """Per op: roofline time under its planned layouts plus the reshards feeding it."""
+    from ..passes.enumerate_strategies import Strategy
+
+    graph = plan.graph
+    by_name = {v.name: v for v in graph.values()}
+    incoming = [0.0] * len(graph.ops)
+    for r in plan.reshards:
+        kind, *rest = r.consumer.split(":")
+        if kind == "op":  # the same overlap-aware price the intra-op objective used
+            index = int(rest[0])
+            value = by_name[r.value]
+            incoming[index] += r.time * edge_exposure(value, graph.ops[index], graph)
+    times = []
+    for i, op in enumerate(plan.graph.ops):
+        operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
+        results = tuple(plan.sharding_of(v.name) for v in op.results)
+        times.append(
+            op_cost(
+                op,
+                Strategy(operands, results, (), _split(op, operands, results, plan)),
+                plan.mesh,
+                cluster,
+            )
+            + incoming[i]
+        )
+    return times
+
+
+def _split(op: Op, operands, results, plan: Plan) -> int:
+    axes = set()
+    for s in (*operands, *results):
+        axes |= set(s.sharded_axes) | set(s.partial)
+    return plan.mesh.group_size(sorted(axes)) if axes else 1
+
+
+__all__ = ["LayerSplit", "attribute_layer_costs", "plan_pipeline"]
