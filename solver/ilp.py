@@ -45,15 +45,24 @@ def solve(
     hints: dict[int, int] | None = None,
     workers: int = 1,
     use_lp: bool = True,
+    memory=None,
 ) -> Solution:
     """Solve exactly: the LP relaxation when it is integral, else CP-SAT warm-started by it.
 
     Deterministic for the same problem (GLOP is deterministic; CP-SAT runs one worker with a
-    fixed seed). ``use_lp=False`` forces CP-SAT alone.
+    fixed seed). ``use_lp=False`` forces CP-SAT alone. ``memory`` (a ``solver.memory.MemoryModel``)
+    adds the peak-memory rows and recomputation choices (memory hook).
     """
     start = time.perf_counter()
     relaxation = solve_relaxation(problem) if use_lp else None
-    if relaxation is not None and relaxation.integral and _feasible(problem, relaxation.choice):
+    if (
+        relaxation is not None
+        and relaxation.integral
+        and _feasible(problem, relaxation.choice)
+        and (memory is None or memory.fits(problem.expand(relaxation.choice)))  # memory hook
+    ):
+        if memory is not None:  # memory hook: no solver-chosen recomputation on this path
+            memory.read(None)
         objective = problem.evaluate(relaxation.choice)
         elapsed = time.perf_counter() - start
         return Solution(
@@ -61,7 +70,7 @@ def solve(
         )
     if relaxation is not None:
         hints = {n: relaxation.choice[n] for n in problem.live_nodes()}
-    solution = _solve_cpsat(problem, time_limit, hints, workers, start)
+    solution = _solve_cpsat(problem, time_limit, hints, workers, start, memory)
     if relaxation is not None and solution.choice:
         bound = max(solution.bound, min(relaxation.bound, solution.objective))
         return Solution(
@@ -82,7 +91,12 @@ def _feasible(problem: Problem, choice: list[int]) -> bool:
 
 
 def _solve_cpsat(
-    problem: Problem, time_limit: float, hints: dict[int, int] | None, workers: int, start: float
+    problem: Problem,
+    time_limit: float,
+    hints: dict[int, int] | None,
+    workers: int,
+    start: float,
+    memory=None,
 ) -> Solution:
     live = problem.live_nodes()
     scale = _scale(problem)
@@ -108,6 +122,7 @@ def _solve_cpsat(
     for e in problem.edges:
         constant += _add_edge(model, e, x, terms, scale)
     _add_memory(model, problem, x)
+    _add_memory_model(model, problem, x, terms, scale, memory)
     model.Minimize(sum(coef * var for var, coef in terms if coef))
     for n, s in (hints or {}).items():
         if n in x and len(x[n]) > 1:
@@ -123,7 +138,7 @@ def _solve_cpsat(
     choice = [0] * len(problem.node_costs)
     for n in live:
         choice[n] = 0 if len(x[n]) == 1 else next(s for s, v in enumerate(x[n]) if solver.Value(v))
-    objective = problem.evaluate(choice)
+    objective = _objective(problem, choice, memory, solver)
     bound = min(objective, constant + solver.BestObjectiveBound() / scale)
     if name == "OPTIMAL":
         bound = objective
@@ -131,6 +146,21 @@ def _solve_cpsat(
     return Solution(
         problem.expand(choice), objective, bound, name, time.perf_counter() - start, nvars
     )
+
+
+def _add_memory_model(model, problem: Problem, x: dict, terms: list, scale: float, memory) -> None:
+    """Memory hook: peak rows plus recomputation variables and their cost."""
+    if memory is not None:
+        memory.add_to_cpsat(model, problem, x, terms, scale)
+
+
+def _objective(problem: Problem, choice: list[int], memory, solver) -> float:
+    """Modelled seconds of a solution; the memory hook reads recomputation and adds its cost."""
+    objective = problem.evaluate(choice)
+    if memory is not None:
+        memory.read(solver)
+        objective += memory.recompute_cost(problem.expand(choice))
+    return objective
 
 
 def _scale(problem: Problem) -> float:
