@@ -3,7 +3,9 @@
 ``import shardplan`` needs neither torch nor jax; only ``shardplan.frontend`` imports them, lazily.
 """
 
+from . import strategies
 from .api import plan
+from .evaluate import Evaluation, evaluate
 from .ir import (
     Graph,
     InfeasiblePlanError,
@@ -19,6 +21,19 @@ from .solver.plan import Plan, load_plan
 
 __version__ = "0.1.0"
 __all__ = [
-    "Graph", "InfeasiblePlanError", "Mesh", "Origin", "Plan", "Role", "Sharding", "ShardplanError",
-    "TensorType", "UnsupportedOpWarning", "load_plan", "plan",
+    "Evaluation",
+    "Graph",
+    "InfeasiblePlanError",
+    "Mesh",
+    "Origin",
+    "Plan",
+    "Role",
+    "Sharding",
+    "ShardplanError",
+    "TensorType",
+    "UnsupportedOpWarning",
+    "evaluate",
+    "load_plan",
+    "plan",
+    "strategies",
 ]  # fmt: skip

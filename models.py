@@ -18,13 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .ir import Graph, Role, Value
+from .ir import Graph, Origin, Role, Value
 from .ir.builder import GraphBuilder
-from .ir.registry import elementwise, op_info, register_rule
+from .ir.registry import elementwise
 from .ir.types import TensorType
-
-if op_info("adamw") is None:  # (w, g, m, v) -> (w', m', v'), elementwise on the parameter shape
-    register_rule("adamw", elementwise)
 
 
 @dataclass(frozen=True, slots=True)
@@ -253,12 +250,23 @@ class _Step:
         outputs, aliases = [loss], {}
         for master, g in self.params:
             assert g is not None, f"no gradient for {master.name}"
-            path = master.origin.path.removesuffix(".weight")
-            m = b.input(f"{path}.exp_avg", master.type.shape, "f32", role=Role.OPTIMIZER_STATE)
-            v = b.input(f"{path}.exp_avg_sq", master.type.shape, "f32", role=Role.OPTIMIZER_STATE)
-            results = b.op_results("adamw", [master, g, m, v], [master.type, m.type, v.type])
+            path = master.origin.path
+            m = b.input(f"{path}#exp_avg", master.type.shape, "f32", role=Role.OPTIMIZER_STATE)
+            v = b.input(f"{path}#exp_avg_sq", master.type.shape, "f32", role=Role.OPTIMIZER_STATE)
+            results = adamw(b, master, g, m, v)
             for new, old in zip(results, (master, m, v), strict=True):
                 aliases[len(outputs)] = self.b.graph.inputs.index(old)
                 outputs.append(new)
         b.output(*outputs, aliases=aliases)
         return b.build()
+
+
+def adamw(b: GraphBuilder, w: Value, g: Value, m: Value, v: Value) -> tuple[Value, ...]:
+    """Fused AdamW ``(w, g, m, v) -> (w', m', v')``: elementwise on the parameter's shape.
+
+    The rule is given explicitly (the kind is not in the registry): every factor passes through.
+    """
+    ins, outs = [x.type for x in (w, g, m, v)], [w.type, m.type, v.type]
+    rule = elementwise(ins, outs, {})
+    op = b.graph.add_op("adamw", [w, g, m, v], outs, rule=rule, origin=Origin(module=b.module))
+    return tuple(op.results)

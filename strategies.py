@@ -1,0 +1,217 @@
+"""Hand-written parallelism strategies as pins the planner's cost model can evaluate.
+
+A strategy fixes the layout of every graph input — parameters by role and module name
+(q/k/v/gate/up/c_attn/c_fc/fc1 column-parallel, o/down/c_proj/fc2 row-parallel, embeddings
+vocab-parallel), optimizer states like their parameter or sharded over the data axes, the
+batch split over the data axes — plus a recomputation policy. The solver then fills in the
+activation layouts inside (the cheapest ones consistent with the pins), so a baseline is at
+least as good as its textbook version under the same cost model::
+
+    ev = sp.evaluate(graph, mesh=mesh, strategy=sp.strategies.megatron(tp=8, recompute="full"))
+
+ZeRO-1 and ZeRO-2 pin the same inputs: gradients are not inputs, and a reduce-scatter into a
+sharded update is never slower than an all-reduce, so both evaluate as ZeRO-2.
+"""
+
+from __future__ import annotations
+
+import re
+from dataclasses import dataclass
+
+from .ir import Graph, Mesh, Role, Sharding, Value, op_info
+
+COLUMN = re.compile(
+    r"(^|[._])(q|k|v|wq|wk|wv|q_proj|k_proj|v_proj|gate|up|gate_proj|up_proj|c_attn|c_fc|fc1|w1|w3|query|key|value)([._#]|$)"
+)
+ROW = re.compile(r"(^|[._])(o|wo|o_proj|out_proj|down|down_proj|c_proj|fc2|w2|dense)([._#]|$)")
+VOCAB = re.compile(r"(embed|wte|tok_embeddings|lm_head|output\.weight)")
+
+
+@dataclass(frozen=True, slots=True)
+class ParallelStrategy:
+    """One hand-written configuration (see the module docstring)."""
+
+    name: str
+    tp: str | None = None
+    """Mesh axis for Megatron tensor parallelism."""
+    dp: tuple[str, ...] | None = None
+    """Data axes; None: every mesh axis other than ``tp``/``pp``."""
+    shard_params: bool = False
+    shard_states: bool = False
+    sequence_parallel: bool = False
+    recompute: str | None = None
+    """None, ``"selective"`` or ``"full"`` for every layer."""
+    pp: int = 1
+    microbatches: int = 1
+
+    def data_axes(self, mesh: Mesh) -> tuple[str, ...]:
+        if self.dp is not None:
+            return self.dp
+        return tuple(a for a, n in mesh.axes if a not in (self.tp, "pp") and n > 1)
+
+    def pins(self, graph: Graph, mesh: Mesh) -> dict[str, Sharding]:
+        """Value name -> layout for every graph input."""
+        dp = self.data_axes(mesh)
+        pins: dict[str, Sharding] = {}
+        by_path = {v.origin.path: v for v in graph.inputs if v.role is Role.PARAMETER}
+        for v in graph.inputs:
+            if v.role is Role.PARAMETER:
+                pins[v.name] = self._param(v, mesh, dp, self.shard_params)
+            elif v.role is Role.OPTIMIZER_STATE:
+                param = by_path.get(v.origin.path.split("#")[0])
+                shard = self.shard_params or self.shard_states
+                pins[v.name] = (
+                    self._param(param, mesh, dp, shard)
+                    if param is not None and param.type.shape == v.type.shape
+                    else _split_largest(v, mesh, dp if shard else ())
+                )
+            elif v.role is Role.INPUT and v.type.rank >= 1:
+                pins[v.name] = _on_dim(v, 0, dp, mesh)
+        return pins
+
+    def _param(self, v: Value, mesh: Mesh, dp: tuple[str, ...], shard: bool) -> Sharding:
+        dims: list[tuple[str, ...]] = [() for _ in v.type.shape]
+        tp_dim = self._tp_dim(v) if self.tp else None
+        if tp_dim is not None and v.type.shape[tp_dim] % mesh.axis_size(self.tp) == 0:
+            dims[tp_dim] = (self.tp,)  # type: ignore[assignment]
+        if shard and dp:
+            size = mesh.group_size(dp)
+            free = [d for d in range(v.type.rank) if not dims[d]]
+            free.sort(key=lambda d: -v.type.shape[d])
+            for d in free:
+                if v.type.shape[d] % size == 0:
+                    dims[d] = dp
+                    break
+        return Sharding(tuple(dims))
+
+    def _tp_dim(self, v: Value) -> int | None:
+        """Column: the weight's output dim; row: its contracted (input) dim; vocab: vocab dim."""
+        path = v.origin.path
+        if v.type.rank != 2:
+            return None
+        out_dim = _output_dim(v)
+        if out_dim is None:
+            return None
+        if VOCAB.search(path):
+            return int(v.type.shape[1] > v.type.shape[0])  # the larger dim is the vocab
+        if ROW.search(path):
+            return 1 - out_dim
+        if COLUMN.search(path):
+            return out_dim
+        return None
+
+    def recompute_decisions(self, graph: Graph) -> dict[str, str | None]:
+        from .passes.liveness import liveness
+
+        return dict.fromkeys(liveness(graph).layers, self.recompute)
+
+
+def _output_dim(v: Value) -> int | None:
+    """Dim of a weight that passes through its first contraction into the result."""
+    while True:
+        users = [u for u in v.uses]
+        if not users:
+            return None
+        use = users[0]
+        info = op_info(use.op.kind)
+        if info is not None and info.flops == "dot":
+            rule = use.op.rule
+            result_factors = {f for dim in rule.results[0] for f in dim}
+            dims = rule.operands[use.index]
+            for d, factors in enumerate(dims):
+                if any(f in result_factors for f in factors):
+                    return d
+            return None
+        if len(use.op.operands) != 1 or use.op.results[0].type.shape != v.type.shape:
+            return None
+        v = use.op.results[0]
+
+
+def _on_dim(v: Value, dim: int, axes: tuple[str, ...], mesh: Mesh) -> Sharding:
+    dims: list[tuple[str, ...]] = [() for _ in v.type.shape]
+    if axes and v.type.shape[dim] % mesh.group_size(axes) == 0:
+        dims[dim] = axes
+    return Sharding(tuple(dims))
+
+
+def _split_largest(v: Value, mesh: Mesh, axes: tuple[str, ...]) -> Sharding:
+    if not axes or v.type.rank == 0:
+        return Sharding.replicated(v.type.rank)
+    dim = max(range(v.type.rank), key=lambda d: v.type.shape[d])
+    return _on_dim(v, dim, axes, mesh)
+
+
+# -- the catalogue ------------------------------------------------------------------------------
+def dp(recompute: str | None = None) -> ParallelStrategy:
+    """Plain data parallel: everything replicated, batch split, gradients all-reduced."""
+    return ParallelStrategy("dp" + _suffix(recompute), recompute=recompute)
+
+
+def zero(stage: int, recompute: str | None = None) -> ParallelStrategy:
+    """ZeRO-1/2 (optimizer states sharded over the data axes) or ZeRO-3 (= FSDP)."""
+    if stage not in (1, 2, 3):
+        raise ValueError(f"ZeRO stage must be 1, 2 or 3, not {stage!r}")
+    return ParallelStrategy(
+        f"zero{stage}" + _suffix(recompute),
+        shard_states=True,
+        shard_params=stage == 3,
+        recompute=recompute,
+    )
+
+
+def fsdp(recompute: str | None = None) -> ParallelStrategy:
+    """Fully sharded data parallel (ZeRO-3): parameters, gradients, states over the data axes."""
+    return ParallelStrategy("fsdp" + _suffix(recompute), shard_params=True, recompute=recompute)
+
+
+def megatron(
+    tp: int | str = "tp",
+    pp: int = 1,
+    dp: tuple[str, ...] | None = None,
+    sequence_parallel: bool = False,
+    recompute: str | None = None,
+    microbatches: int = 1,
+    zero1: bool = False,
+) -> ParallelStrategy:
+    """Megatron-LM: column/row tensor parallelism on the ``tp`` axis, data parallel elsewhere.
+
+    ``tp`` is the mesh axis name (an int means the axis called ``"tp"``; its size is the
+    mesh's). ``zero1`` shards optimizer states over the data axes (Megatron's distributed
+    optimizer).
+    """
+    if recompute not in (None, "selective", "full"):
+        raise ValueError(f"recompute must be None, 'selective' or 'full', not {recompute!r}")
+    axis = tp if isinstance(tp, str) else "tp"
+    name = f"megatron{'-sp' if sequence_parallel else ''}{'-zero1' if zero1 else ''}"
+    return ParallelStrategy(
+        name + _suffix(recompute),
+        tp=axis,
+        dp=dp,
+        shard_states=zero1,
+        sequence_parallel=sequence_parallel,
+        recompute=recompute,
+        pp=pp,
+        microbatches=microbatches,
+    )
+
+
+def tp_fsdp(tp: str = "tp", dp: tuple[str, ...] | None = None, recompute: str | None = None):
+    """2-D: Megatron TP on ``tp`` and FSDP over the data axes."""
+    return ParallelStrategy(
+        "tp-fsdp" + _suffix(recompute), tp=tp, dp=dp, shard_params=True, recompute=recompute
+    )
+
+
+def _suffix(recompute: str | None) -> str:
+    return f"+{recompute}-recompute" if recompute else ""
+
+
+def baselines(mesh: Mesh) -> list[ParallelStrategy]:
+    """Every hand-written strategy that fits the mesh's axes, with and without recompute."""
+    out = []
+    has_tp = "tp" in mesh.axis_names and mesh.axis_size("tp") > 1
+    for recompute in (None, "selective", "full"):
+        out += [dp(recompute), zero(1, recompute), fsdp(recompute)]
+        if has_tp:
+            out += [megatron("tp", recompute=recompute), tp_fsdp("tp", recompute=recompute)]
+    return out
