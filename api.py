@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import time
 from collections.abc import Mapping
 from typing import Any
 
@@ -49,6 +50,7 @@ def plan(
     from .solver.planner import plan_graph
 
     context: object | None = None
+    start = time.perf_counter()
     if isinstance(model_or_fn, Graph):
         graph = model_or_fn
     elif _is_torch_module(model_or_fn):
@@ -64,6 +66,7 @@ def plan(
             f"cannot plan a {type(model_or_fn).__name__}: pass an IR Graph, a torch.nn.Module "
             "with example inputs, or a JAX callable with example arguments"
         )
+    capture_seconds = time.perf_counter() - start
     if mesh is None:
         if devices is None:
             raise FrontendError("pass mesh=sp.Mesh({...}) or devices=N (with cluster=...) to plan")
@@ -90,4 +93,6 @@ def plan(
             graph, mesh, pins=pins, memory_limit=memory_limit, time_limit=time_limit
         )
     result.frontend_context = context
+    if not isinstance(model_or_fn, Graph):
+        result.timings = {"capture": capture_seconds, **result.timings}
     return result

@@ -113,6 +113,8 @@ class Plan:
     exposed_comm_time: float | None = None
     """Communication the two-stream simulator could not hide behind compute (None: all)."""
     candidates: list = field(default_factory=list)
+    timings: dict[str, float] = field(default_factory=dict)
+    """Wall seconds per planning phase (capture, enumerate, price, shrink, solve...)."""
     """Mesh-shape search: every (pp, dp, tp) tried (``solver/mesh_search.py``); never serialised."""
 
     def memory_breakdown(self):

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import copy
+import time
 from collections.abc import Mapping
 
 import numpy as np
@@ -55,10 +56,11 @@ def plan_graph(
         annotate(graph, pins)
     cluster = get_cluster(mesh.cluster)
     limit = memory_limit if memory_limit is not None else cluster.hbm_capacity
-    space = build_space(graph, mesh)
-    problem = build_problem(space, cluster, limit)
+    clock = _Clock()
+    space = clock("enumerate", build_space, graph, mesh)
+    problem = clock("price", build_problem, space, cluster, limit)
     _check_memory_feasible(space, problem, limit)
-    memory = build_memory_model(space, cluster, limit, recompute)  # memory hook
+    memory = clock("memory", build_memory_model, space, cluster, limit, recompute)
     variants = [problem]
     if overlap:
         weighted = copy.deepcopy(problem)
@@ -66,8 +68,8 @@ def plan_graph(
         variants.append(weighted)
     plans = []
     for candidate in variants:
-        shrink(candidate, space, share_layers=share_layers, merge_followers=merge_followers)
-        solution = solve(candidate, time_limit=time_limit, hints=_hints(space), memory=memory)
+        clock("shrink", shrink, candidate, space, share_layers, merge_followers)
+        solution = clock("solve", solve, candidate, time_limit, _hints(space), memory=memory)
         if not solution.choice:
             if solution.status == "INFEASIBLE":  # memory hook: say what the minimum is
                 raise infeasible_error(memory, candidate, limit)
@@ -75,8 +77,25 @@ def plan_graph(
                 f"the solver found no plan ({solution.status}) within {time_limit:.0f} s; "
                 "raise time_limit or the memory limit"
             )
-        plans.append(_simulated(build_plan(space, cluster, solution, candidate, memory)))
-    return min(plans, key=lambda p: p.step_time)  # ties keep the plain objective's plan
+        built = clock("build", build_plan, space, cluster, solution, candidate, memory)
+        plans.append(clock("simulate", _simulated, built))
+    best = min(plans, key=lambda p: p.step_time)  # ties keep the plain objective's plan
+    best.timings = dict(clock.seconds)
+    return best
+
+
+class _Clock:
+    """Accumulates wall seconds per planning phase (reported as ``plan.timings``)."""
+
+    def __init__(self) -> None:
+        self.seconds: dict[str, float] = {}
+
+    def __call__(self, phase: str, fn, *args, **kwargs):
+        start = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
 
 
 def _simulated(plan: Plan) -> Plan:
