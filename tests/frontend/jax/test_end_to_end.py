@@ -1,0 +1,132 @@
+"""sp.plan -> plan.jit on 8 simulated CPU devices: numerics, XLA's collectives, known answers."""
+
+from __future__ import annotations
+
+import functools
+
+import jax
+import jax.numpy as jnp
+import jax_gpt
+import jax_mlp
+import numpy as np
+import pytest
+import shardplan as sp
+from shardplan.frontend.jax.emit import make_jax_mesh
+from shardplan.frontend.jax.hlo import check_plan_collectives
+
+pytestmark = pytest.mark.jax
+
+MESHES = [(8,), (2, 4), (4, 2)]
+GPT = jax_gpt.GPTConfig(n_layers=1, adam_eps=1e-4)  # eps >> |g|: the first Adam step is
+# g / (|g| + eps), a sign function where |g| ~ eps, which no reduction order reproduces to 1e-4
+
+# Remaining differences between the plan and XLA on the 2-D meshes all come from pending sums,
+# which Auto mode cannot pin (see docs in frontend/jax/emit.py and the report to the solver):
+#  - the plan adds partial values (add of two partial dots) and reduces once; XLA reduces each
+#    dot result separately before the add;
+#  - a partial value with two consumers is reduced once by XLA and resharded from there, while
+#    the plan prices one reduction per consuming edge;
+#  - the embedding gradient (scatter-add): the plan scatters locally into a partial table and
+#    reduce-scatters it; XLA all-to-alls the updates into the table's layout instead.
+PARTIAL_SUM_MISMATCH = pytest.mark.xfail(
+    strict=True, reason="pending sums: XLA reduces at each producer (see comment above)"
+)
+
+
+def _mesh(shape: tuple[int, ...]) -> sp.Mesh:
+    return sp.Mesh(dict(zip(("dp", "tp"), shape, strict=False)))
+
+
+@functools.cache
+def _planned(model: str, shape: tuple[int, ...]):
+    step, args = jax_gpt.make(GPT) if model == "gpt" else jax_mlp.make()
+    plan = sp.plan(step, *args, mesh=_mesh(shape), time_limit=10)
+    return step, args, plan, plan.jit(step, make_jax_mesh(plan))
+
+
+def _assert_same(got, want) -> None:
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+
+
+@pytest.mark.parametrize("model", ["mlp", "gpt"])
+@pytest.mark.parametrize("shape", MESHES)
+def test_plan_jit_matches_unsharded_step(model, shape):
+    step, args, _, jitted = _planned(model, shape)
+    _assert_same(jitted(*args), jax.jit(step)(*args))
+
+
+@pytest.mark.parametrize(
+    ("model", "shape"),
+    [
+        ("mlp", (8,)),
+        ("mlp", (2, 4)),
+        ("mlp", (4, 2)),
+        ("gpt", (8,)),
+        pytest.param("gpt", (2, 4), marks=PARTIAL_SUM_MISMATCH),
+        pytest.param("gpt", (4, 2), marks=PARTIAL_SUM_MISMATCH),
+    ],
+)
+def test_xla_collectives_are_the_planned_ones(model, shape):
+    _, args, plan, jitted = _planned(model, shape)
+    found = check_plan_collectives(plan, jitted, *args)
+    assert found or not plan.collectives()
+
+
+def test_scanned_gpt_plans_and_matches_numerics():
+    step, args = jax_gpt.make(jax_gpt.GPTConfig(n_layers=2, scan_layers=True, adam_eps=1e-4))
+    plan = sp.plan(step, *args, mesh=_mesh((8,)), time_limit=10)
+    stacked = plan.parameter_shardings()["params['layers']['wq']"]
+    assert stacked.dims[0] == ()  # each iteration needs its whole layer: the layer axis is whole
+    _assert_same(plan.jit(step, make_jax_mesh(plan))(*args), jax.jit(step)(*args))
+
+
+def _weights(plan) -> dict[str, sp.Sharding]:
+    return {k: v for k, v in plan.parameter_shardings().items() if k.startswith("params['w")}
+
+
+def _plan_mlp(mesh: dict[str, int], **config) -> sp.Plan:
+    step, args = jax_mlp.make(jax_mlp.MLPConfig(**config), abstract=True)
+    return sp.plan(step, *args, mesh=sp.Mesh(mesh, cluster="h100-sxm"), time_limit=10)
+
+
+def test_known_answer_large_batch_is_data_parallel():
+    plan = _plan_mlp({"dp": 8}, batch=8192, d_in=256, hidden=256, d_out=256)
+    assert all(s.is_replicated for s in _weights(plan).values())
+    assert {c.kind for c in plan.collectives()} == {"all-reduce"}
+
+
+def test_known_answer_tiny_batch_huge_hidden_is_megatron():
+    plan = _plan_mlp({"tp": 8}, batch=8, d_in=4096, hidden=16384, d_out=4096)
+    weights = _weights(plan)
+    assert weights["params['w1']"] == sp.Sharding.of(None, "tp")  # column parallel
+    assert weights["params['w2']"] == sp.Sharding.of("tp", None)  # row parallel
+    assert [c.kind for c in plan.collectives()] == ["all-reduce"]
+
+
+@pytest.mark.xfail(
+    strict=True,
+    reason="solver/cost model: on (dp=2, tp=4) every MLP size tried plans 8-way over (dp, tp) "
+    "(x replicated or split on both axes, e.g. w1 [{}, {dp,tp}], w2 [{dp,tp}, {}]) instead of "
+    "batch on dp and hidden on tp; reported to the solver owner",
+)
+def test_known_answer_2d_mesh_splits_batch_and_hidden():
+    plan = _plan_mlp({"dp": 2, "tp": 4}, batch=16384, d_in=1024, hidden=4096, d_out=1024)
+    weights = _weights(plan)
+    assert weights["params['w1']"].dims[1] == ("tp",)
+    x = next(v for v in plan.graph.inputs if v.origin.path == "batch['x']")
+    assert plan.shardings[x.name].dims[0] == ("dp",)
+
+
+def test_unsupported_primitive_warns_and_still_runs():
+    def forward(params, x):
+        h = x @ params["w"]
+        pooled = jax.lax.reduce_window(h, -jnp.inf, jax.lax.max, (1, 2), (1, 2), "VALID")
+        return jnp.tanh(pooled).sum(axis=1)
+
+    params = {"w": jax.random.normal(jax.random.key(1), (32, 64))}
+    x = jax.random.normal(jax.random.key(2), (16, 32))
+    with pytest.warns(sp.UnsupportedOpWarning, match="reduce_window_max"):
+        plan = sp.plan(forward, params, x, mesh=_mesh((2, 4)), time_limit=10)
+    got = plan.jit(forward, make_jax_mesh(plan))(params, x)
+    _assert_same(got, jax.jit(forward)(params, x))
