@@ -28,6 +28,8 @@ class Space:
     strategies: list[list[Strategy]]
     producer: dict[Value, tuple[int, int]]
     """Value -> (node, result index)."""
+    repeated: object | None = None
+    """``passes.repeated_layers.RepeatedLayers`` once computed (shared by solver variants)."""
 
     @property
     def num_inputs(self) -> int:

@@ -63,8 +63,8 @@ def plan_graph(
     memory = clock("memory", build_memory_model, space, cluster, limit, recompute)
     variants = [problem]
     if overlap:
-        weighted = copy.deepcopy(problem)
-        weight_edges(weighted, space)
+        weighted = clock("overlap", copy.deepcopy, problem)
+        clock("overlap", weight_edges, weighted, space)
         variants.append(weighted)
     plans = []
     for candidate in variants:
@@ -109,7 +109,9 @@ def shrink(problem: Problem, space: Space, share_layers: bool, merge_followers: 
     """Share variables across repeated layers, then merge followers, then coalesce edges."""
     representative: dict[int, int] = {}
     if share_layers:
-        representative = find_repeated_layers(space.graph).representative
+        if space.repeated is None:  # computed once per space (both objective variants use it)
+            space.repeated = find_repeated_layers(space.graph)
+        representative = space.repeated.representative
         for copy, first in sorted(representative.items()):
             if space.strategies[copy] is space.strategies[first]:
                 problem.eliminate(copy, first, np.arange(len(space.strategies[copy])))

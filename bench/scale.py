@@ -1,0 +1,126 @@
+"""Planning time and memory at model scale (issue 7): Llama-3-8B shapes, 1..32 layers.
+
+Each configuration runs in its own subprocess so its peak resident memory is its own. For each
+one: how the graph is obtained (``ir``: the framework-free training-step builder in
+``shardplan.models``; ``torch``: make_fx capture of a HF ``LlamaForCausalLM`` on the meta
+device), then the planner's phases (``plan.timings``) and the total wall time.
+
+    .venv/bin/python bench/scale.py                 # table + bench/results/scale.json
+    .venv/bin/python bench/scale.py --quick         # fewer rows
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+LLAMA3_8B = dict(dim=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq=8192)
+
+CHILD = r"""
+import json, resource, sys, time, warnings
+warnings.simplefilter("ignore")
+source, layers, mesh_text, per_dp = sys.argv[1], int(sys.argv[2]), sys.argv[3], int(sys.argv[4])
+import shardplan as sp
+axes = dict((k, int(v)) for k, v in (p.split("=") for p in mesh_text.split(",")))
+dp = axes.get("dp", axes.get("x", 1)) if "dp" in axes else 1
+batch = per_dp * max(dp, 1)
+start = time.perf_counter()
+if source == "ir":
+    from shardplan.models import LLAMA3_8B, training_step
+    model = training_step(LLAMA3_8B, batch=batch, layers=layers)
+    args = ()
+else:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+    config = LlamaConfig(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
+        num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8,
+        max_position_embeddings=8192)
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config)
+    ids = torch.empty((batch, 8192), dtype=torch.long, device="meta")
+    args = ({"input_ids": ids, "labels": ids},)
+built = time.perf_counter() - start
+plan = sp.plan(model, *args, mesh=sp.Mesh(axes, cluster="h100-sxm"))
+total = time.perf_counter() - start
+print(json.dumps(dict(source=source, layers=layers, mesh=mesh_text, batch=batch,
+    ops=len(plan.graph.ops), build=built, total=total, timings=plan.timings,
+    choices=plan.solver.num_choices, status=plan.solver.status,
+    step_ms=plan.step_time * 1e3, peak_gib=plan.peak_memory_bytes / 2**30,
+    rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
+"""
+
+
+def run(source: str, layers: int, mesh: str, per_dp: int = 2) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", CHILD, source, str(layers), mesh, str(per_dp)],
+        capture_output=True, text=True, cwd=ROOT, timeout=900,
+    )  # fmt: skip
+    if out.returncode:
+        return dict(source=source, layers=layers, mesh=mesh, error=out.stderr.strip()[-300:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'graph':6} {'layers':>6} {'mesh':>10} {'ops':>6} {'capture':>8} {'price':>6} "
+    head += f"{'shrink':>7} {'solve':>6} {'total s':>8} {'RSS MB':>7} {'step ms':>8}"
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['source']:6} {r['layers']:>6} {r['mesh']:>10}  error: {r['error']}")
+            continue
+        t = r["timings"]
+        capture = t.get("capture", r["build"])
+        lines.append(
+            f"{r['source']:6} {r['layers']:>6} {r['mesh']:>10} {r['ops']:>6} {capture:8.2f} "
+            f"{t.get('price', 0):6.2f} {t.get('shrink', 0):7.2f} {t.get('solve', 0):6.2f} "
+            f"{r['total']:8.2f} {r['rss_mb']:7.0f} {r['step_ms']:8.1f}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--quick", action="store_true")
+    parser.add_argument("--sources", default="ir,torch")
+    args = parser.parse_args()
+    layer_counts = [1, 4, 32] if args.quick else [1, 4, 8, 16, 32]
+    rows = []
+    for source in args.sources.split(","):
+        for mesh in ("dp=8,tp=8", "dp=64"):
+            for layers in layer_counts:
+                if source == "torch" and mesh == "dp=64" and layers > 4:
+                    continue  # torch capture dominates; one mesh shows its scaling
+                started = time.perf_counter()
+                rows.append(run(source, layers, mesh))
+                print(
+                    f"  {source} L={layers} {mesh}: {time.perf_counter() - started:.1f} s",
+                    file=sys.stderr,
+                )
+    text = table(rows)
+    print(text)
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "scale.json").write_text(json.dumps(rows, indent=2, sort_keys=True))
+    ratio = _ratio(rows, "ir", "dp=8,tp=8")
+    if ratio:
+        print(f"\nir on (8,8): 32 layers take {ratio:.2f}x the time of 4 layers")
+
+
+def _ratio(rows: list[dict], source: str, mesh: str) -> float | None:
+    by_layers = {
+        r["layers"]: r["total"]
+        for r in rows
+        if r.get("source") == source and r.get("mesh") == mesh and "total" in r
+    }
+    if 4 in by_layers and 32 in by_layers:
+        return by_layers[32] / by_layers[4]
+    return None
+
+
+if __name__ == "__main__":
+    main()
