@@ -185,9 +185,17 @@ class _Capture(Walker[Value]):
         em = Emitter(self.graph, self._origin())
         t = pieces[0].type
         rows = [em.one("reshape", [p], TensorType((1, *t.shape), t.dtype)) for p in pieces]
-        out = em.one("concat", rows, TensorType((len(pieces), *t.shape), t.dtype), dimension=0)
-        self._record(pieces, [out], em.first_op)
-        return out
+        while len(rows) > 1:  # concats of at most 8 operands: rule letters are finite
+            groups = [rows[i : i + 8] for i in range(0, len(rows), 8)]
+            rows = [self._concat(em, g) if len(g) > 1 else g[0] for g in groups]
+        self._record(pieces, rows, em.first_op)
+        return rows[0]
+
+    @staticmethod
+    def _concat(em: Emitter, rows: list[Value]) -> Value:
+        t = rows[0].type
+        shape = (sum(r.type.shape[0] for r in rows), *t.shape[1:])
+        return em.one("concat", rows, TensorType(shape, t.dtype), dimension=0)
 
     def literal(self, value: Any, aval: Any) -> Value:
         type_ = ir_type(aval)
