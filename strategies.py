@@ -89,11 +89,11 @@ class ParallelStrategy:
         path = v.origin.path
         if v.type.rank != 2:
             return None
+        if VOCAB.search(path):
+            return int(v.type.shape[1] > v.type.shape[0])  # the larger dim is the vocab
         out_dim = _output_dim(v)
         if out_dim is None:
             return None
-        if VOCAB.search(path):
-            return int(v.type.shape[1] > v.type.shape[0])  # the larger dim is the vocab
         if ROW.search(path):
             return 1 - out_dim
         if COLUMN.search(path):
