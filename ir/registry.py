@@ -124,6 +124,14 @@ def _letters(n: int) -> list[str]:
     return list(FACTOR_LETTERS[:n])
 
 
+def _letter_stream():
+    """Factor letters in order; a clear error (not StopIteration) if an op needs more."""
+    yield from FACTOR_LETTERS
+    raise IRVerifyError(
+        f"an op needs more than {len(FACTOR_LETTERS)} factors; split it (e.g. concat in groups)"
+    )
+
+
 def _make(
     operands: list[list[tuple[str, ...]]],
     results: list[list[tuple[str, ...]]],
@@ -285,7 +293,7 @@ def reshape(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     out_f: list[list[str]] = [[] for _ in b]
     sizes: dict[str, int] = {}
     need: set[str] = set()
-    names = iter(FACTOR_LETTERS)
+    names = _letter_stream()
     i = j = 0
     ra, rb = (a[0] if a else 1), (b[0] if b else 1)
     done_in = done_out = 1
@@ -333,7 +341,7 @@ def dot_general(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
         list(attrs.get("rhs_contracting", (0,))),
     )  # type: ignore[arg-type]
     lb, rb = list(attrs.get("lhs_batch", ())), list(attrs.get("rhs_batch", ()))  # type: ignore[arg-type]
-    letters = iter(FACTOR_LETTERS)
+    letters = _letter_stream()
     lhs_f: list[str] = [""] * lhs.rank
     rhs_f: list[str] = [""] * rhs.rank
     sizes: dict[str, int] = {}
@@ -409,7 +417,7 @@ def resize(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     Extra scalar operands (start indices) get no dims.
     """
     out = outs[0]
-    letters = iter(FACTOR_LETTERS)
+    letters = _letter_stream()
     shared = {}
     sizes: dict[str, int] = {}
     need: set[str] = set()

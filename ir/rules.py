@@ -193,5 +193,11 @@ def _tensors_text(tensors: Sequence[TensorFactors]) -> str:
     return ",".join(parts)
 
 
-FACTOR_LETTERS = "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
-"""Factor names handed out by rule builders, in order."""
+FACTOR_LETTERS = (
+    "abcdefghijklmnopqrstuvwxyzABCDEFGHIJKLMNOPQRSTUVWXYZ"
+    "αβγδεζηθικλμνξοπρστυφχψωΓΔΘΛΞΠΣΦΨΩ"
+    "абвгдежзийклмнопрстуфхцчшщэюяБГДЖЗИЛПФЦЧШЩЭЮЯ"
+)
+"""Factor names handed out by rule builders, in order (single letters, so specs stay
+one character per factor; Greek and Cyrillic letters extend the Latin ones for ops with many
+operands, e.g. a concat of dozens of tensors)."""

@@ -54,7 +54,7 @@ def solve(
     adds the peak-memory rows and recomputation choices (memory hook).
     """
     start = time.perf_counter()
-    relaxation = solve_relaxation(problem) if use_lp else None
+    relaxation = solve_relaxation(problem, time_limit) if use_lp else None
     if (
         relaxation is not None
         and relaxation.integral
@@ -70,7 +70,8 @@ def solve(
         )
     if relaxation is not None:
         hints = {n: relaxation.choice[n] for n in problem.live_nodes()}
-    solution = _solve_cpsat(problem, time_limit, hints, workers, start, memory)
+    remaining = max(1.0, time_limit - (time.perf_counter() - start))
+    solution = _solve_cpsat(problem, remaining, hints, workers, start, memory)
     if relaxation is not None and solution.choice:
         bound = max(solution.bound, min(relaxation.bound, solution.objective))
         return Solution(

@@ -28,11 +28,12 @@ class Relaxation:
     """LP optimum in seconds: a lower bound on the integer optimum."""
 
 
-def solve_relaxation(problem: Problem) -> Relaxation | None:
-    """Solve the LP; None if GLOP fails (the caller then relies on CP-SAT alone)."""
+def solve_relaxation(problem: Problem, time_limit: float = 30.0) -> Relaxation | None:
+    """Solve the LP; None if GLOP fails or runs out of time (then CP-SAT alone decides)."""
     lp = pywraplp.Solver.CreateSolver("GLOP")
     if lp is None:
         return None
+    lp.SetTimeLimit(max(1, int(time_limit * 1000)))
     scale = _scale(problem)  # GLOP's tolerances are absolute: bring costs to order 1e3
     live = problem.live_nodes()
     coef = {n: np.where(np.isfinite(c := problem.node_costs[n]), c, np.inf) * scale for n in live}

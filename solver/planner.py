@@ -69,7 +69,8 @@ def plan_graph(
     plans = []
     for candidate in variants:
         clock("shrink", shrink, candidate, space, share_layers, merge_followers)
-        solution = clock("solve", solve, candidate, time_limit, _hints(space), memory=memory)
+        budget = time_limit / len(variants)  # the user's limit covers both objectives
+        solution = clock("solve", solve, candidate, budget, _hints(space), memory=memory)
         if not solution.choice:
             if solution.status == "INFEASIBLE":  # memory hook: say what the minimum is
                 raise infeasible_error(memory, candidate, limit)
