@@ -67,6 +67,7 @@ def plan(
             "with example inputs, or a JAX callable with example arguments"
         )
     capture_seconds = time.perf_counter() - start
+    semantics = getattr(context, "partial_semantics", None)  # what the target runtime does
     if mesh is None:
         if devices is None:
             raise FrontendError("pass mesh=sp.Mesh({...}) or devices=N (with cluster=...) to plan")
@@ -76,7 +77,7 @@ def plan(
             from .passes.annotate import annotate
 
             annotate(graph, pins)
-        result = search_mesh(graph, devices, cluster, memory_limit, time_limit)
+        result = search_mesh(graph, devices, cluster, memory_limit, time_limit, semantics=semantics)
     elif pipeline_axis in mesh.axis_names and mesh.axis_size(pipeline_axis) > 1:
         from .solver.pipeline import plan_pipeline
 
@@ -86,12 +87,14 @@ def plan(
             graph.mesh = mesh
             annotate(graph, pins)
         result = plan_pipeline(
-            graph, mesh, pipeline_axis, memory_limit, schedule, microbatches, time_limit
-        )
+            graph, mesh, pipeline_axis, memory_limit, schedule, microbatches, time_limit,
+            semantics=semantics,
+        )  # fmt: skip
     else:
         result = plan_graph(
-            graph, mesh, pins=pins, memory_limit=memory_limit, time_limit=time_limit
-        )
+            graph, mesh, pins=pins, memory_limit=memory_limit, time_limit=time_limit,
+            semantics=semantics,
+        )  # fmt: skip
     result.frontend_context = context
     if not isinstance(model_or_fn, Graph):
         result.timings = {"capture": capture_seconds, **result.timings}

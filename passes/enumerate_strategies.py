@@ -71,10 +71,15 @@ def _assignments(rule: ShardingRule, mesh: Mesh) -> Iterator[dict[str, tuple[str
             yield assign
 
 
-def op_strategies(op: Op, mesh: Mesh) -> list[Strategy]:
-    """All distinct strategies of an op on the mesh (partial pass-through for linear ops)."""
+def op_strategies(op: Op, mesh: Mesh, partial_passthrough: bool = True) -> list[Strategy]:
+    """All distinct strategies of an op on the mesh.
+
+    With ``partial_passthrough`` a linear op may also take every operand partial over free axes
+    and give a partial result (DTensor does this; XLA in Auto mode reduces at the producer).
+    """
     rule = op.rule
-    linear = bool(op_info(op.kind) and op_info(op.kind).linear)  # type: ignore[union-attr]
+    info = op_info(op.kind)
+    linear = partial_passthrough and bool(info and info.linear)
     out: dict[tuple, Strategy] = {}
     for assign in _assignments(rule, mesh):
         operand_dims = [_dims_sharding(t, assign) for t in rule.operands]

@@ -19,6 +19,20 @@ it makes a sharded input win over an equally fast replicated one (memory has val
 ever outweighing a real compute or communication difference."""
 
 
+@dataclass(frozen=True, slots=True)
+class PartialSemantics:
+    """How the target runtime treats pending sums (partial values); frontends declare it.
+
+    DTensor keeps ``Partial`` through linear ops and reduces per consumer; XLA in Auto mode
+    reduces a dot's pending sum right at the dot, once, however many ops read it.
+    """
+
+    passthrough: bool = True
+    """Linear ops may consume and produce partial values."""
+    reduce_once: bool = False
+    """A partial value read by several ops is reduced once (all-reduce) at its producer."""
+
+
 @dataclass(eq=False, slots=True)
 class Space:
     """The decision nodes of a graph: graph inputs first, then ops, with their strategies."""
@@ -30,6 +44,8 @@ class Space:
     """Value -> (node, result index)."""
     repeated: object | None = None
     """``passes.repeated_layers.RepeatedLayers`` once computed (shared by solver variants)."""
+    reduce_once: frozenset[Value] = frozenset()
+    """Multi-use values whose pending sums are reduced once at the producer."""
 
     @property
     def num_inputs(self) -> int:
@@ -44,9 +60,13 @@ class Space:
         return self.strategies[node][choice[node]].results[k]
 
     def layout(self, value: Value, choice: list[int]) -> Sharding:
-        """The layout consumers see: a pinned op result is resharded to its pin first."""
+        """The layout consumers see: a pinned op result is resharded to its pin first, and a
+        reduce-once value has its pending sum reduced first."""
         pin = pinned_result(value)
-        return pin if pin is not None else self.produced(value, choice)
+        if pin is not None:
+            return pin
+        produced = self.produced(value, choice)
+        return produced.without_partial() if value in self.reduce_once else produced
 
 
 def pinned_result(value: Value) -> Sharding | None:
@@ -56,9 +76,10 @@ def pinned_result(value: Value) -> Sharding | None:
     return None
 
 
-def build_space(graph: Graph, mesh: Mesh) -> Space:
+def build_space(graph: Graph, mesh: Mesh, semantics: PartialSemantics | None = None) -> Space:
     """Enumerate strategies; ops and inputs with the same signature share one list object
     (so the copies of a repeated layer cost a dictionary lookup, and pricing can be cached)."""
+    semantics = semantics or PartialSemantics()
     cache: dict[tuple, list[Strategy]] = {}
     strategies = []
     for v in graph.inputs:
@@ -72,11 +93,23 @@ def build_space(graph: Graph, mesh: Mesh) -> Space:
         node = len(graph.inputs) + i
         key = ("op", op.kind, op.rule, bool(op.operands))
         if key not in cache:
-            cache[key] = op_strategies(op, mesh)
+            cache[key] = op_strategies(op, mesh, semantics.passthrough)
         strategies.append(cache[key])
         for k, r in enumerate(op.results):
             producer[r] = (node, k)
-    return Space(graph, mesh, strategies, producer)
+    once = frozenset(_multi_use(graph)) if semantics.reduce_once else frozenset()
+    return Space(graph, mesh, strategies, producer, reduce_once=once)
+
+
+def _multi_use(graph: Graph) -> list[Value]:
+    """Op results read by two or more ops (or by an op and as a graph output)."""
+    outputs = {id(v) for v in graph.outputs}
+    return [
+        r
+        for op in graph.ops
+        for r in op.results
+        if len({id(u.op) for u in r.uses}) + (id(r) in outputs) >= 2
+    ]
 
 
 def op_cost(op: Op, strategy: Strategy, mesh: Mesh, cluster: Cluster) -> float:
@@ -128,13 +161,22 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
             if (pin := pinned_result(result)) is not None:  # the producer pays to meet its pin
                 cost = [price(result.type)(s.results[k], pin) for s in space.strategies[v]]
                 problem.node_costs[v] = problem.node_costs[v] + np.array(cost)
+            elif result in space.reduce_once:  # ... or to reduce its pending sum, once
+                reduce = price(result.type)
+                cost = [
+                    reduce(s.results[k], s.results[k].without_partial())
+                    for s in space.strategies[v]
+                ]
+                problem.node_costs[v] = problem.node_costs[v] + np.array(cost)
         for j, value in enumerate(op.operands):
             u, k = space.producer[value]
             pin = pinned_result(value)
-            key = ("edge", id(space.strategies[u]), k, pin, id(space.strategies[v]), j, value.type)
+            once = value in space.reduce_once
+            key = ("edge", id(space.strategies[u]), k, pin, once, id(space.strategies[v]), j)
+            key += (value.type,)
             if key not in cache:
                 u_keys, u_group = _group_layouts(
-                    [pin if pin is not None else s.results[k] for s in space.strategies[u]]
+                    [_seen(s.results[k], pin, once) for s in space.strategies[u]]
                 )
                 v_keys, v_group = _group_layouts([s.operands[j] for s in space.strategies[v]])
                 price_of = price(value.type)
@@ -150,7 +192,8 @@ def _add_output_edge(problem: Problem, space: Space, j: int, value: Value, price
     """Aliased outputs must come back in their input's layout; others must not stay partial."""
     u, k = space.producer[value]
     pin = pinned_result(value)
-    produced = [pin if pin is not None else s.results[k] for s in space.strategies[u]]
+    once = value in space.reduce_once
+    produced = [_seen(s.results[k], pin, once) for s in space.strategies[u]]
     alias = space.graph.output_aliases.get(j)
     if alias is not None:
         wanted = [s.results[0] for s in space.strategies[alias]]
@@ -165,6 +208,13 @@ def _add_output_edge(problem: Problem, space: Space, j: int, value: Value, price
     else:
         extra = np.array([price(p, p.without_partial()) for p in produced])
         problem.node_costs[u] = problem.node_costs[u] + extra
+
+
+def _seen(produced: Sharding, pin: Sharding | None, once: bool) -> Sharding:
+    """The layout a consumer reads: the pin, the reduced layout, or what was produced."""
+    if pin is not None:
+        return pin
+    return produced.without_partial() if once else produced
 
 
 def _group_layouts(layouts: list) -> tuple[list, np.ndarray]:

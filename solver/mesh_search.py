@@ -48,6 +48,7 @@ def search_mesh(
     memory_limit: float | None = None,
     time_limit: float = 30.0,
     max_stages: int | None = None,
+    **planner_options,
 ) -> Plan:
     """The best plan over all mesh shapes; ``plan.candidates`` lists every one tried."""
     from .pipeline import plan_pipeline
@@ -63,11 +64,15 @@ def search_mesh(
         start = time.perf_counter()
         try:
             if shape["pp"] > 1:
-                plan = plan_pipeline(graph, mesh, memory_limit=memory_limit, time_limit=time_limit)
+                plan = plan_pipeline(
+                    graph, mesh, memory_limit=memory_limit, time_limit=time_limit, **planner_options
+                )
             else:
                 from .planner import plan_graph
 
-                plan = plan_graph(graph, mesh, memory_limit=memory_limit, time_limit=time_limit)
+                plan = plan_graph(
+                    graph, mesh, memory_limit=memory_limit, time_limit=time_limit, **planner_options
+                )
         except ShardplanError as error:
             table.append(
                 Candidate(shape, None, None, time.perf_counter() - start, _first_line(error))

@@ -29,6 +29,7 @@ def plan_pipeline(
     schedule: str = "1f1b",
     microbatches: int | None = None,
     time_limit: float = 30.0,
+    **planner_options,
 ) -> Plan:
     """Plan ``graph`` on ``mesh`` with pipeline stages along ``axis``."""
     from .planner import plan_graph
@@ -38,7 +39,9 @@ def plan_pipeline(
     cluster = get_cluster(mesh.cluster)
     limit = memory_limit if memory_limit is not None else cluster.hbm_capacity
     # The sub-mesh holds 1/stages of the layers: price state against the whole pipeline's memory.
-    inner = plan_graph(graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit)
+    inner = plan_graph(
+        graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit, **planner_options
+    )
     if stages == 1:
         return inner
     split = attribute_layer_costs(inner, cluster)

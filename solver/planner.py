@@ -16,6 +16,7 @@ from ..passes.merge_followers import follower_pairs
 from ..passes.repeated_layers import find_repeated_layers
 from .costs import (
     PERSISTENT_ROLES,
+    PartialSemantics,
     Space,
     build_problem,
     build_space,
@@ -39,12 +40,14 @@ def plan_graph(
     share_layers: bool = True,
     recompute: bool | dict[str, str | None] = True,
     overlap: bool = True,
+    semantics: PartialSemantics | None = None,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
     The memory limit (per device, bytes; default the cluster's device memory) bounds the
     modelled peak of the step: persistent state plus live activations (``solver/memory.py``).
     ``recompute``: True lets the solver recompute layers, False forbids it, a dict fixes it.
+    ``semantics``: how the target runtime treats pending sums (frontends declare it).
     ``overlap``: also solve with overlap-aware edge prices (gradient syncs and parameter
     gathers mostly hidden, ``costmodel.simulate.edge_exposure``) and keep whichever of the two
     plans the two-stream simulator finds faster; ``plan.step_time`` is the simulated step.
@@ -57,7 +60,7 @@ def plan_graph(
     cluster = get_cluster(mesh.cluster)
     limit = memory_limit if memory_limit is not None else cluster.hbm_capacity
     clock = _Clock()
-    space = clock("enumerate", build_space, graph, mesh)
+    space = clock("enumerate", build_space, graph, mesh, semantics)
     problem = clock("price", build_problem, space, cluster, limit)
     _check_memory_feasible(space, problem, limit)
     memory = clock("memory", build_memory_model, space, cluster, limit, recompute)
@@ -170,12 +173,12 @@ def build_plan(
         strategy = space.strategies[space.op_node(i)][choice[space.op_node(i)]]
         compute += op_cost(op, strategy, mesh, cluster)
         for k, result in enumerate(op.results):
-            if pinned_result(result) is not None:
+            if pinned_result(result) is not None or result in space.reduce_once:
                 produced = strategy.results[k]
                 _record(
                     reshards,
                     result.name,
-                    f"pin:{result.name}",
+                    f"{'pin' if pinned_result(result) is not None else 'reduce'}:{result.name}",
                     produced,
                     shardings[result.name],
                     result,
@@ -290,8 +293,9 @@ def evaluate_choice(space: Space, cluster: Cluster, choice: list[int]) -> float:
         strategy = space.strategies[space.op_node(i)][choice[space.op_node(i)]]
         total += op_cost(op, strategy, mesh, cluster)
         for k, result in enumerate(op.results):
-            if (pin := pinned_result(result)) is not None:
-                total += reshard_time(strategy.results[k], pin, result.type, mesh, cluster)
+            if (pin := pinned_result(result)) is not None or result in space.reduce_once:
+                seen = pin if pin is not None else strategy.results[k].without_partial()
+                total += reshard_time(strategy.results[k], seen, result.type, mesh, cluster)
         for j, value in enumerate(op.operands):
             total += reshard_time(
                 space.layout(value, choice), strategy.operands[j], value.type, mesh, cluster

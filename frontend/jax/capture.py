@@ -30,6 +30,12 @@ PARAMETER_KEYS = frozenset({"params", "param", "parameters", "weights", "variabl
 RolesOption = Mapping[str, Role | str] | Callable[[str], Role | str | None] | None
 
 
+def _xla_partial_semantics():
+    from ...solver.costs import PartialSemantics
+
+    return PartialSemantics(passthrough=False, reduce_once=True)
+
+
 @dataclass(eq=False)
 class JaxContext:
     """What the JAX emitter needs to map a plan back onto the traced function."""
@@ -42,6 +48,8 @@ class JaxContext:
     """IR input name of every flattened argument leaf."""
     outputs: list[str]
     """IR value name of every flattened output leaf."""
+    partial_semantics: object = field(default_factory=lambda: _xla_partial_semantics())
+    """XLA in Auto mode reduces pending sums at the producing op, once (see solver/costs.py)."""
     steps: list[tuple[str | None, ...]] = field(default_factory=list)
     """Per walk step, the IR value names of its results (None: no IR value)."""
     step_uses: list[tuple[tuple[Op, int] | None, ...]] = field(default_factory=list)
