@@ -552,3 +552,10 @@ register_rule("attention_backward", attention_backward, flops="attention_backwar
 register_rule("iota", iota, flops="none")
 register_rule("constant", iota, flops="none")
 register_rule("gather", gather_rows, flops="none")
+
+CORE_KINDS: frozenset[str] = frozenset(_REGISTRY)
+"""The canonical kinds the core registers (frontends may add their own afterwards)."""
+
+
+def core_kinds() -> list[str]:
+    return sorted(CORE_KINDS)
