@@ -9,12 +9,13 @@ loss, then the updated parameters and states, aliased to the inputs they replace
 
 from __future__ import annotations
 
+import operator
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
 import torch
-from torch import nn
+from torch import fx, nn
 
 from ...ir import FrontendError, Graph, Role, Value
 from . import optim
@@ -25,6 +26,27 @@ _ROLES = {
     "param": Role.PARAMETER, "buffer": Role.CONSTANT, "state": Role.OPTIMIZER_STATE,
     "input": Role.INPUT,
 }  # fmt: skip
+
+
+@dataclass(frozen=True, slots=True)
+class AtenStep:
+    """One aten call of the captured step, as ``follow.py`` replays it at run time.
+
+    Invariants: ``operands``/``results`` list one entry per tensor leaf of the call's
+    ``(args, kwargs)`` / result in ``leaves`` order (``None``: no IR value); ``ops`` are the indices
+    of the IR ops the call was lowered to (``addmm`` -> matmul, add).
+    """
+
+    target: str
+    """The aten overload, ``str(OpOverload)``: ``aten.mm.default``."""
+    operands: tuple[str | None, ...]
+    results: tuple[str | None, ...]
+    ops: range
+    module: str
+    """Module path (``loss``, ``optimizer`` for those phases)."""
+    identity: bool = False
+    """Moves no data (``detach``, ``alias``, a view to the same shape): hooks and autograd make
+    such calls at run time that the trace lacks, and the reverse, so replay may skip them."""
 
 
 @dataclass
@@ -51,6 +73,8 @@ class TorchContext:
     """Module path -> ``Linear`` / ``Embedding`` (subclasses too) or the class name."""
     loss_value: str | None = None
     optimizer: optim.OptimizerSpec = field(default_factory=optim.OptimizerSpec)
+    steps: list[AtenStep] = field(default_factory=list)
+    """Every aten call of the step in execution order (marks and ``getitem`` left out)."""
 
 
 def capture(
@@ -117,11 +141,72 @@ def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
             _record_input(context, ph.role, ph.path, value.name)
     for node in gm.graph.nodes:
         if node.op == "call_function":
+            first = len(graph.ops)
             lower_node(low, node)
+            if _is_aten_call(node):
+                context.steps.append(_step(low, node, range(first, len(graph.ops))))
         elif node.op == "get_attr":
             add_input(low, node, Role.CONSTANT, node.target)
     _record_marks(context, low.marks)
     _set_outputs(traced, graph, low, context)
+
+
+def _is_aten_call(node: fx.Node) -> bool:
+    """Calls that also happen at run time (marks exist only in the trace)."""
+    custom = node.meta.get("custom") or {}
+    return node.target is not operator.getitem and "mark" not in custom
+
+
+def leaves(tree: object, kind: type) -> list:
+    """The ``kind`` leaves of nested tuples/lists/dicts in order (capture and replay agree)."""
+    if isinstance(tree, kind):
+        return [tree]
+    if isinstance(tree, (tuple, list)):
+        return [x for item in tree for x in leaves(item, kind)]
+    if isinstance(tree, dict):
+        return [x for item in tree.values() for x in leaves(item, kind)]
+    return []
+
+
+def _step(low: Lowering, node: fx.Node, ops: range) -> AtenStep:
+    operands = tuple(
+        low.env[a].name if isinstance(low.env.get(a), Value) else None
+        for a in leaves((node.args, node.kwargs), fx.Node)
+    )
+    results = _result_names(low.env.get(node), node.meta.get("val"))
+    target = str(node.target)
+    first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None
+    in_shape = tuple(getattr(first.meta.get("val"), "shape", ())) if first is not None else None
+    identity = is_identity(target, in_shape, tuple(getattr(node.meta.get("val"), "shape", ())))
+    return AtenStep(target, operands, results, ops, low.module_of.get(node, ""), identity)
+
+
+IDENTITY_CALLS = ("aten.detach.default", "aten.alias.default", "aten.view_as.default")
+
+
+VIEW_CALLS = ("aten.view.default", "aten._unsafe_view.default")
+
+
+def is_identity(target: str, in_shape: tuple | None, out_shape: tuple | None) -> bool:
+    """``detach``/``alias``/``view_as``, or a ``view``/``_unsafe_view`` keeping the shape."""
+    if target in IDENTITY_CALLS:
+        return True
+    return target in VIEW_CALLS and in_shape is not None and tuple(out_shape or ()) == in_shape
+
+
+def _result_names(lowered: object, val: object) -> tuple[str | None, ...]:
+    """IR value per tensor of the aten result (lowerings return one value or a list that is
+    aligned either with the whole result or with its tensors only)."""
+    vals = list(val) if isinstance(val, (list, tuple)) else [val]
+    count = sum(isinstance(v, torch.Tensor) for v in vals)
+    names: list[str | None] = []
+    if isinstance(lowered, Value):
+        names = [lowered.name]
+    elif isinstance(lowered, list):
+        names = [v.name if isinstance(v, Value) else None for v in lowered]
+        if len(names) == len(vals):
+            names = [n for n, v in zip(names, vals, strict=True) if isinstance(v, torch.Tensor)]
+    return tuple(names[:count] + [None] * (count - len(names)))
 
 
 def _record_input(context: TorchContext, role: str, path: str, value: str) -> None:

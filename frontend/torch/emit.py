@@ -27,6 +27,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
+from . import follow
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -128,7 +129,10 @@ def redistribute(x: Any, placements: Placements) -> Any:
         old if isinstance(new, Partial) and not isinstance(old, (Partial, Replicate)) else new
         for old, new in zip(x.placements, placements, strict=True)
     )
-    return x.redistribute(placements=fixed) if tuple(x.placements) != fixed else x
+    if tuple(x.placements) == fixed:
+        return x
+    with follow.paused():  # the reshard's local ops are not calls of the traced step
+        return x.redistribute(placements=fixed)
 
 
 def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
@@ -185,8 +189,9 @@ def _install_root_hooks(
         for cm in _forward_contexts(mesh):
             cm.__enter__()
             active.append(cm)
-        args = tuple(distribute(a, i) for i, a in enumerate(args))
-        return args, {k: distribute(v, k) for k, v in kwargs.items()}
+        with follow.paused():
+            args = tuple(distribute(a, i) for i, a in enumerate(args))
+            return args, {k: distribute(v, k) for k, v in kwargs.items()}
 
     def post(module: nn.Module, args: tuple, out: Any) -> Any:
         while active:
@@ -201,7 +206,7 @@ def _forward_contexts(mesh: DeviceMesh) -> list[Any]:
     """Contexts around the root forward: plain tensors made inside act as replicated, and on
     CPU attention takes the math path (DTensor has no strategy for the CPU flash kernel)."""
     contexts: list[Any] = [implicit_replication(), _replicate_saved_tensors(mesh)]
-    if mesh.device_type == "cpu":
+    if mesh.device_type == "cpu" and not follow.following():  # the follower runs the kernel
         contexts.append(sdpa_kernel([SDPBackend.MATH]))
     return contexts
 
@@ -237,6 +242,8 @@ def _install_boundary_hooks(plan: Plan, context: TorchContext, model: nn.Module)
 
 def _input_hook(want: dict[int, Placements]):  # type: ignore[no-untyped-def]
     def hook(module: nn.Module, args: tuple) -> tuple:
+        if follow.following():  # every op already computes at its planned layouts
+            return args
         return tuple(redistribute(a, want[i]) if i in want else a for i, a in enumerate(args))
 
     return hook
@@ -244,7 +251,7 @@ def _input_hook(want: dict[int, Placements]):  # type: ignore[no-untyped-def]
 
 def _output_hook(placements: Placements):  # type: ignore[no-untyped-def]
     def hook(module: nn.Module, args: tuple, out: Any) -> Any:
-        return redistribute(out, placements)
+        return out if follow.following() else redistribute(out, placements)
 
     return hook
 

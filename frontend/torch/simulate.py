@@ -2,7 +2,8 @@
 
 ``simulated_world`` starts a fake process group; ``local_ranks`` runs DTensor code on every
 rank at once (``LocalTensorMode``: real numerics); ``observed_collectives`` counts what a step
-issued (``CommDebugMode``) and ``predicted_collectives`` what the plan says it will issue. The
+issued (``CommDebugMode``), ``predicted_collectives`` what the plan's reshards issue when
+DTensor performs them and ``planned_collectives`` the plan's own (cost-model) collectives. The
 private torch APIs this needs are each isolated in one function below.
 """
 
@@ -15,11 +16,13 @@ from typing import Any
 
 import torch
 import torch.distributed as dist
-from torch.distributed.tensor import DTensor
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
 
-from ...solver.plan import Plan
-from .emit import context_of
+from ...ir import Sharding
+from ...solver.plan import Plan, Reshard
+from .emit import Placements, context_of, placements_of
 
 # CommDebugMode op names -> the plan's collective kinds.
 _KINDS = {
@@ -29,6 +32,7 @@ _KINDS = {
     "reduce_scatter_tensor": "reduce-scatter", "_reduce_scatter_base_": "reduce-scatter",
     "reduce_scatter_": "reduce-scatter", "all_to_all_single": "all-to-all",
     "alltoall_base_": "all-to-all", "all_to_all": "all-to-all",
+    "shard_dim_alltoall": "all-to-all",  # DTensor's Shard(i) -> Shard(j) on one mesh dim
 }  # fmt: skip
 
 
@@ -74,26 +78,81 @@ def observed_collectives(mode: CommDebugMode) -> Counter[str]:
     return counts
 
 
-def predicted_collectives(plan: Plan) -> Counter[str]:
-    """``{kind: count}`` the plan predicts for forward + backward + gradient reduction.
+def planned_reshards(plan: Plan) -> list[Reshard]:
+    """The reshards one applied forward + backward performs, in graph order.
 
-    Counts every reshard into a non-optimizer op, plus reshards of gradients into the
-    optimizer (``apply`` performs those right after backward). A collective over several mesh
-    axes counts once per axis, as DTensor issues one collective per mesh dimension.
+    Every reshard into a forward or backward op (``follow_plan`` performs each at its op), plus
+    each gradient's move into the optimizer, once per gradient and layout (``apply``'s gradient
+    hook moves it once; every optimizer op then reads that copy).
     """
     context = context_of(plan)
     grads = set(context.grad_values.values())
-    counts: Counter[str] = Counter()
+    result: list[Reshard] = []
+    seen: set[tuple[str, Sharding]] = set()
     for reshard in plan.reshards:
         kind, _, rest = reshard.consumer.partition(":")
         if kind != "op":
             continue
-        op = plan.graph.ops[int(rest.split(":")[0])]
-        if op.origin.module == "optimizer" and reshard.value not in grads:
-            continue
+        if plan.graph.ops[int(rest.split(":")[0])].origin.module == "optimizer":
+            if reshard.value not in grads or (reshard.value, reshard.dst) in seen:
+                continue
+            seen.add((reshard.value, reshard.dst))
+        result.append(reshard)
+    return result
+
+
+def planned_collectives(plan: Plan) -> Counter[str]:
+    """``{kind: count}`` of the plan's own collectives (its cost model's) for those reshards.
+
+    A collective over several mesh axes counts once per axis. DTensor carries some reshards
+    out differently (docs/torch.md, "Collectives"): compare run-time counts with
+    ``predicted_collectives``.
+    """
+    counts: Counter[str] = Counter()
+    for reshard in planned_reshards(plan):
         for collective in reshard.collectives:
             counts[collective.kind] += len(collective.axes)
     return counts
+
+
+def predicted_collectives(plan: Plan, device_mesh: DeviceMesh) -> Counter[str]:
+    """``{kind: count}`` of the planned reshards as DTensor performs them.
+
+    Each planned reshard (value, source layout, target layout) is replayed alone with
+    ``DTensor.redistribute`` under ``CommDebugMode`` on ``device_mesh`` (a simulated world:
+    nothing is communicated), so the kinds are DTensor's per-mesh-dimension collectives
+    (an all-to-all over two axes may be an all-gather plus an all-to-all). Call it inside
+    ``local_ranks``, as the step it is compared with: on a CPU mesh outside it, gloo's missing
+    all-to-all makes DTensor fall back to all-gathers.
+    """
+    types = {v.name: v.type for v in plan.graph.values()}
+    counts: Counter[str] = Counter()
+    done: dict[tuple, Counter[str]] = {}
+    for reshard in planned_reshards(plan):
+        key = (
+            placements_of(reshard.src, plan.mesh),
+            placements_of(reshard.dst, plan.mesh),
+            types[reshard.value].shape,
+        )
+        if key not in done:
+            done[key] = _dtensor_reshard(*key, device_mesh)
+        counts += done[key]
+    return counts
+
+
+def _dtensor_reshard(
+    src: Placements, dst: Placements, shape: tuple[int, ...], mesh: DeviceMesh
+) -> Counter[str]:
+    replicated = [Replicate()] * mesh.ndim
+    full = distribute_tensor(torch.zeros(shape), mesh, replicated, src_data_rank=None)
+    start = full.redistribute(
+        placements=[Replicate() if isinstance(p, Partial) else p for p in src]
+    )
+    if start.placements != src:  # a pending sum: same local buffer, reinterpreted
+        start = DTensor.from_local(start.to_local(), mesh, src, run_check=False)
+    with CommDebugMode() as comm:
+        start.redistribute(placements=dst)
+    return observed_collectives(comm)
 
 
 def listing(counts: Counter[str]) -> str:

@@ -2,12 +2,16 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
+from collections import Counter
+from dataclasses import dataclass, field
 
 import pytest
 import shardplan as sp
 import torch
 from shardplan.frontend.torch import simulate
+from shardplan.frontend.torch.follow import follow_plan
 from shardplan.frontend.torch.train import step_loss
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard
@@ -23,26 +27,51 @@ def _mesh(plan: sp.Plan):  # type: ignore[no-untyped-def]
     return init_device_mesh("cpu", sizes, mesh_dim_names=plan.mesh.axis_names)
 
 
-def _run_applied(plan, model, inputs):  # type: ignore[no-untyped-def]
-    """Loss, {fqn: grad} (rank 0) and observed collectives of one applied fwd+bwd."""
+@dataclass
+class Applied:
+    """One applied forward + backward on simulated ranks (rank 0's view)."""
+
+    loss: torch.Tensor
+    grads: dict[str, torch.Tensor]
+    observed: Counter[str]
+    predicted: Counter[str]
+    deviations: list[str] = field(default_factory=list)
+
+
+def _run_applied(plan, model, inputs, follow: bool = False) -> Applied:  # type: ignore[no-untyped-def]
+    """Apply ``plan`` to a copy of ``model``; with ``follow`` every op runs at planned layouts."""
     mesh = _mesh(plan)
     with simulate.local_ranks(plan.mesh.size):
         sharded = plan.apply(copy.deepcopy(model), mesh)
-        with CommDebugMode() as comm:
+        replay = follow_plan(plan, mesh) if follow else contextlib.nullcontext()
+        with CommDebugMode() as comm, replay as follower:
             loss = step_loss(sharded, inputs)
             loss.backward()
         grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
-        return simulate.rank0(loss), grads, simulate.observed_collectives(comm)
+        predicted = simulate.predicted_collectives(plan, mesh)
+    deviations = follower.deviations if follow else []
+    observed = simulate.observed_collectives(comm)
+    return Applied(simulate.rank0(loss), grads, observed, predicted, deviations)
 
 
-def _check_numerics(plan, model, inputs) -> None:  # type: ignore[no-untyped-def]
+def _check_numerics(plan, model, inputs, follow: bool = False) -> Applied:  # type: ignore[no-untyped-def]
     reference = copy.deepcopy(model)
     ref_loss = step_loss(reference, inputs)
     ref_loss.backward()
-    loss, grads, _ = _run_applied(plan, model, inputs)
+    applied = _run_applied(plan, model, inputs, follow)
+    loss, grads = applied.loss, applied.grads
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-4, atol=1e-6)
     for name, p in reference.named_parameters():
         torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    return applied
+
+
+@pytest.fixture(scope="module")
+def llama_2x2(examples):  # type: ignore[no-untyped-def]
+    """The small HF Llama and its plan on a (2, 2) mesh (planned once for this file)."""
+    model, inputs = examples["hf_llama"].make(batch=4, layers=1)
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), time_limit=10)
+    return plan, model, inputs
 
 
 def test_apply_mlp_matches_plain_module_on_2x2(examples) -> None:  # type: ignore[no-untyped-def]
@@ -51,10 +80,8 @@ def test_apply_mlp_matches_plain_module_on_2x2(examples) -> None:  # type: ignor
     _check_numerics(plan, model, inputs)
 
 
-def test_apply_llama_matches_plain_module_on_2x2(examples) -> None:  # type: ignore[no-untyped-def]
-    model, inputs = examples["hf_llama"].make(batch=4, layers=1)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), time_limit=10)
-    _check_numerics(plan, model, inputs)
+def test_apply_llama_matches_plain_module_on_2x2(llama_2x2) -> None:  # type: ignore[no-untyped-def]
+    _check_numerics(*llama_2x2)
 
 
 def test_apply_megatron_hand_pins_match_plain_module(examples) -> None:  # type: ignore[no-untyped-def]
@@ -66,16 +93,50 @@ def test_apply_megatron_hand_pins_match_plain_module(examples) -> None:  # type:
     _check_numerics(plan, model, inputs)
 
 
-def test_apply_collective_counts_match_plan(examples) -> None:  # type: ignore[no-untyped-def]
-    """CommDebugMode counts of the applied fwd+bwd equal the plan's predicted collectives."""
+def _megatron_mlp(examples):  # type: ignore[no-untyped-def]
+    model, inputs = examples["torch_mlp"].make(batch=8, dim=32, hidden=128)
+    pins = {"fc1.weight": sp.Sharding.of("tp", None), "fc2.weight": sp.Sharding.of(None, "tp")}
+    return sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), pins=pins), model, inputs
+
+
+def _fsdp_mlp(examples):  # type: ignore[no-untyped-def]
     model, inputs = examples["torch_mlp"].make(batch=1024, dim=32, hidden=64, bias=False)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}))
-    _, _, observed = _run_applied(plan, model, inputs)
-    predicted = simulate.predicted_collectives(plan)
-    assert observed == predicted, (
-        f"observed (CommDebugMode): {simulate.listing(observed)}\n"
-        f"predicted (plan):         {simulate.listing(predicted)}"
+    return sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2})), model, inputs
+
+
+@pytest.mark.parametrize("case", ["mlp-megatron", "mlp-fsdp", "llama-2x2"])
+def test_follow_plan_collective_counts_match_plan(case, examples, request) -> None:  # type: ignore[no-untyped-def]
+    """Under follow_plan, CommDebugMode counts of fwd+bwd equal the plan's reshards' (kind by
+    kind, as DTensor performs each reshard), and numerics still match the plain module."""
+    if case == "llama-2x2":
+        plan, model, inputs = request.getfixturevalue("llama_2x2")
+    else:
+        plan, model, inputs = (_megatron_mlp if case == "mlp-megatron" else _fsdp_mlp)(examples)
+    applied = _check_numerics(plan, model, inputs, follow=True)
+    assert applied.observed == applied.predicted, (
+        f"observed (CommDebugMode):      {simulate.listing(applied.observed)}\n"
+        f"predicted (plan via DTensor): {simulate.listing(applied.predicted)}\n"
+        f"plan's own collectives:       {simulate.listing(simulate.planned_collectives(plan))}\n"
+        "deviations:\n  " + "\n  ".join(applied.deviations)
     )
+    assert sum(applied.observed.values()) > 0
+
+
+def test_planned_collectives_differ_from_dtensor_only_in_all_to_all(llama_2x2) -> None:  # type: ignore[no-untyped-def]
+    """The plan prices an all-to-all over k axes as one collective per axis; DTensor moves a
+    split of k nested axes with k - 1 all-gathers and one all-to-all (docs/torch.md)."""
+    plan = llama_2x2[0]
+    mesh = _mesh(plan)
+    with simulate.local_ranks(plan.mesh.size):
+        predicted = simulate.predicted_collectives(plan, mesh)
+    planned = simulate.planned_collectives(plan)
+    expected = Counter(planned)
+    for reshard in simulate.planned_reshards(plan):
+        for collective in reshard.collectives:
+            if collective.kind == "all-to-all" and len(collective.axes) > 1:
+                expected["all-to-all"] -= len(collective.axes) - 1
+                expected["all-gather"] += len(collective.axes) - 1
+    assert +expected == predicted, f"{simulate.listing(planned)} vs {simulate.listing(predicted)}"
 
 
 def test_known_answer_large_batch_is_data_parallel(examples) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,347 @@
+"""Run an applied module so that every aten op computes at the layouts the plan chose.
+
+``plan.apply`` alone redistributes at module boundaries and lets DTensor pick layouts inside a
+module, so its collectives are DTensor's, not the plan's. Inside ``follow_plan(plan, mesh)`` a
+dispatch mode replays the captured step: each aten call at run time is matched to the next
+captured call (``TorchContext.steps``, same order: the same module runs the same autograd graph),
+its tensor operands are redistributed to the planned operand layouts, and its results are
+checked against (and moved to) the planned result layouts. The collectives issued are then
+exactly the plan's reshards.
+
+Three calls are run differently from DTensor's own dispatch (docs/torch.md, "Following a plan"):
+  - ``addmm``/``baddbmm`` run as their IR lowering, ``mm`` then ``add``, so a reshard the plan
+    puts between the product and the bias add happens there (DTensor fuses the two);
+  - the CPU fused attention kernels have no DTensor strategy: they run on the local shards
+    (batch and heads split, sequence and head dims whole: what the IR rule allows);
+  - calls the trace did not record (``_fused_sdp_choice``, autograd bookkeeping) run untouched
+    and are listed in ``deviations``.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+from collections.abc import Iterator
+from typing import Any
+
+import torch
+from torch.distributed.device_mesh import DeviceMesh
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
+from torch.utils._python_dispatch import TorchDispatchMode  # documented home of dispatch modes
+from torch.utils.weak import WeakIdKeyDictionary
+
+from ...ir import Sharding
+from ...solver.plan import Plan
+from . import emit  # a module import: emit imports this module too
+from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
+
+_ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
+_MATMUL_ADD = {"aten.addmm.default": torch.ops.aten.mm, "aten.baddbmm.default": torch.ops.aten.bmm}
+_TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
+"""Run-time calls that ``make_fx`` records under another name."""
+_LOOKAHEAD = 64
+"""How many captured calls a run-time call may skip to find its match."""
+
+_ACTIVE: list[PlanFollower] = []
+
+
+def following() -> bool:
+    """True inside ``follow_plan`` (emit's boundary hooks stand aside then)."""
+    return bool(_ACTIVE) and _ACTIVE[-1].paused == 0
+
+
+@contextlib.contextmanager
+def paused() -> Iterator[None]:
+    """Run emitter bookkeeping (input distribution, gradient reshards) outside the replay."""
+    follower = _ACTIVE[-1] if _ACTIVE else None
+    if follower is not None:
+        follower.paused += 1
+    try:
+        yield
+    finally:
+        if follower is not None:
+            follower.paused -= 1
+
+
+@contextlib.contextmanager
+def follow_plan(plan: Plan, device_mesh: DeviceMesh) -> Iterator[PlanFollower]:
+    """Forward and backward inside this context compute at the planned layouts.
+
+    Use around the applied module's forward *and* ``backward()``; the optimizer step runs
+    outside. Yields the follower, whose ``deviations`` lists what did not go as planned.
+    """
+    follower = PlanFollower(plan, device_mesh)
+    _ACTIVE.append(follower)
+    try:
+        with follower:
+            yield follower
+    finally:
+        _ACTIVE.pop()
+
+
+def same_layout(have: emit.Placements, want: emit.Placements) -> bool:
+    """Equal placements, any ``Partial`` reduce op matching a planned partial."""
+    return all(
+        h == w or (isinstance(h, Partial) and isinstance(w, Partial))
+        for h, w in zip(have, want, strict=True)
+    )
+
+
+class PlanFollower(TorchDispatchMode):
+    """The dispatch mode behind ``follow_plan`` (see the module docstring)."""
+
+    def __init__(self, plan: Plan, device_mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.plan = plan
+        self.mesh = device_mesh
+        context: TorchContext = emit.context_of(plan)
+        replayed = [s for s in context.steps if s.module != "optimizer"]
+        self.steps = [s for s in replayed if not s.identity]
+        self.same: dict[str, str] = {}
+        """Result of a traced identity call -> the value it passes on (one name for matching)."""
+        self.identity_of: dict[str, tuple[str, int]] = {}
+        """Result of a traced identity call -> (its operand, its IR op index)."""
+        for s in replayed:
+            if s.identity and s.operands and s.operands[0] and s.results and s.results[0]:
+                self.same[s.results[0]] = self.same.get(s.operands[0], s.operands[0])
+                if s.ops:
+                    self.identity_of[s.results[0]] = (s.operands[0], s.ops[0])
+        self.made: dict[str, tuple[torch.Tensor, DTensor]] = {}
+        """Identity result -> (the run-time tensor it was made from, the tensor at its layout)."""
+        self.cursor = 0
+        self.paused = 0
+        self.deviations: list[str] = []
+        """Run-time calls not in the trace, skipped trace calls and layouts not as planned."""
+        self.names: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        """Run-time tensor -> the IR value it holds (results of replayed calls)."""
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if self.paused or getattr(func, "namespace", "") != "aten":
+            return func(*args, **kwargs)  # collectives and DTensor internals pass through
+        target = _TRACED_AS.get(str(func), str(func))
+        tensors = leaves((args, kwargs), torch.Tensor)
+        if _identity(target, args):  # bookkeeping of hooks and autograd: moves no data
+            out = func(*args, **kwargs)
+            if tensors and tensors[0] in self.names and isinstance(out, torch.Tensor):
+                self.names[out] = self.names[tensors[0]]
+            return out
+        step = self._match(target, [self.names.get(t) for t in tensors])
+        if step is None:
+            return func(*args, **kwargs)
+        out = self._run(step, func, args, kwargs)
+        for t, name in zip(leaves(out, torch.Tensor), step.results, strict=False):
+            if name is not None:
+                self.names[t] = name
+        return out
+
+    # -- matching -----------------------------------------------------------------------------
+    def _match(self, target: str, known: list[str | None]) -> AtenStep | None:
+        """The next traced call with this target whose operands agree with the values the
+        run-time operands are known to hold; calls skipped on the way are reported."""
+        end = min(self.cursor + _LOOKAHEAD, len(self.steps))
+        for k in range(self.cursor, end):
+            step = self.steps[k]
+            if step.target == target and self._agree(step.operands, known):
+                for skipped in self.steps[self.cursor : k]:
+                    self.deviations.append(f"traced call not run: {skipped.target}")
+                self.cursor = k + 1
+                return self.steps[k]
+        self.deviations.append(f"call not in the trace: {target}")
+        return None
+
+    def _agree(self, traced: tuple[str | None, ...], known: list[str | None]) -> bool:
+        same = self.same
+        return len(traced) == len(known) and all(
+            k is None or same.get(k, k) == same.get(t or "", t)
+            for t, k in zip(traced, known, strict=True)
+        )
+
+    # -- running one call ---------------------------------------------------------------------
+    def _run(self, step: AtenStep, func: Any, args: tuple, kwargs: dict) -> Any:
+        tensors = leaves((args, kwargs), torch.Tensor)
+        if len(tensors) != len(step.operands):
+            self.deviations.append(f"{step.target}: {len(tensors)} tensors, traced with "
+                                   f"{len(step.operands)}")  # fmt: skip
+            return func(*args, **kwargs)
+        inplace = func._schema.is_mutable
+        moved = [
+            t
+            if (inplace and i == 0) or name is None
+            else self._to(self._through_identities(t, name, step), self._want(step, i), step)
+            for i, (t, name) in enumerate(zip(tensors, step.operands, strict=True))
+        ]
+        args, kwargs = _replace((args, kwargs), iter(moved))
+        if step.target.rsplit(".", 1)[0].removesuffix("_backward") in _ATTENTION:
+            qkv = moved[1:4] if "backward" in step.target else moved[:3]
+            out = self._attention(func, args, kwargs, qkv)
+        elif step.target in _MATMUL_ADD:
+            out = self._matmul_add(step, args, kwargs)
+        else:
+            self._check_internal(step)
+            out = func(*args, **kwargs)
+        return out if inplace else self._results(step, out)
+
+    def _through_identities(self, t: torch.Tensor, name: str, step: AtenStep) -> torch.Tensor:
+        """``t`` moved along the traced identity calls that lead to ``name``, each once.
+
+        The trace may route a value through ``detach``/same-shape views the run does not make;
+        the plan can reshard into those calls (an all-gather into a ``detach`` every later use
+        reads), so the follower performs those reshards when the value is first used.
+        """
+        chain: list[str] = []
+        while name in self.identity_of:
+            chain.append(name)
+            name = self.identity_of[name][0]
+        for value in reversed(chain):
+            made = self.made.get(value)
+            if made is not None and made[0] is t:
+                t = made[1]
+                continue
+            operand, index = self.identity_of[value]
+            source = t
+            into = self.plan.operand_shardings.get((index, 0))
+            t = self._to(t, self._placements(into, operand), step)
+            t = self._to(t, self._placements(None, value), step)
+            self.made[value] = (source, t)
+        return t
+
+    def _want(self, step: AtenStep, leaf: int) -> emit.Placements:
+        """Planned layout of operand ``leaf``: how the step's IR ops consume that value."""
+        name = step.operands[leaf]
+        occurrence = step.operands[:leaf].count(name)
+        for index in step.ops:
+            for j, operand in enumerate(self.plan.graph.ops[index].operands):
+                if operand.name == name:
+                    if occurrence == 0:
+                        return self._placements(self.plan.operand_shardings.get((index, j)), name)
+                    occurrence -= 1
+        return self._placements(None, name)
+
+    def _placements(self, sharding: Sharding | None, value: str | None) -> emit.Placements:
+        if sharding is None:
+            sharding = self.plan.shardings[value]
+        return emit.placements_of(sharding, self.plan.mesh)
+
+    def _to(self, t: torch.Tensor, want: emit.Placements, step: AtenStep) -> DTensor:
+        """``t`` as a DTensor at ``want`` (plain tensors are replicated: made on every rank)."""
+        if not isinstance(t, DTensor):
+            t = DTensor.from_local(t, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False)
+        have = tuple(t.placements)
+        if same_layout(have, want):
+            return t
+        fixed = tuple(
+            h if isinstance(w, Partial) and isinstance(h, Shard) else w
+            for h, w in zip(have, want, strict=True)
+        )
+        if fixed != want:  # DTensor cannot turn a shard into a pending sum
+            self.deviations.append(f"{step.target}: cannot move {have} to {want}")
+        return t.redistribute(placements=fixed)
+
+    def _results(self, step: AtenStep, out: Any) -> Any:
+        produced = leaves(out, torch.Tensor)
+        moved = []
+        for t, name in zip(produced, step.results, strict=False):
+            if name is None:
+                moved.append(t)
+                continue
+            want = self._placements(None, name)
+            if isinstance(t, DTensor) and not same_layout(tuple(t.placements), want):
+                self.deviations.append(
+                    f"{step.target} -> %{name}: DTensor made {tuple(t.placements)}, plan {want}"
+                )
+            moved.append(self._to(t, want, step))
+        moved += produced[len(moved) :]
+        return _replace(out, iter(moved))
+
+    def _check_internal(self, step: AtenStep) -> None:
+        """A reshard between two IR ops of one aten call cannot be followed: report it."""
+        made = {r.name for i in step.ops for r in self.plan.graph.ops[i].results}
+        for index in step.ops:
+            for j, operand in enumerate(self.plan.graph.ops[index].operands):
+                planned = self.plan.operand_shardings.get((index, j))
+                if operand.name in made and planned not in (
+                    None,
+                    self.plan.shardings[operand.name],
+                ):
+                    self.deviations.append(f"{step.target}: internal reshard of %{operand.name}")
+
+    # -- calls run differently from DTensor's dispatch ---------------------------------------
+    def _matmul_add(self, step: AtenStep, args: tuple, kwargs: dict) -> DTensor:
+        """``beta * bias + alpha * (a @ b)`` as the IR's matmul then add, reshard in between."""
+        bias, a, b = args[:3]
+        beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
+        product = _MATMUL_ADD[step.target](a, b)
+        matmul, add = step.ops[0], step.ops[-1]
+        product_name = self.plan.graph.ops[matmul].results[0].name
+        product = self._results_of(product, product_name, step)
+        product = self._to(product, self._placements(
+            self.plan.operand_shardings.get((add, 0)), product_name), step)  # fmt: skip
+        if alpha != 1:
+            product = product * alpha
+        return product + (bias * beta if beta != 1 else bias)
+
+    def _results_of(self, t: DTensor, name: str, step: AtenStep) -> DTensor:
+        want = self._placements(None, name)
+        if not same_layout(tuple(t.placements), want):
+            self.deviations.append(f"{step.target} -> %{name}: made {tuple(t.placements)}")
+            return self._to(t, want, step)
+        return t
+
+    def _attention(self, func: Any, args: tuple, kwargs: dict, qkv: list[DTensor]) -> Any:
+        """Fused CPU attention on local shards: batch/head splits only (the IR rule's)."""
+        for t in qkv:
+            if any(isinstance(p, Partial) or (isinstance(p, Shard) and p.dim >= 2)
+                   for p in t.placements):  # fmt: skip
+                raise NotImplementedError(
+                    f"attention operand split along sequence/head dim {tuple(t.placements)}"
+                )
+        local_args, local_kwargs = _replace(
+            (args, kwargs), iter(t.to_local() for t in leaves((args, kwargs), torch.Tensor))
+        )
+        out = func(*local_args, **local_kwargs)
+        outs = leaves(out, torch.Tensor)
+        like = [qkv[i] if len(outs) == 3 else qkv[0] for i in range(len(outs))]
+        return _replace(out, iter(self._wrap(o, src) for o, src in zip(outs, like, strict=True)))
+
+    def _wrap(self, local: torch.Tensor, like: DTensor) -> DTensor:
+        """A DTensor of local shards split like ``like`` on dims 0/1, keeping the kernel's
+        memory order (the CPU kernel returns [b,s,h,d]-ordered outputs; a later transpose then
+        needs no copy, as in the trace)."""
+        shape = list(local.shape)
+        for axis, p in enumerate(like.placements):
+            if isinstance(p, Shard):
+                shape[p.dim] *= self.mesh.size(axis)
+        stride = [0] * len(shape)
+        step = 1
+        for d in sorted(range(len(shape)), key=lambda d: (local.stride(d), d)):
+            stride[d] = step
+            step *= shape[d]
+        return DTensor.from_local(local, self.mesh, like.placements, run_check=False,
+                                  shape=torch.Size(shape), stride=tuple(stride))  # fmt: skip
+
+
+def _identity(target: str, args: tuple) -> bool:
+    """An identity call (``capture.is_identity``) judged from its run-time arguments."""
+    if target in IDENTITY_CALLS:
+        return True
+    if target not in VIEW_CALLS or not isinstance(args[0], torch.Tensor):
+        return False
+    shape = [int(d) for d in args[1]]
+    if -1 in shape:  # resolve the inferred size as view does
+        known = math.prod(d for d in shape if d != -1)
+        shape[shape.index(-1)] = args[0].numel() // max(known, 1)
+    return is_identity(target, tuple(args[0].shape), tuple(shape))
+
+
+def _replace(tree: Any, new: Iterator[Any]) -> Any:
+    """``tree`` with its tensor leaves replaced, in ``leaves`` order, by ``new``."""
+    if isinstance(tree, torch.Tensor):
+        return next(new)
+    if isinstance(tree, tuple):
+        return tuple(_replace(x, new) for x in tree)
+    if isinstance(tree, list):
+        return [_replace(x, new) for x in tree]
+    if isinstance(tree, dict):
+        return {k: _replace(v, new) for k, v in tree.items()}
+    return tree
