@@ -276,3 +276,10 @@ def to_parallelize_plan(plan: Plan) -> Any:
     from .styles import to_parallelize_plan as build
 
     return build(plan)
+
+
+def pipeline_split_spec(plan: Plan) -> Any:
+    """``{"model.layers.4": SplitPoint.BEGINNING, ...}`` (see ``pipeline.py``)."""
+    from .pipeline import pipeline_split_spec as build
+
+    return build(plan)

@@ -1,4 +1,4 @@
-"""Run a ParallelizePlan (FSDP2 / TP styles) on real gloo processes and collect the result.
+"""Run a ParallelizePlan (FSDP2 / TP styles) or a pipeline on gloo processes; collect results.
 
 FSDP2 cannot run under ``LocalTensorMode``, so its numerics are checked with one process per
 rank. Spawned children rebuild the model from a factory given as ``"path/to/file.py:make"``
@@ -70,3 +70,41 @@ def run_on_gloo(parallel: Any, factory: str, world: int, **kwargs: Any) -> dict[
         args = (world, _free_port(), parallel, factory, kwargs, out)
         mp.spawn(_worker, args=args, nprocs=world, join=True)
         return torch.load(out)
+
+
+def _pipeline_worker(rank: int, world: int, port: int, spec, factory, kwargs, out) -> None:  # type: ignore[no-untyped-def]
+    from .pipeline import build_pipeline_schedule, build_pipeline_stage
+
+    os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
+    dist.init_process_group("gloo", rank=rank, world_size=world)
+    try:
+        model, (inputs,) = load_factory(factory)(**kwargs)
+        ids = inputs["input_ids"]
+        labels = inputs.get("labels", ids)
+        stage = build_pipeline_stage(spec, model, rank)
+        schedule = build_pipeline_schedule(spec, stage)
+        losses: list[torch.Tensor] = []
+        if rank == 0:
+            schedule.step(ids)
+        elif rank == world - 1:
+            schedule.step(target=labels, losses=losses)
+        else:
+            schedule.step()
+        grads = {n: p.grad for n, p in stage.submod.named_parameters() if p.grad is not None}
+        torch.save({"grads": grads, "losses": losses}, Path(out) / f"rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def run_pipeline_on_gloo(spec: Any, factory: str, **kwargs: Any) -> dict[str, Any]:
+    """Run one pipelined step on ``spec.stages`` gloo ranks (one stage each).
+
+    The factory returns ``(model, ({"input_ids": ids, "labels": ids},))`` (HF style).
+    Returns ``{"loss": mean micro-batch loss, "grads": {fqn: grad}}`` over all stages.
+    """
+    with tempfile.TemporaryDirectory() as tmp:
+        args = (spec.stages, _free_port(), spec, factory, kwargs, tmp)
+        mp.spawn(_pipeline_worker, args=args, nprocs=spec.stages, join=True)
+        parts = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(spec.stages)]
+    grads = {name: g for part in parts for name, g in part["grads"].items()}
+    return {"loss": torch.stack(parts[-1]["losses"]).mean(), "grads": grads}

@@ -277,7 +277,7 @@ def _table() -> dict[str, Row]:
         "add": "add", "sub": "sub", "rsub": "sub", "mul": "mul", "div": "div", "neg": "neg",
         "exp": "exp", "log": "log", "tanh": "tanh", "sigmoid": "sigmoid", "rsqrt": "rsqrt",
         "sqrt": "sqrt", "pow": "pow", "relu": "relu", "gelu": "gelu", "silu": "silu",
-        "erf": "erf", "abs": "abs", "sign": "sign", "floor": "floor", "ceil": "ceil",
+        "erf": "erf", "abs": "abs", "sign": "sign", "sgn": "sign", "floor": "floor", "ceil": "ceil",
         "round": "round", "reciprocal": "reciprocal", "expm1": "expm1", "log1p": "log1p",
         "sin": "sin", "cos": "cos", "clamp": "clamp", "clamp_min": "clamp",
         "clamp_max": "clamp", "maximum": "max", "minimum": "min", "where": "where",

@@ -1,0 +1,190 @@
+"""Emit a pipeline plan for ``torch.distributed.pipelining``: split points, schedule, stages.
+
+The planner chooses contiguous layer ranges per stage on the captured graph
+(``plan.pipeline``). Here they become the tracer front end's split points
+(``{"model.layers.4": SplitPoint.BEGINNING}``: a new stage starts at each stage's first layer),
+the schedule class and the micro-batch count. ``build_pipeline_stage`` splits the model by hand,
+torchtitan style: this rank keeps its own layers (under their original FQNs), the embedding on
+the first stage and the final norm and head on the last, and wraps them in a ``PipelineStage``.
+The tracer front end (``pipeline(model, mb_args, split_spec)``) takes the same split spec, but
+``torch.export``'s unflattening of Hugging Face models loses inputs of nested modules
+(``position_ids``), so it is not used here. Tensor parallelism inside a stage is not emitted
+yet: the plan's intra-stage layouts are for the sub-mesh (``plan.mesh``), see docs/torch.md.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+from torch.distributed.pipelining import PipelineStage, SplitPoint
+from torch.distributed.pipelining.schedules import (
+    PipelineScheduleSingle,
+    Schedule1F1B,
+    ScheduleGPipe,
+)
+
+from ...ir import FrontendError
+from ...solver.plan import PipelinePlan, Plan
+
+_SCHEDULES: dict[str, type[PipelineScheduleSingle]] = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
+
+
+@dataclass(frozen=True, slots=True)
+class PipelineSpec:
+    """What every pipeline rank needs, as plain data (picklable for spawned processes).
+
+    Invariants: ``len(split_points) == stages - 1``; ``microbatches >= stages`` for 1F1B.
+    """
+
+    split_points: tuple[str, ...]
+    """Module paths where a stage begins (``SplitPoint.BEGINNING``), in stage order."""
+    schedule: str
+    """``1f1b`` or ``gpipe``."""
+    microbatches: int
+    stages: int
+    stack: str = "model.layers"
+    """Module path of the layer stack."""
+    stage_layers: tuple[tuple[int, ...], ...] = ()
+    """Layer indices of each stage."""
+
+    @property
+    def split_spec(self) -> dict[str, SplitPoint]:
+        return {path: SplitPoint.BEGINNING for path in self.split_points}
+
+    @property
+    def schedule_class(self) -> type[PipelineScheduleSingle]:
+        return _SCHEDULES[self.schedule]
+
+
+def _pipeline_of(plan: Plan) -> PipelinePlan:
+    if plan.pipeline is None:
+        raise FrontendError(
+            f"this plan has no pipeline stages (mesh {plan.mesh}); plan on a mesh with an axis "
+            'named "pp" of size > 1, e.g. sp.Mesh({"pp": 2, "dp": 2})'
+        )
+    return plan.pipeline
+
+
+def pipeline_spec(plan: Plan) -> PipelineSpec:
+    """The plan's stages, schedule and micro-batches for ``torch.distributed.pipelining``."""
+    pipe = _pipeline_of(plan)
+    if pipe.schedule not in _SCHEDULES:
+        raise FrontendError(
+            f"schedule {pipe.schedule!r} has no single-stage-per-rank torch schedule; "
+            f"re-plan with schedule= one of {sorted(_SCHEDULES)}"
+        )
+    points = tuple(stage.first_module for stage in pipe.stages[1:])
+    layers = tuple(stage.layers for stage in pipe.stages)
+    stack = pipe.stages[0].stack
+    return PipelineSpec(points, pipe.schedule, pipe.microbatches, len(pipe.stages), stack, layers)
+
+
+def pipeline_split_spec(plan: Plan) -> dict[str, SplitPoint]:
+    """``{"model.layers.4": SplitPoint.BEGINNING, ...}``: one split per stage boundary."""
+    return pipeline_spec(plan).split_spec
+
+
+def pipeline_schedule(plan: Plan) -> tuple[type[PipelineScheduleSingle], int]:
+    """(schedule class, number of micro-batches), e.g. ``(Schedule1F1B, 8)``."""
+    spec = pipeline_spec(plan)
+    return spec.schedule_class, spec.microbatches
+
+
+def build_pipeline_stage(
+    spec: PipelineSpec | Plan,
+    model: nn.Module,
+    stage_index: int,
+    device: torch.device | str = "cpu",
+    group: Any = None,
+) -> PipelineStage:
+    """This rank's ``PipelineStage``: ``model`` cut down to stage ``stage_index`` (in place).
+
+    Args:
+      spec: a ``PipelineSpec`` or the plan itself.
+      model: a Hugging Face decoder-only causal LM (``model.embed_tokens``, ``model.layers``,
+        ``model.rotary_emb``, ``model.norm``, ``lm_head``: Llama, Mistral, Qwen2); every rank
+        builds the whole model and keeps its stage's part.
+      group: the pipeline process group (default: the world).
+    """
+    spec = pipeline_spec(spec) if isinstance(spec, Plan) else spec
+    module = CausalLMStage(model, spec, stage_index)
+    return PipelineStage(module, stage_index, spec.stages, torch.device(device), group=group)
+
+
+class _KeptLayers(nn.Module):
+    """A stage's layers under their original indices, so parameter FQNs do not change; it
+    iterates and slices like the ``nn.ModuleList`` it replaces."""
+
+    def __init__(self, layers: dict[int, nn.Module]) -> None:
+        super().__init__()
+        for index, layer in layers.items():
+            self.add_module(str(index), layer)
+
+    def __iter__(self):  # type: ignore[no-untyped-def]
+        return iter(self._modules.values())
+
+    def __len__(self) -> int:
+        return len(self._modules)
+
+    def __getitem__(self, index: int | slice) -> Any:
+        return list(self._modules.values())[index]
+
+
+class CausalLMStage(nn.Module):
+    """One stage of a decoder-only causal LM: ids (first stage) or hidden states in, hidden
+    states or logits (last stage) out. Parameters keep their FQNs (``model.layers.3...``)."""
+
+    def __init__(self, causal_lm: nn.Module, spec: PipelineSpec, index: int) -> None:
+        super().__init__()
+        base = getattr(causal_lm, "model", None)
+        if base is None or not hasattr(base, "rotary_emb") or spec.stack != "model.layers":
+            raise FrontendError(
+                f"manual stages are built for Hugging Face decoder-only LMs (model.layers, "
+                f"model.rotary_emb); got {type(causal_lm).__name__} with stack {spec.stack!r}"
+            )
+        self.first, self.last = index == 0, index == spec.stages - 1
+        if getattr(causal_lm.config, "tie_word_embeddings", False) and spec.stages > 1:
+            raise FrontendError("tied embeddings across pipeline stages are not supported yet")
+        base.layers = _KeptLayers({i: base.layers[i] for i in spec.stage_layers[index]})
+        if not self.first:
+            base.embed_tokens = None
+        if not self.last:
+            base.norm = None
+        self.model = base
+        self.lm_head = causal_lm.lm_head if self.last else None
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        hidden = self.model.embed_tokens(x) if self.first else x
+        positions = torch.arange(hidden.shape[1], device=hidden.device)[None]
+        rotary = self.model.rotary_emb(hidden, positions)
+        for layer in self.model.layers:
+            # attention_mask=None: the attention kernels apply the causal mask themselves
+            out = layer(hidden, attention_mask=None, position_ids=positions,
+                        position_embeddings=rotary)  # fmt: skip
+            hidden = out[0] if isinstance(out, tuple) else out
+        if not self.last:
+            return hidden
+        return self.lm_head(self.model.norm(hidden))
+
+
+def build_pipeline_schedule(
+    spec: PipelineSpec | Plan,
+    stage: PipelineStage,
+    loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
+) -> PipelineScheduleSingle:
+    """The planned schedule over ``stage``; gradients are averaged over micro-batches
+    (``scale_grads``), so a mean loss per micro-batch gives the full batch's mean gradient."""
+    spec = pipeline_spec(spec) if isinstance(spec, Plan) else spec
+    return spec.schedule_class(stage, spec.microbatches, loss_fn=loss_fn or causal_lm_loss)
+
+
+def causal_lm_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
+    """Next-token cross-entropy, as Hugging Face causal LMs compute it from ``labels``."""
+    logits = output[0] if isinstance(output, (tuple, list)) else output
+    logits = logits[:, :-1].float()
+    return F.cross_entropy(logits.flatten(0, 1), labels[:, 1:].flatten())

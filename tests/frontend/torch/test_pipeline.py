@@ -1,0 +1,56 @@
+"""Pipeline emitter: split points and schedule from a pp plan; a 2-stage gloo run matches."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import pytest
+import shardplan as sp
+import torch
+from shardplan.frontend.torch.gloo import load_factory, run_pipeline_on_gloo
+from shardplan.frontend.torch.pipeline import pipeline_schedule, pipeline_spec
+from torch.distributed.pipelining import SplitPoint
+from torch.distributed.pipelining.schedules import Schedule1F1B
+
+pytestmark = pytest.mark.torch
+
+FACTORY = str(Path(__file__).resolve().parents[3] / "examples" / "hf_llama.py") + ":make"
+SHAPES = {"batch": 4, "seq": 8, "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "vocab": 64}
+
+
+@pytest.fixture(scope="module")
+def pp_plan():  # type: ignore[no-untyped-def]
+    model, inputs = load_factory(FACTORY)(**SHAPES)
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"pp": 2}), microbatches=2, time_limit=10)
+    return plan, model, inputs
+
+
+def test_pipeline_split_spec_one_point_per_stage_boundary(pp_plan) -> None:  # type: ignore[no-untyped-def]
+    plan = pp_plan[0]
+    assert [s.layers for s in plan.pipeline.stages] == [(0,), (1,)]
+    assert plan.pipeline_split_spec() == {"model.layers.1": SplitPoint.BEGINNING}
+    assert pipeline_schedule(plan) == (Schedule1F1B, 2)
+
+
+def test_pipeline_spec_refuses_a_plan_without_stages(examples) -> None:  # type: ignore[no-untyped-def]
+    model, inputs = examples["torch_mlp"].make(batch=8, dim=8, hidden=16)
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2}))
+    with pytest.raises(sp.ShardplanError, match='axis named "pp"'):
+        pipeline_spec(plan)
+
+
+@pytest.mark.slow
+def test_two_stage_pipeline_on_gloo_matches_plain_model(pp_plan) -> None:  # type: ignore[no-untyped-def]
+    """Schedule1F1B over 2 gloo ranks: mean micro-batch loss and gradients (averaged over
+    micro-batches by scale_grads) equal the unpipelined model's loss and gradients."""
+    plan, model, (inputs,) = pp_plan
+    reference = copy.deepcopy(model)
+    ref_loss = reference(**inputs).loss
+    ref_loss.backward()
+    result = run_pipeline_on_gloo(pipeline_spec(plan), FACTORY, **SHAPES)
+    torch.testing.assert_close(result["loss"], ref_loss.detach(), rtol=1e-4, atol=1e-6)
+    names = {n for n, p in reference.named_parameters()}
+    assert set(result["grads"]) == names
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(result["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
