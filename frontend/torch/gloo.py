@@ -107,4 +107,4 @@ def run_pipeline_on_gloo(spec: Any, factory: str, **kwargs: Any) -> dict[str, An
         mp.spawn(_pipeline_worker, args=args, nprocs=spec.stages, join=True)
         parts = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(spec.stages)]
     grads = {name: g for part in parts for name, g in part["grads"].items()}
-    return {"loss": torch.stack(parts[-1]["losses"]).mean(), "grads": grads}
+    return {"loss": torch.stack(parts[-1]["losses"]).mean().detach(), "grads": grads}
