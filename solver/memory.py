@@ -34,6 +34,10 @@ from ..passes.liveness import Liveness, Phase, liveness
 from .costs import Space, op_cost
 from .problem import Problem
 
+MEMORY_UNIT = 1 << 16
+"""Memory rows count 64 KiB units: byte-sized coefficients (up to ~1e10 in rows summing to
+~1e13) made CP-SAT's presolve declare feasible models infeasible (seen at 32 Llama-8B layers)."""
+
 INPUT_CATEGORY = {Role.PARAMETER: "parameters", Role.OPTIMIZER_STATE: "optimizer_states"}
 
 
@@ -151,8 +155,19 @@ class _Builder:
         self.resolve = _resolution(problem)
 
     def vector(self, node: int, values: np.ndarray) -> tuple[int, np.ndarray]:
+        """Bytes in ``MEMORY_UNIT`` units, rounded up (so a row that fits really fits)."""
         leader, mapping = self.resolve.get(node, (node, None))
-        return leader, (values if mapping is None else values[mapping])
+        values = values if mapping is None else values[mapping]
+        return leader, np.ceil(np.asarray(values, dtype=float) / MEMORY_UNIT).astype(np.int64)
+
+    def _cost_expr(self, pairs: list[tuple[int, np.ndarray]]):
+        """Like ``expr`` for objective-scaled costs (no memory units)."""
+        total: dict[int, np.ndarray] = {}
+        for node, vec in pairs:
+            leader, mapping = self.resolve.get(node, (node, None))
+            v = (vec if mapping is None else vec[mapping]).astype(np.int64)
+            total[leader] = total[leader] + v if leader in total else v
+        return self._linear_total(total)
 
     def expr(self, pairs: list[tuple[int, np.ndarray]]):
         """Linear expression of sum_n vec_n[s_n] (per-node minima become constants)."""
@@ -160,6 +175,10 @@ class _Builder:
         for node, vec in pairs:
             leader, v = self.vector(node, vec)
             total[leader] = total[leader] + v if leader in total else v.astype(np.int64)
+        return self._linear_total(total)
+
+    def _linear_total(self, total: dict[int, np.ndarray]):
+        """(expression, upper bound) of sum_n total[n][s_n]; per-node minima become constants."""
         constant, parts = 0, []
         for n, vec in total.items():
             base = int(vec.min())
@@ -194,8 +213,9 @@ class _Builder:
         for lo, hi, q in q_terms:
             for k in _kept_range(kept, lo, hi):
                 rows[k].append(q)
+        bound = limit // MEMORY_UNIT if isinstance(limit, int) else limit  # int: a byte budget
         for row in rows:
-            self.model.Add(sum(row) <= limit)
+            self.model.Add(sum(row) <= bound)
         return r_vars
 
     def _recompute_vars(self, terms: list | None, scale: float) -> dict:
@@ -215,9 +235,9 @@ class _Builder:
                 if terms is None or not ops:
                     continue
                 scaled = [(n, np.round(v * scale).astype(np.int64)) for n, v in ops]
-                expr, bound = self.expr(scaled)
+                expr, bound = self._cost_expr(scaled)
                 f = self.model.NewIntVar(0, max(bound, 0), f"f_{layer}_{m}")
-                self.model.Add(f >= expr - bound * (1 - var))
+                self.model.Add(f >= expr).OnlyEnforceIf(var)  # the forward again, if recomputed
                 terms.append((f, 1))
         return r_vars
 
