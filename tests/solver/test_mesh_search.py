@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 import shardplan as sp
 from shardplan.models import GPT_125M, training_step
 from shardplan.solver.mesh_search import format_candidates, mesh_candidates
