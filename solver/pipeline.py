@@ -78,12 +78,18 @@ def _pipeline_plan(axis: str, split: LayerSplit, best: StageAssignment) -> Pipel
 
 
 def _microbatch_options(plan: Plan) -> list[int]:
-    """Divisors of the per-replica batch (dim 0 of the largest batch input), up to 64."""
+    """Divisors of the per-replica batch, up to 64: dim 0 of the largest batch input as its
+    first reader consumes it (the stored input may be replicated: slicing it is free)."""
     batch_inputs = [v for v in plan.graph.inputs if v.role is Role.INPUT and v.type.rank >= 2]
     if not batch_inputs:
         return [1]
     v = max(batch_inputs, key=lambda value: value.type.numel)  # tokens / activations
-    local = v.type.shape[0] // plan.mesh.group_size(plan.sharding_of(v.name).dims[0])
+    index = {op: i for i, op in enumerate(plan.graph.ops)}
+    layout = plan.sharding_of(v.name)
+    if v.uses:
+        use = min(v.uses, key=lambda u: index[u.op])
+        layout = plan.operand_shardings[(index[use.op], use.index)]
+    local = v.type.shape[0] // plan.mesh.group_size(layout.dims[0])
     return [m for m in range(1, min(local, 64) + 1) if local % m == 0]
 
 

@@ -76,6 +76,24 @@ def plan_renderable(plan: Plan) -> RenderableType:
     )
 
 
+def _exposed(plan: Plan) -> str:
+    if plan.exposed_comm_time is None or plan.pipeline is not None:
+        return ""
+    return f", {format_seconds(plan.exposed_comm_time)} of it not hidden by compute"
+
+
+def _pipeline_text(plan: Plan) -> str:
+    """``pp=4, 1f1b, 16 micro-batches, bubble 16%: layers 0-7 | 8-15 | ...``."""
+    pipe = plan.pipeline
+    ranges = " | ".join(
+        f"{stage.stack}.{stage.layers[0]}-{stage.layers[-1]}" for stage in pipe.stages
+    )
+    return (
+        f"{pipe.axis}={len(pipe.stages)}, {pipe.schedule}, {pipe.microbatches} micro-batches, "
+        f"bubble {pipe.bubble_fraction:.0%}: {ranges}"
+    )
+
+
 def _header(plan: Plan) -> Table:
     mesh, solver = plan.mesh, plan.solver
     grid = Table.grid(padding=(0, 2))
@@ -91,8 +109,10 @@ def _header(plan: Plan) -> Table:
         grid,
         "step time",
         f"{format_seconds(plan.step_time)} modelled (compute {format_seconds(plan.compute_time)}, "
-        f"communication {format_seconds(plan.comm_time)})",
+        f"communication {format_seconds(plan.comm_time)}{_exposed(plan)})",
     )
+    if plan.pipeline is not None:
+        _add_row(grid, "pipeline", _pipeline_text(plan))
     breakdown = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in sorted(plan.memory.items()))
     _add_row(
         grid,
