@@ -4,7 +4,7 @@ from __future__ import annotations
 
 
 class ShardplanError(Exception):
-    """Base of every error shardplan raises on purpose (never a bare stack trace from deep inside)."""
+    """Base of every error shardplan raises on purpose (never a stack trace from deep inside)."""
 
 
 class IRVerifyError(ShardplanError):
@@ -16,7 +16,7 @@ class IRParseError(ShardplanError):
 
 
 class ShardingError(ShardplanError):
-    """A sharding is malformed or does not fit a shape (indivisible, axis used twice, unknown axis)."""
+    """A sharding is malformed or does not fit a shape (indivisible, axis twice, unknown axis)."""
 
 
 class InfeasiblePlanError(ShardplanError):

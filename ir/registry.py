@@ -17,7 +17,7 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 
 from .errors import IRVerifyError, UnsupportedOpWarning
-from .rules import FACTOR_LETTERS, ShardingRule, TensorFactors
+from .rules import FACTOR_LETTERS, ShardingRule
 from .types import TensorType
 
 Types = Sequence[TensorType]
@@ -252,7 +252,10 @@ def _align(
         return [(letters[d],) if t.shape[d] == x.shape[d] else () for d in range(x.rank)]
     leading = not trailing and set(range(t.rank, x.rank)) <= mixed and t.shape == x.shape[: t.rank]
     positions = range(t.rank) if leading else range(x.rank - t.rank, x.rank)
-    return [(letters[d],) if size == x.shape[d] else () for d, size in zip(positions, t.shape)]
+    return [
+        (letters[d],) if size == x.shape[d] else ()
+        for d, size in zip(positions, t.shape, strict=True)
+    ]
 
 
 def norm(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
@@ -261,7 +264,7 @@ def norm(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
 
 
 def _topk(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
-    """topk along ``axis``: values and indices share the k factor; the input axis is unsplittable."""
+    """topk along ``axis``: values and indices share the k factor; the input axis is whole."""
     x, out = ins[0], outs[0]
     axis = _axes(attrs, "axis", x.rank, [x.rank - 1])[0]
     letters = _letters(x.rank + 1)
@@ -375,7 +378,7 @@ def matmul(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     )
     if rhs.rank == 1:
         rhs_dims: list[tuple[str, ...]] = [(k,)]
-        lhs_dims = _broadcast_map(TensorType(lhs.shape[:-1], lhs.dtype), out, letters) + [(k,)]
+        lhs_dims = [*_broadcast_map(TensorType(lhs.shape[:-1], lhs.dtype), out, letters), (k,)]
     else:
         # a 1-D lhs drops the m dim from the result, so rhs's k dim has no result dim to face
         rows = (1,) if lhs.rank > 1 else ()
@@ -449,8 +452,8 @@ def resize(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
 
 
 def embedding(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
-    """table[v,h] indexed by ids[...] -> out[...,h]. A vocab split leaves partial sums (v reduces)."""
-    table, ids, out = ins[0], ins[1], outs[0]
+    """table[v,h] indexed by ids[...] -> out[...,h]; a vocab split leaves partial sums."""
+    table, ids = ins[0], ins[1]
     letters = _letters(ids.rank + 2)
     v, h, batch = letters[0], letters[1], letters[2:]
     sizes = {v: table.shape[0], h: table.shape[1], **dict(zip(batch, ids.shape, strict=True))}
@@ -459,8 +462,8 @@ def embedding(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
 
 
 def embedding_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
-    """grad[...,h], ids[...] -> table_grad[v,h]: tokens reduce, each device may own a vocab slice."""
-    grad, ids, out = ins[0], ins[1], outs[0]
+    """grad[...,h], ids[...] -> table_grad[v,h]: tokens reduce; a device may own a vocab slice."""
+    ids, out = ins[1], outs[0]
     letters = _letters(ids.rank + 2)
     v, h, batch = letters[0], letters[1], letters[2:]
     sizes = {v: out.shape[0], h: out.shape[1], **dict(zip(batch, ids.shape, strict=True))}

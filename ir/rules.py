@@ -99,8 +99,8 @@ class ShardingRule:
             results = [()]
         if len(operands) != len(operand_shapes) or len(results) != len(result_shapes):
             raise IRVerifyError(
-                f"rule {spec!r} has {len(operands)} operands and {len(results)} results, but the op "
-                f"has {len(operand_shapes)} operands and {len(result_shapes)} results"
+                f"rule {spec!r} has {len(operands)} operands and {len(results)} results, but the "
+                f"op has {len(operand_shapes)} operands and {len(result_shapes)} results"
             )
         known = dict(sizes or {})
         order: list[str] = []

@@ -14,7 +14,8 @@ import importlib.util, sys
 import shardplan as sp
 spec = importlib.util.spec_from_file_location("m", sys.argv[1])
 m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)
-plan = sp.plan(m.make(batch=8192, model=4096, hidden=16384), mesh=sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm"))
+mesh = sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")
+plan = sp.plan(m.make(batch=8192, model=4096, hidden=16384), mesh=mesh)
 sys.stdout.write(plan.to_json())
 """
 

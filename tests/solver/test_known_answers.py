@@ -62,4 +62,5 @@ def test_2d_mesh_with_both_pressures_splits_batch_and_hidden_on_different_axes()
     plan = sp.plan(_training_mlp(batch=8192, model=4096, hidden=16384), mesh=mesh)
     x, w1, w2 = (plan.sharding_of(n) for n in ("x", "w1", "w2"))
     assert x.dims[0] == ("dp",), x
-    assert w1.dims[1] == ("tp",) and w2.dims[0] == ("tp",), (w1, w2)
+    assert w1.dims[1] == ("tp",), w1
+    assert w2.dims[0] == ("tp",), w2

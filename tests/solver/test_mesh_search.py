@@ -1,4 +1,4 @@
-"""Mesh-shape search: a table of every (pp, dp, tp), the best chosen, no pipeline when not needed."""
+"""Mesh-shape search: every (pp, dp, tp) tried, the best chosen, no pipeline when not needed."""
 
 from __future__ import annotations
 
