@@ -18,7 +18,7 @@ from ..ir import Graph, InfeasiblePlanError, Mesh, Op, Role, ShardplanError, Val
 from ..passes.repeated_layers import _layer_members
 from .costs import op_cost
 from .plan import PipelinePlan, Plan, StageSpec
-from .stages import LayerCosts, StageAssignment, assign_stages
+from .stages import LayerCosts, StageAssignment, assign_stages, evaluate_split
 
 
 def plan_pipeline(
@@ -29,9 +29,14 @@ def plan_pipeline(
     schedule: str = "1f1b",
     microbatches: int | None = None,
     time_limit: float = 30.0,
+    stage_bounds: tuple[int, ...] | None = None,
     **planner_options,
 ) -> Plan:
-    """Plan ``graph`` on ``mesh`` with pipeline stages along ``axis``."""
+    """Plan ``graph`` on ``mesh`` with pipeline stages along ``axis``.
+
+    ``stage_bounds`` (first layer of each stage) fixes the split instead of searching it, to
+    evaluate a hand-written configuration (e.g. Megatron's uniform stages) under the same model.
+    """
     from .planner import plan_graph
 
     stages = mesh.axis_size(axis)
@@ -52,9 +57,12 @@ def plan_pipeline(
         )
     options = [microbatches] if microbatches else _microbatch_options(inner)
     link = group_link((axis,), mesh, cluster)
-    best = assign_stages(
-        split.costs, stages, options, limit, schedule, link.p2p_bandwidth, link.latency
-    )
+    if stage_bounds is not None:
+        best = _fixed_split(split.costs, tuple(stage_bounds), options, limit, schedule, link)
+    else:
+        best = assign_stages(
+            split.costs, stages, options, limit, schedule, link.p2p_bandwidth, link.latency
+        )
     if best is None:
         raise InfeasiblePlanError(
             f"no split of {split.costs.num_layers} layers into {stages} stages fits "
@@ -63,6 +71,17 @@ def plan_pipeline(
         )
     inner.pipeline = _pipeline_plan(axis, split, best)
     return inner
+
+
+def _fixed_split(costs, bounds, options, limit, schedule, link) -> StageAssignment | None:
+    """The best micro-batch count for a given split (None if it never fits)."""
+    best = None
+    for m in options:
+        p2p = link.latency + costs.boundary_bytes / m / link.p2p_bandwidth
+        step, times, memory = evaluate_split(costs, bounds, m, schedule, p2p)
+        if max(memory) <= limit and (best is None or step < best.step_time):
+            best = StageAssignment(bounds, m, schedule, step, times, memory)
+    return best
 
 
 def _pipeline_plan(axis: str, split: LayerSplit, best: StageAssignment) -> PipelinePlan:
