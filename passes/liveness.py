@@ -135,7 +135,7 @@ def _layer_of(op: Op) -> str | None:
 
 def _layers(graph: Graph, index: dict, phase: list[Phase], last_use: dict) -> dict:
     forward: dict[str, list[int]] = {}
-    backward_start: dict[str, int] = {}
+    backward: dict[str, list[int]] = {}
     for i, op in enumerate(graph.ops):
         name = _layer_of(op)
         if name is None:
@@ -143,10 +143,16 @@ def _layers(graph: Graph, index: dict, phase: list[Phase], last_use: dict) -> di
         if phase[i] is Phase.FORWARD:
             forward.setdefault(name, []).append(i)
         elif phase[i] is Phase.BACKWARD:
-            backward_start.setdefault(name, i)
+            backward.setdefault(name, []).append(i)
+    # The layer's backward starts at its first backward op *after* its forward: ops traced in
+    # the forward region that only feed backward (a weight's transpose) count as backward too.
+    backward_start = {
+        name: next((i for i in backward.get(name, ()) if i > ops[-1] + 1), -1)
+        for name, ops in forward.items()
+    }
     layers = {}
     for name, ops in forward.items():
-        if name not in backward_start or backward_start[name] <= ops[-1] + 1:
+        if backward_start[name] < 0:
             continue
         members = set(ops)
         saved, recompute = {}, {}
