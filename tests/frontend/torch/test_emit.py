@@ -104,14 +104,24 @@ def _fsdp_mlp(examples):  # type: ignore[no-untyped-def]
     return sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2})), model, inputs
 
 
-@pytest.mark.parametrize("case", ["mlp-megatron", "mlp-fsdp", "llama-2x2"])
+def _tp_fsdp_mlp(examples):  # type: ignore[no-untyped-def]
+    """2-D: Megatron column/row on tp, the other weight dim sharded over dp (TP x FSDP)."""
+    model, inputs = examples["torch_mlp"].make(batch=8, dim=32, hidden=128, bias=False)
+    pins = {"fc1.weight": sp.Sharding.of("tp", "dp"), "fc2.weight": sp.Sharding.of("dp", "tp")}
+    return sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), pins=pins), model, inputs
+
+
+CASES = {"mlp-megatron": _megatron_mlp, "mlp-fsdp": _fsdp_mlp, "mlp-tp-fsdp": _tp_fsdp_mlp}
+
+
+@pytest.mark.parametrize("case", ["mlp-megatron", "mlp-fsdp", "mlp-tp-fsdp", "llama-2x2"])
 def test_follow_plan_collective_counts_match_plan(case, examples, request) -> None:  # type: ignore[no-untyped-def]
     """Under follow_plan, CommDebugMode counts of fwd+bwd equal the plan's reshards' (kind by
     kind, as DTensor performs each reshard), and numerics still match the plain module."""
     if case == "llama-2x2":
         plan, model, inputs = request.getfixturevalue("llama_2x2")
     else:
-        plan, model, inputs = (_megatron_mlp if case == "mlp-megatron" else _fsdp_mlp)(examples)
+        plan, model, inputs = CASES[case](examples)
     applied = _check_numerics(plan, model, inputs, follow=True)
     assert applied.observed == applied.predicted, (
         f"observed (CommDebugMode):      {simulate.listing(applied.observed)}\n"
