@@ -225,6 +225,10 @@ class _Builder:
         for layer in mem.live.layers:
             pair = {m: self.model.NewBoolVar(f"r_{layer}_{m}") for m in ("selective", "full")}
             self.model.Add(sum(pair.values()) <= 1)
+            # CP-SAT only runs when the LP's layouts do not fit: start from the choice that
+            # frees the most memory, so a feasible point is at hand (it then trades back).
+            self.model.AddHint(pair["full"], 1)
+            self.model.AddHint(pair["selective"], 0)
             if mem.forced is not None:
                 wanted = mem.forced.get(layer)
                 for m, var in pair.items():
