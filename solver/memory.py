@@ -22,7 +22,7 @@ their bound by the row or the objective, so the linearisation is exact for 0/1 v
 from __future__ import annotations
 
 import bisect
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 from ortools.sat.python import cp_model
@@ -319,12 +319,15 @@ def build_memory_model(
     cluster: Cluster,
     limit: float | None,
     recompute: bool | dict[str, str | None] = True,
+    activation_scale: float = 1.0,
 ) -> MemoryModel:
     """Terms of every value plus the per-layer recomputation costs.
 
     Args:
       recompute: True lets the solver choose per layer; False forbids recomputation; a dict
         fixes the decision of each layer (``{"layers.0": "full"}``; missing layers: none).
+      activation_scale: factor on activation terms; a pipeline's sub-mesh solve passes
+        in-flight micro-batches / micro-batches (a stage holds that share of its activations).
     """
     live = liveness(space.graph)
     terms: list[Term] = []
@@ -337,6 +340,8 @@ def build_memory_model(
     for i, op in enumerate(space.graph.ops):
         for k, value in enumerate(op.results):
             term = _result_term(space, live, i, k, value, cache)
+            if term is not None and term.category == "activations" and activation_scale != 1.0:
+                term = replace(term, nbytes=np.ceil(term.nbytes * activation_scale))
             if term is not None:
                 terms += _split(term, freed.get(value), live)
     forced = recompute if isinstance(recompute, dict) else None

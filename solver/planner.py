@@ -41,6 +41,7 @@ def plan_graph(
     recompute: bool | dict[str, str | None] = True,
     overlap: bool = True,
     semantics: PartialSemantics | None = None,
+    activation_scale: float = 1.0,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
@@ -63,7 +64,7 @@ def plan_graph(
     space = clock("enumerate", build_space, graph, mesh, semantics)
     problem = clock("price", build_problem, space, cluster, limit)
     _check_memory_feasible(space, problem, limit)
-    memory = clock("memory", build_memory_model, space, cluster, limit, recompute)
+    memory = clock("memory", build_memory_model, space, cluster, limit, recompute, activation_scale)
     variants = [problem]
     if overlap:
         weighted = clock("overlap", copy.deepcopy, problem)
