@@ -72,6 +72,8 @@ def solve(
         hints = {n: relaxation.choice[n] for n in problem.live_nodes()}
     remaining = max(1.0, time_limit - (time.perf_counter() - start))
     solution = _solve_cpsat(problem, remaining, hints, workers, start, memory)
+    if not solution.choice and relaxation is not None and memory is not None:
+        solution = _recompute_everything(problem, relaxation.choice, memory, start) or solution
     if relaxation is not None and solution.choice:
         bound = max(solution.bound, min(relaxation.bound, solution.objective))
         return Solution(
@@ -83,6 +85,18 @@ def solve(
             solution.num_variables,
         )
     return solution
+
+
+def _recompute_everything(problem: Problem, choice: list[int], memory, start: float):
+    """Fallback when CP-SAT finds nothing in time: the LP's layouts with every layer fully
+    recomputed, if that fits (a feasible plan, reported FEASIBLE with the LP bound as the gap)."""
+    full = problem.expand(choice)
+    decisions = {layer: "full" for layer in memory.live.layers}
+    if not _feasible(problem, choice) or memory.profile(full, decisions).peak > memory.limit:
+        return None
+    memory.decisions = decisions
+    objective = problem.evaluate(choice) + memory.recompute_cost(full, decisions)
+    return Solution(full, objective, 0.0, "FEASIBLE", time.perf_counter() - start, 0)
 
 
 def _feasible(problem: Problem, choice: list[int]) -> bool:

@@ -107,6 +107,9 @@ class Problem:
     def eliminate(self, follower: int, leader: int, mapping: np.ndarray) -> None:
         """Make ``follower`` take strategy ``mapping[s]`` whenever ``leader`` takes ``s``."""
         f, ld = follower, leader
+        identity = len(mapping) == len(self.node_costs[f]) and bool(
+            np.array_equal(mapping, np.arange(len(mapping)))
+        )  # a repeated layer's copy: groups stay as they are, nothing to compact
         self.node_costs[ld] = self.node_costs[ld] + self.node_costs[f][mapping]
         if self.memory is not None:
             self.memory[ld] = self.memory[ld] + self.memory[f][mapping]
@@ -118,7 +121,8 @@ class Problem:
                 idx = np.arange(len(mapping))
                 self.node_costs[ld] = self.node_costs[ld] + e.cost[ug[idx], vg[idx]]
             else:
-                self._insert(_compact(Edge(u, v, ug, vg, e.cost)))
+                edge = Edge(u, v, ug, vg, e.cost)
+                self._insert(edge if identity else _compact(edge))
         self.alive[f] = False
         self.eliminated.append((f, ld, mapping))
 
