@@ -14,7 +14,7 @@ from dataclasses import dataclass, field
 from ..costmodel import get_cluster, group_link
 from ..costmodel.cluster import Cluster
 from ..costmodel.simulate import edge_exposure
-from ..ir import Graph, InfeasiblePlanError, Mesh, Op, Role, Sharding, ShardplanError, Value
+from ..ir import Graph, InfeasiblePlanError, Mesh, Op, Role, ShardplanError, Value
 from ..passes.repeated_layers import _layer_members
 from .costs import op_cost
 from .plan import PipelinePlan, Plan, StageSpec
@@ -46,50 +46,30 @@ def plan_pipeline(
         return plan_graph(
             graph, sub_mesh, memory_limit=limit, time_limit=time_limit, **planner_options
         )
-    best_plan: Plan | None = None
-    failures: list[str] = []
-    for keep_batch_whole in (False,):  # True: see _pipeline_candidate (not yet effective)
-        try:
-            candidate = _pipeline_candidate(
-                graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-                stage_bounds, keep_batch_whole, planner_options,
-            )  # fmt: skip
-        except ShardplanError as error:
-            failures.append(str(error).splitlines()[0])
-            continue
-        if best_plan is None or candidate.step_time < best_plan.step_time:
-            best_plan = candidate
-    if best_plan is None:
-        raise InfeasiblePlanError("; ".join(dict.fromkeys(failures)))
-    return best_plan
+    return _plan_stages(
+        graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
+        stage_bounds, planner_options,
+    )  # fmt: skip
 
 
-def _pipeline_candidate(
+def _plan_stages(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, keep_batch_whole, planner_options,
+    stage_bounds, planner_options,
 ) -> Plan:  # fmt: skip
     """One sub-mesh plan plus its best stages.
 
-    ``keep_batch_whole`` pins the batch inputs unsplit on the sub-mesh. That alone does not stop
-    the sub-mesh plan from splitting the batch inside (slicing is free), which caps the
-    micro-batch count at the per-replica batch; a batch-factor constraint over all activations
-    is the missing piece (see the issue notes), so the planner runs only the free variant.
+    Known gap: the sub-mesh plan may split the batch (slicing it is free), which caps the
+    micro-batch count at the per-replica batch; a batch-factor constraint across activations
+    would let micro-batching divide the whole batch instead (see the issue notes).
     """
     from .planner import plan_graph
 
-    options = dict(planner_options)
-    if keep_batch_whole:
-        pins = dict(options.pop("pins", None) or {})
-        for v in graph.inputs:
-            if v.role is Role.INPUT and v.type.rank >= 1 and not v.pinned:
-                pins.setdefault(v.name, Sharding.replicated(v.type.rank))
-        options["pins"] = pins
     # The sub-mesh solve sees the whole batch through every layer: a stage holds 1/stages of
     # the state and at most `stages` of `m` micro-batches of its layers' activations.
     m_max = microbatches or _batch_bound(graph)
     inner = plan_graph(
         graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit,
-        activation_scale=min(1.0, stages / max(1, m_max)), **options,
+        activation_scale=min(1.0, stages / max(1, m_max)), **planner_options,
     )  # fmt: skip
     split = attribute_layer_costs(inner, get_cluster(mesh.cluster))
     if split.costs.num_layers < stages:
