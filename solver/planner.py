@@ -70,7 +70,8 @@ def plan_graph(
         weighted = clock("overlap", copy.deepcopy, problem)
         clock("overlap", weight_edges, weighted, space)
         variants.append(weighted)
-    plans = []
+    plans: list[Plan] = []
+    chosen: list[list[int]] = []
     for candidate in variants:
         clock("shrink", shrink, candidate, space, share_layers, merge_followers)
         budget = time_limit / len(variants)  # the user's limit covers both objectives
@@ -82,6 +83,9 @@ def plan_graph(
                 f"the solver found no plan ({solution.status}) within {time_limit:.0f} s; "
                 "raise time_limit or the memory limit"
             )
+        if plans and solution.choice == chosen[-1]:
+            continue  # the same layouts: the plan is already built and simulated
+        chosen.append(solution.choice)
         built = clock("build", build_plan, space, cluster, solution, candidate, memory)
         plans.append(clock("simulate", _simulated, built))
     best = min(plans, key=lambda p: p.step_time)  # ties keep the plain objective's plan
