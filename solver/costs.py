@@ -10,7 +10,7 @@ from ..costmodel import compute_time, reshard_time
 from ..costmodel.cluster import Cluster
 from ..ir import Graph, Mesh, Op, Role, Sharding, TensorType, Value, op_flops
 from ..passes.enumerate_strategies import Strategy, input_strategies, op_strategies
-from .problem import Problem
+from .problem import Problem, group_layouts
 
 PERSISTENT_ROLES = (Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT, Role.CONSTANT)
 MEMORY_TIEBREAK = 1e-3
@@ -62,11 +62,7 @@ class Space:
     def layout(self, value: Value, choice: list[int]) -> Sharding:
         """The layout consumers see: a pinned op result is resharded to its pin first, and a
         reduce-once value has its pending sum reduced first."""
-        pin = pinned_result(value)
-        if pin is not None:
-            return pin
-        produced = self.produced(value, choice)
-        return produced.without_partial() if value in self.reduce_once else produced
+        return _seen(self.produced(value, choice), pinned_result(value), value in self.reduce_once)
 
 
 def pinned_result(value: Value) -> Sharding | None:
@@ -175,10 +171,10 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
             key = ("edge", id(space.strategies[u]), k, pin, once, id(space.strategies[v]), j)
             key += (value.type,)
             if key not in cache:
-                u_keys, u_group = _group_layouts(
+                u_keys, u_group = group_layouts(
                     [_seen(s.results[k], pin, once) for s in space.strategies[u]]
                 )
-                v_keys, v_group = _group_layouts([s.operands[j] for s in space.strategies[v]])
+                v_keys, v_group = group_layouts([s.operands[j] for s in space.strategies[v]])
                 price_of = price(value.type)
                 matrix = np.array([[price_of(a, b) for b in v_keys] for a in u_keys], dtype=float)
                 cache[key] = (u_group, v_group, matrix)
@@ -215,12 +211,6 @@ def _seen(produced: Sharding, pin: Sharding | None, once: bool) -> Sharding:
     if pin is not None:
         return pin
     return produced.without_partial() if once else produced
-
-
-def _group_layouts(layouts: list) -> tuple[list, np.ndarray]:
-    keys: dict = {}
-    group = np.array([keys.setdefault(x, len(keys)) for x in layouts], dtype=np.int64)
-    return list(keys), group
 
 
 def _input_memory(value: Value, strategies: list[Strategy], mesh: Mesh) -> np.ndarray:

@@ -180,10 +180,7 @@ def _objective(problem: Problem, choice: list[int], memory, solver) -> float:
 
 def _scale(problem: Problem) -> float:
     """Integer scaling so the largest coefficient is about 1e9 (precision ~1e-9 relative)."""
-    finite = [c[np.isfinite(c)] for c in problem.node_costs] + [
-        e.cost[np.isfinite(e.cost)] for e in problem.edges
-    ]
-    peak = max([float(np.max(np.abs(c))) for c in finite if c.size] + [0.0])
+    peak = problem.cost_peak()
     return 1e9 / peak if peak > 0 else 1.0
 
 

@@ -116,7 +116,5 @@ def _set_cost(objective, var, cost: float) -> None:
 
 
 def _scale(problem: Problem) -> float:
-    finite = [c[np.isfinite(c)] for c in problem.node_costs]
-    finite += [e.cost[np.isfinite(e.cost)] for e in problem.edges]
-    peak = max([float(np.max(np.abs(c))) for c in finite if c.size] + [0.0])
+    peak = problem.cost_peak()
     return 1e3 / peak if peak > 0 else 1.0

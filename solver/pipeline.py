@@ -118,19 +118,24 @@ def _pipeline_plan(axis: str, split: LayerSplit, best: StageAssignment) -> Pipel
     return PipelinePlan(axis, specs, m, best.schedule, best.step_time, bubble)
 
 
-def _batch_bound(graph: Graph) -> int:
-    """The largest micro-batch count the batch allows (dim 0 of the largest batch input)."""
+def _batch_input(graph: Graph) -> Value | None:
+    """The largest batch input of rank >= 2 (tokens / activations): its dim 0 is the batch."""
     batch = [v for v in graph.inputs if v.role is Role.INPUT and v.type.rank >= 2]
-    return max(batch, key=lambda v: v.type.numel).type.shape[0] if batch else 1
+    return max(batch, key=lambda v: v.type.numel) if batch else None
+
+
+def _batch_bound(graph: Graph) -> int:
+    """The largest micro-batch count the batch allows."""
+    v = _batch_input(graph)
+    return v.type.shape[0] if v is not None else 1
 
 
 def _microbatch_options(plan: Plan) -> list[int]:
     """Divisors of the per-replica batch, up to 64: dim 0 of the largest batch input as its
     first reader consumes it (the stored input may be replicated: slicing it is free)."""
-    batch_inputs = [v for v in plan.graph.inputs if v.role is Role.INPUT and v.type.rank >= 2]
-    if not batch_inputs:
+    v = _batch_input(plan.graph)
+    if v is None:
         return [1]
-    v = max(batch_inputs, key=lambda value: value.type.numel)  # tokens / activations
     index = {op: i for i, op in enumerate(plan.graph.ops)}
     layout = plan.sharding_of(v.name)
     if v.uses:

@@ -66,8 +66,8 @@ class Problem:
 
     def add_edge(self, u: int, v: int, u_layouts: list, v_layouts: list, cost_fn) -> None:
         """Add an edge whose cost depends on (u's layout, v's layout); layouts are hashable."""
-        u_keys, u_group = _group(u_layouts)
-        v_keys, v_group = _group(v_layouts)
+        u_keys, u_group = group_layouts(u_layouts)
+        v_keys, v_group = group_layouts(v_layouts)
         cost = np.array([[cost_fn(a, b) for b in v_keys] for a in u_keys], dtype=float)
         self.add_grouped_edge(u, v, u_group, v_group, cost)
 
@@ -97,6 +97,12 @@ class Problem:
         """Objective of a full assignment (eliminated followers need not be consistent here)."""
         total = sum(float(self.node_costs[n][choice[n]]) for n in self.live_nodes())
         return total + sum(e.value(choice[e.u], choice[e.v]) for e in self.edge_table.values())
+
+    def cost_peak(self) -> float:
+        """Largest finite |cost| of any node or edge (solvers scale costs against it)."""
+        finite = [c[np.isfinite(c)] for c in self.node_costs]
+        finite += [e.cost[np.isfinite(e.cost)] for e in self.edge_table.values()]
+        return max([float(np.max(np.abs(c))) for c in finite if c.size] + [0.0])
 
     def memory_of(self, choice: list[int]) -> float:
         if self.memory is None:
@@ -164,7 +170,8 @@ class Problem:
             self.add_grouped_edge(u, v, u_group.reshape(-1), v_group.reshape(-1), cost)
 
 
-def _group(layouts: list) -> tuple[list, np.ndarray]:
+def group_layouts(layouts: list) -> tuple[list, np.ndarray]:
+    """Distinct layouts in first-seen order, and per strategy the index of its layout."""
     keys: dict = {}
     group = np.array([keys.setdefault(layout, len(keys)) for layout in layouts], dtype=np.int64)
     return list(keys), group
