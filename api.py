@@ -73,22 +73,17 @@ def plan(
             raise FrontendError("pass mesh=sp.Mesh({...}) or devices=N (with cluster=...) to plan")
         from .solver.mesh_search import search_mesh
 
-        if pins:
-            from .passes.annotate import annotate
-
-            annotate(graph, pins)
-        result = search_mesh(graph, devices, cluster, memory_limit, time_limit, semantics=semantics)
+        # pins are applied per candidate mesh by plan_graph (a pin that names an axis a shape
+        # lacks rejects that shape, with the reason in the candidate table)
+        result = search_mesh(
+            graph, devices, cluster, memory_limit, time_limit, pins=pins, semantics=semantics
+        )
     elif pipeline_axis in mesh.axis_names and mesh.axis_size(pipeline_axis) > 1:
         from .solver.pipeline import plan_pipeline
 
-        if pins:
-            from .passes.annotate import annotate
-
-            graph.mesh = mesh
-            annotate(graph, pins)
         result = plan_pipeline(
             graph, mesh, pipeline_axis, memory_limit, schedule, microbatches, time_limit,
-            semantics=semantics,
+            pins=pins, semantics=semantics,
         )  # fmt: skip
     else:
         result = plan_graph(

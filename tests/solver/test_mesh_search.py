@@ -28,3 +28,12 @@ def test_small_model_with_ample_memory_is_not_pipelined_and_best_is_chosen() -> 
     rejected = [c for c in table if c.step_time is None]
     assert all(c.rejected for c in rejected)  # every rejection says why
     assert "pp" in format_candidates(table)
+
+
+def test_mesh_search_applies_pins_on_each_candidate_mesh() -> None:
+    graph = training_step(GPT_125M, batch=16, layers=2, seq=256)
+    embed = next(v for v in graph.inputs if "wte" in v.origin.path or "embed" in v.origin.path)
+    pin = sp.Sharding.of(*([None] * embed.type.rank))
+    plan = sp.plan(graph, devices=2, cluster="h100-sxm", pins={embed.name: pin}, time_limit=10)
+    assert plan.sharding_of(embed.name) == pin
+    assert plan.candidates
