@@ -471,34 +471,49 @@ def embedding_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     return _make([grad_dims, [(f,) for f in batch]], [[(v,), (h,)]], sizes)
 
 
+def _heads(q_heads: int, kv_heads: int) -> tuple[dict[str, int], tuple[str, ...]]:
+    """Factor sizes and the query head dim for (grouped-query) attention.
+
+    Query head ``i`` reads key/value head ``i // r`` (``r = q_heads / kv_heads``, PyTorch's
+    ``enable_gqa`` and JAX's grouped layout), so the query head dim is the compound ``(h, r)``:
+    splitting ``h`` keeps every group with its key/value head. ``r`` needs replication.
+    """
+    if q_heads == kv_heads or kv_heads <= 0 or q_heads % kv_heads:
+        return {"h": q_heads}, ("h",)
+    return {"h": kv_heads, "r": q_heads // kv_heads}, ("h", "r")
+
+
 def attention(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     """Fused attention q[b,h,s,d], k[b,h,t,d], v[b,h,t,e] -> o[b,h,s,e] (+ lse[b,h,s]).
 
     Batch, heads and queries split freely; keys (softmax axis) and the contracted head dim d need
     replication; the value head dim e passes through. A causal mask needs no extra factor.
+    Grouped-query attention (fewer key/value heads) splits heads by key/value group.
     """
     q, k, v = ins[0], ins[1], ins[2]
-    sizes = dict(b=q.shape[0], h=q.shape[1], s=q.shape[2], d=q.shape[3], t=k.shape[2], e=v.shape[3])
-    operands = [[("b",), ("h",), ("s",), ("d",)], [("b",), ("h",), ("t",), ("d",)]]
+    heads, qh = _heads(q.shape[1], k.shape[1])
+    sizes = dict(b=q.shape[0], s=q.shape[2], d=q.shape[3], t=k.shape[2], e=v.shape[3], **heads)
+    operands = [[("b",), qh, ("s",), ("d",)], [("b",), ("h",), ("t",), ("d",)]]
     operands.append([("b",), ("h",), ("t",), ("e",)])
-    operands += [[("b",), ("h",), ("s",), ("t",)][: t.rank] for t in ins[3:]]  # mask
-    results = [[("b",), ("h",), ("s",), ("e",)]] + [[("b",), ("h",), ("s",)] for _ in outs[1:]]
-    return _make(operands, results, sizes, {"d", "t"})
+    operands += [[("b",), qh, ("s",), ("t",)][: t.rank] for t in ins[3:]]  # mask
+    results = [[("b",), qh, ("s",), ("e",)]] + [[("b",), qh, ("s",)] for _ in outs[1:]]
+    return _make(operands, results, sizes, {"d", "t", "r"})
 
 
 def attention_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     """(grad_o, q, k, v, o, lse) -> (grad_q, grad_k, grad_v): batch and heads split only."""
     g, q, k = ins[0], ins[1], ins[2]
-    sizes = dict(b=q.shape[0], h=q.shape[1], s=q.shape[2], d=q.shape[3], t=k.shape[2], e=g.shape[3])
+    heads, qh = _heads(q.shape[1], k.shape[1])
+    sizes = dict(b=q.shape[0], s=q.shape[2], d=q.shape[3], t=k.shape[2], e=g.shape[3], **heads)
     by_name = {
-        "g": [("b",), ("h",), ("s",), ("e",)], "q": [("b",), ("h",), ("s",), ("d",)],
+        "g": [("b",), qh, ("s",), ("e",)], "q": [("b",), qh, ("s",), ("d",)],
         "k": [("b",), ("h",), ("t",), ("d",)], "v": [("b",), ("h",), ("t",), ("e",)],
-        "o": [("b",), ("h",), ("s",), ("e",)], "lse": [("b",), ("h",), ("s",)],
+        "o": [("b",), qh, ("s",), ("e",)], "lse": [("b",), qh, ("s",)],
     }  # fmt: skip
     order = ["g", "q", "k", "v", "o", "lse"]
     operands = [by_name[order[i]] if i < len(order) else [] for i in range(len(ins))]
     results = [by_name["q"], by_name["k"], by_name["v"]][: len(outs)]
-    return _make(operands, results, sizes, {"d", "t", "s", "e"})
+    return _make(operands, results, sizes, {"d", "t", "s", "e", "r"})
 
 
 def iota(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:

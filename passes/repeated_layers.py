@@ -13,7 +13,7 @@ import difflib
 import re
 from dataclasses import dataclass, field
 
-from ..ir import Graph, Value
+from ..ir import Graph, Role, Value
 from .manager import NoOptions, register_pass
 
 LAYER_PATTERN = re.compile(
@@ -58,6 +58,8 @@ def _layer_members(graph: Graph) -> dict[tuple[str, int], list[int]]:
     key_of: dict[Value, tuple[tuple[str, int], bool]] = {}  # value -> (layer, from state)
     for n, value in enumerate(graph.inputs):
         key = layer_key(value.origin.path)
+        if key is None and value.role is Role.CONSTANT:  # a traced constant: where it is read
+            key = layer_key(value.origin.module)
         if key is not None:
             key_of[value] = (key, True)
             members.setdefault(key, []).append(n)

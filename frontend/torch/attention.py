@@ -55,6 +55,11 @@ def _extras(low: Lowering, node: fx.Node, used: int) -> list[Value | None]:
     return extras
 
 
+def _safe(q: Value, k: Value) -> bool:
+    """Query heads that are not a multiple of key/value heads fit no factor rule."""
+    return q.type.shape[1] % k.type.shape[1] != 0
+
+
 def forward(low: Lowering, node: fx.Node) -> Lowered:
     mask_pos, mask_kw = FORWARD[_name(node)]
     q, k, v = (low.value(a) for a in node.args[:3])
@@ -69,8 +74,7 @@ def forward(low: Lowering, node: fx.Node) -> Lowered:
     types = [low.result_types_of(vals[0])[0]]
     if len(vals) > 1 and hasattr(vals[1], "shape") and tuple(vals[1].shape) == (b, h, s):
         types.append(low.result_types_of(vals[1])[0])
-    safe = k.type.shape[1] != h  # grouped-query heads without repeat: no factor rule fits
-    results: list[Value | None] = list(low.emit("attention", operands, types, safe=safe))
+    results: list[Value | None] = list(low.emit("attention", operands, types, safe=_safe(q, k)))
     if len(types) == 1 and len(vals) > 1:
         results.append(low.emit("constant", [], low.result_types_of(vals[1]))[0])
     return results + _extras(low, node, len(results))
@@ -87,6 +91,5 @@ def backward(low: Lowering, node: fx.Node) -> Lowered:
         operands.append(lse)
     vals = list(node.meta["val"])
     types = [low.result_types_of(t)[0] for t in vals[:3]]
-    safe = k.type.shape[1] != h
-    results: list[Value | None] = list(low.emit("attention_backward", operands, types, safe=safe))
+    results = list(low.emit("attention_backward", operands, types, safe=_safe(q, k)))
     return results + _extras(low, node, 3)

@@ -18,7 +18,9 @@ import torch
 from torch import fx, nn
 
 from ...ir import FrontendError, Graph, Role, Value
-from . import optim
+from ...passes.stamp_layers import StampedGraph
+from ...passes.stamp_layers import stamp_layers as stamp_graph
+from . import optim, stack
 from .lower import Lowering, add_input, infer_modules, lower_node
 from .trace import Traced, trace
 
@@ -75,6 +77,8 @@ class TorchContext:
     optimizer: optim.OptimizerSpec = field(default_factory=optim.OptimizerSpec)
     steps: list[AtenStep] = field(default_factory=list)
     """Every aten call of the step in execution order (marks and ``getitem`` left out)."""
+    stamped: bool = False
+    """Layers past the third were stamped, not traced: ``steps`` is empty (no replay)."""
 
 
 def capture(
@@ -85,6 +89,7 @@ def capture(
     optimizer: str = "adamw",
     lr: float = 1e-3,
     name: str | None = None,
+    stamp_layers: bool = True,
 ) -> tuple[Graph, TorchContext]:
     """Trace and lower one step of ``model``.
 
@@ -96,6 +101,9 @@ def capture(
       loss_fn: ``loss_fn(output, *positional_inputs)``; default: ``output.loss`` when the model
         returns one, else the mean square of its first output tensor.
       optimizer: ``"adamw"`` (two fp32 moments per parameter) or ``"sgd"``.
+      stamp_layers: trace 3 layers of a deep stack of alike layers and stamp out the rest
+        (``frontend/torch/stack.py``; the graph is the same, capture is much faster). Such a
+        capture cannot be replayed by ``follow_plan``; pass False for that.
     Returns:
       (graph, context) - the context maps IR values back to FQNs for the emitters.
     """
@@ -103,6 +111,17 @@ def capture(
         raise ValueError(f"mode must be 'train' or 'inference', got {mode!r}")
     spec = optim.OptimizerSpec(name=optimizer, lr=lr)
     _ = spec.state_names  # validates the optimizer name early
+    layers = stack.find_stack(model) if stamp_layers else None
+    if layers is not None:
+        with stack.truncated(layers):
+            graph, context = _capture(model, example_inputs, mode, loss_fn, spec, name)
+        stamped = stamp_graph(graph, layers.path, layers.size)
+        if stamped is not None:
+            return stamped.graph, _stamped_context(context, stamped)
+    return _capture(model, example_inputs, mode, loss_fn, spec, name)
+
+
+def _capture(model, example_inputs, mode, loss_fn, spec, name) -> tuple[Graph, TorchContext]:  # type: ignore[no-untyped-def]
     try:
         traced = trace(model, example_inputs, mode == "train", loss_fn, spec)
     except FrontendError:
@@ -117,6 +136,25 @@ def capture(
     context.module_kinds = {path: _kind(m) for path, m in model.named_modules()}
     _lower(traced, graph, context)
     return graph, context
+
+
+def _stamped_context(context: TorchContext, stamped: StampedGraph) -> TorchContext:
+    """The context of a stamped capture: every FQN-keyed table grown like the graph."""
+
+    def name(value: str, names: dict[str, str]) -> str:
+        return names.get(value, value)
+
+    def names_of(entry: dict, names: dict[str, str]) -> dict:  # type: ignore[type-arg]
+        return {k: name(v, names) for k, v in entry.items()}
+
+    context.param_values = stack.rename_keyed(context.param_values, stamped, name)
+    context.grad_values = stack.rename_keyed(context.grad_values, stamped, name)
+    context.state_values = stack.rename_keyed(context.state_values, stamped, names_of)
+    context.module_inputs = stack.rename_keyed(context.module_inputs, stamped, names_of)
+    context.module_outputs = stack.rename_keyed(context.module_outputs, stamped, name)
+    context.steps = []
+    context.stamped = True
+    return context
 
 
 def _kind(module: nn.Module) -> str:
@@ -146,7 +184,7 @@ def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
             if _is_aten_call(node):
                 context.steps.append(_step(low, node, range(first, len(graph.ops))))
         elif node.op == "get_attr":
-            add_input(low, node, Role.CONSTANT, node.target)
+            add_input(low, node, Role.CONSTANT, node.target, module=low.module_of.get(node, ""))
     _record_marks(context, low.marks)
     _set_outputs(traced, graph, low, context)
 

@@ -30,7 +30,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.utils._python_dispatch import TorchDispatchMode  # documented home of dispatch modes
 from torch.utils.weak import WeakIdKeyDictionary
 
-from ...ir import Sharding
+from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
 from . import emit  # a module import: emit imports this module too
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
@@ -95,6 +95,11 @@ class PlanFollower(TorchDispatchMode):
         self.plan = plan
         self.mesh = device_mesh
         context: TorchContext = emit.context_of(plan)
+        if context.stamped:
+            raise FrontendError(
+                "this plan's capture stamped repeated layers instead of tracing them, so there "
+                "is no aten call list to follow; plan with stamp_layers=False to use follow_plan"
+            )
         replayed = [s for s in context.steps if s.module != "optimizer"]
         self.steps = [s for s in replayed if not s.identity]
         self.same: dict[str, str] = {}

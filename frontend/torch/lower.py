@@ -111,13 +111,17 @@ def _source(node: fx.Node) -> str:
 def infer_modules(gm: fx.GraphModule) -> dict[fx.Node, str]:
     """Module path per node: annotated forward nodes keep theirs; backward nodes inherit.
 
-    Backward ops carry no annotation. Each takes the deepest module path among its *forward*
-    inputs (a weight-gradient ``mm`` reads the saved activation, an input-gradient ``mm`` the
-    transposed weight), else among its backward inputs; gradients flowing backward would
-    otherwise drag the last layer's path through the whole backward pass.
+    Backward ops carry no annotation. Each takes the *home* of its saved forward inputs (the
+    deepest module containing the value and all its forward readers: a weight-gradient ``mm``
+    reads a saved activation, an input-gradient ``mm`` the transposed weight), unless the most
+    recently computed backward input is inside that home - then it is the more specific place
+    (rotary tables, read by every layer, have home ``model``). A residual gradient sum
+    ``add(from the layer above, from this layer's branch)`` thus belongs where the backward sweep
+    is now, and no layer's path is dragged into the next one.
     """
     module_of: dict[fx.Node, str] = {}
     forward: set[fx.Node] = set()
+    order = {node: i for i, node in enumerate(gm.graph.nodes)}
     for node in gm.graph.nodes:
         custom = node.meta.get("custom") or {}
         if "module" in custom:
@@ -125,13 +129,53 @@ def infer_modules(gm: fx.GraphModule) -> dict[fx.Node, str]:
             forward.add(node)
             continue
         inputs = node.all_input_nodes
-        for group in ([a for a in inputs if a in forward], inputs):
-            paths = [module_of.get(a, "") for a in group]
-            paths = [m for m in paths if m not in ("", "loss", "optimizer")]
-            if paths:
-                module_of[node] = max(paths, key=lambda m: m.count("."))
-                break
+        homes = [_home(module_of, forward, a) for a in inputs if a in forward]
+        homes = [h for h in homes if h not in _UNPLACED]
+        flowing = [a for a in inputs if a not in forward and module_of.get(a, "") not in _UNPLACED]
+        latest = module_of[max(flowing, key=order.__getitem__)] if flowing else None
+        home = max(homes, key=lambda m: m.count(".")) if homes else None
+        if home is not None and (latest is None or not _inside(latest, home)):
+            module_of[node] = home
+        elif latest is not None:
+            module_of[node] = latest
+    for node in reversed(gm.graph.nodes):  # made from nothing (zeros, constants): its readers'
+        if node not in module_of and not node.all_input_nodes:
+            readers = {module_of.get(u, "") for u in node.users}
+            if len(readers) == 1 and (only := readers.pop()) not in _UNPLACED:
+                module_of[node] = only
+    for node in gm.graph.nodes:  # a parameter's gradient is computed in the parameter's module
+        tag = str((node.meta.get("custom") or {}).get("mark", ""))
+        source = node.args[0] if node.args else None
+        if tag.startswith("grad:") and isinstance(source, fx.Node) and source not in forward:
+            module_of[source] = tag[len("grad:") :].rpartition(".")[0]
+    previous = ""
+    for node in gm.graph.nodes:  # read by nothing either (a backward's empty zeros): its step's
+        if node.op == "call_function" and not node.users and not node.all_input_nodes:
+            module_of.setdefault(node, previous)
+        previous = module_of.get(node, previous)
     return module_of
+
+
+_UNPLACED = ("", "loss", "optimizer")
+
+
+def _inside(path: str, ancestor: str) -> bool:
+    return path != ancestor and path.startswith(ancestor + ".")
+
+
+def _home(module_of: dict[fx.Node, str], forward: set[fx.Node], node: fx.Node) -> str:
+    """The deepest module path containing a forward value's module and its forward readers'."""
+    paths = [module_of.get(node, "")]
+    paths += [module_of.get(u, "") for u in node.users if u in forward]
+    parts = [p.split(".") for p in paths if p not in _UNPLACED]
+    if not parts:
+        return ""
+    common: list[str] = []
+    for segment in zip(*parts, strict=False):
+        if len(set(segment)) != 1:
+            break
+        common.append(segment[0])
+    return ".".join(common)
 
 
 def lower_node(low: Lowering, node: fx.Node) -> None:
