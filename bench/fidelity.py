@@ -71,7 +71,9 @@ def korthikanti_rows() -> list[Row]:
     for name, layers, hidden, heads, tp, pp, batch, micro, chunks, full, sel in shapes:
         model = _gpt(name, layers, hidden, heads, 51200, dropout=True)
         for mode, time, sp in (("full", full, False), ("selective", sel, True)):
-            config = Config(tp, pp, 1, batch, 2048, micro, chunks, sp, mode)
+            config = Config(
+                tp, pp, 1, batch, 2048, micro, chunks, sp, mode, grad_bytes=2, loss_scale=True
+            )  # fp16: 16-bit gradients, dynamic loss scale
             rows.append(Row("Korthikanti'22", f"{name} {mode}", model, config, A100, time))
     return rows
 
