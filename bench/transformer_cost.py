@@ -205,10 +205,24 @@ def _ends(m: Model, c: Config, cluster: str, cal: Calibration) -> tuple[float, f
     return embed, logits + loss_f, 2 * logits + loss_b
 
 
-def estimate(m: Model, c: Config, cluster: str, cal: Calibration | None = None) -> Estimate:
-    """Predicted iteration time of ``m`` trained under ``c`` on ``cluster``."""
+def estimate(
+    m: Model,
+    c: Config,
+    cluster: str,
+    cal: Calibration | None = None,
+    layer_time: float | None = None,
+) -> Estimate:
+    """Predicted iteration time of ``m`` trained under ``c`` on ``cluster``.
+
+    ``layer_time`` replaces the analytic forward + backward seconds of one layer (e.g. a
+    captured graph's, ``fidelity_capture.py``); it is split between forward and backward in the
+    analytic ratio, which is all the pipeline schedule needs.
+    """
     cal = cal or default_calibration(cluster)
     fwd, bwd, tp_comm = layer_times(m, c, cluster, cal)
+    if layer_time is not None:
+        scale = layer_time / (fwd + bwd)
+        fwd, bwd = fwd * scale, bwd * scale
     per_stage = m.layers / c.pp  # uneven splits are averaged
     embed, head_f, head_b = _ends(m, c, cluster, cal)
     forward = [per_stage * fwd] * c.pp
