@@ -8,6 +8,12 @@ Llama 3 405B (H100). Each published configuration is evaluated by the analytic p
 in ``transformer_cost.py`` with ONE calibration per GPU generation
 (``costmodel.calibration.DEFAULTS``); nothing is fitted per row. TF/GPU uses model FLOPs
 (``6 N T + 12 l s h T`` = Korthikanti's ``72 B s l h^2 (1 + s/6h + V/12lh)`` for GPTs).
+
+``--capture`` also builds every row's transformer through the torch frontend on ``meta``
+(``fidelity_capture.py``: HF GPT-2 / Llama blocks, one and two layers, the row's micro-batch),
+prices one layer with ``sp.evaluate`` under ``sp.strategies.megatron(...)`` and re-predicts
+the row with that layer time in place of the analytic one; both predictions are printed.
+Without it, a torch-free check compares the framework-free IR builder's per-layer FLOPs.
 """
 
 from __future__ import annotations
@@ -71,7 +77,9 @@ def korthikanti_rows() -> list[Row]:
     for name, layers, hidden, heads, tp, pp, batch, micro, chunks, full, sel in shapes:
         model = _gpt(name, layers, hidden, heads, 51200, dropout=True)
         for mode, time, sp in (("full", full, False), ("selective", sel, True)):
-            config = Config(tp, pp, 1, batch, 2048, micro, chunks, sp, mode)
+            config = Config(
+                tp, pp, 1, batch, 2048, micro, chunks, sp, mode, grad_bytes=2, loss_scale=True
+            )  # fp16: 16-bit gradients, dynamic loss scale
             rows.append(Row("Korthikanti'22", f"{name} {mode}", model, config, A100, time))
     return rows
 
@@ -126,12 +134,13 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float:
     return score / len(pairs)
 
 
-def evaluate(rows: list[Row]) -> list[dict]:
+def evaluate(rows: list[Row], capture: bool = False) -> list[dict]:
     out = []
     for row in rows:
         est = estimate(row.model, row.config, row.cluster)
         measured = row.measured_time()
         flops_per_gpu = row.flops() / row.gpus
+        extra = _captured(row, est, measured) if capture else {}
         out.append({
             "source": row.source, "row": row.label, "cluster": row.cluster,
             "tp": row.config.tp, "pp": row.config.pp, "dp": row.config.dp,
@@ -141,8 +150,27 @@ def evaluate(rows: list[Row]) -> list[dict]:
             "predicted_tflops": flops_per_gpu / est.step_time / 1e12,
             "error": est.step_time / measured - 1,
             "bubble": est.pipeline.bubble_fraction, "dp_exposed_s": est.dp_exposed,
+            "optimizer_s": est.optimizer, **extra,
         })  # fmt: skip
     return out
+
+
+def _captured(row: Row, est, measured: float) -> dict:
+    """The row re-predicted with one layer priced from a torch-captured graph."""
+    from fidelity_capture import captured_layer, layer_key
+
+    layer = captured_layer(row.model, layer_key(row.config), row.cluster)
+    c = row.config
+    tokens = c.micro_batch * c.seq
+    analytic_flops = 6 * row.model.layer_params() * tokens + 12 * c.seq * row.model.hidden * tokens
+    captured = estimate(row.model, c, row.cluster, layer_time=layer.step_time)
+    return {
+        "captured_layer_s": layer.step_time,
+        "analytic_layer_s": est.layer_forward + est.layer_backward,
+        "captured_flops_ratio": layer.flops / analytic_flops,
+        "captured_predicted_s": captured.step_time,
+        "captured_error": captured.step_time / measured - 1,
+    }
 
 
 def report(results: list[dict]) -> str:
@@ -163,12 +191,39 @@ def report(results: list[dict]) -> str:
         f"median |error| {statistics.median(errors):.1%}; mean {statistics.mean(errors):.1%}"
     )
     lines.append(f"worst: {worst['source']} {worst['row']} {worst['error']:+.1%}")
+    if "captured_error" in results[0]:
+        lines += _captured_report(results)
     for source in dict.fromkeys(r["source"] for r in results):
         rs = [r for r in results if r["source"] == source]
         tau = kendall_tau([r["published_tflops"] for r in rs], [r["predicted_tflops"] for r in rs])
         tau_t = kendall_tau([r["published_s"] for r in rs], [r["predicted_s"] for r in rs])
         lines.append(f"Kendall tau {source}: TF/GPU {tau:+.2f}, iteration time {tau_t:+.2f}")
     return "\n".join(lines)
+
+
+def _captured_report(results: list[dict]) -> list[str]:
+    lines = [
+        "captured (torch on meta -> sp.evaluate per layer; pipeline, DP, head analytic):",
+        f"  {'source':<19} {'row':<14} {'FLOPs':>6} {'layer ms':>9} {'analytic':>9} "
+        f"{'pred s':>8} {'error':>7}",
+    ]
+    for r in results:
+        lines.append(
+            f"  {r['source']:<19} {r['row']:<14} {r['captured_flops_ratio']:>6.3f} "
+            f"{r['captured_layer_s'] * 1e3:>9.2f} {r['analytic_layer_s'] * 1e3:>9.2f} "
+            f"{r['captured_predicted_s']:>8.2f} {r['captured_error']:>+7.1%}"
+        )
+    errors = [abs(r["captured_error"]) for r in results]
+    worst = max(results, key=lambda r: abs(r["captured_error"]))
+    lines.append(
+        f"  captured: median |error| {statistics.median(errors):.1%}; worst {worst['source']} "
+        f"{worst['row']} {worst['captured_error']:+.1%}"
+    )
+    for source in dict.fromkeys(r["source"] for r in results):
+        rs = [r for r in results if r["source"] == source]
+        tau = kendall_tau([r["published_s"] for r in rs], [r["captured_predicted_s"] for r in rs])
+        lines.append(f"  captured Kendall tau {source}: iteration time {tau:+.2f}")
+    return lines
 
 
 def ir_layer_check(rows: list[Row]) -> str:
@@ -210,11 +265,15 @@ def all_rows() -> list[Row]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", type=Path, help="also write the results here")
+    parser.add_argument(
+        "--capture", action="store_true", help="also price each layer from a torch-captured graph"
+    )
     args = parser.parse_args(argv)
     rows = all_rows()
-    results = evaluate(rows)
+    results = evaluate(rows, capture=args.capture)
     print(report(results))
-    print(ir_layer_check(rows))
+    if not args.capture:
+        print(ir_layer_check(rows))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     return 0

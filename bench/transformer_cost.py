@@ -16,6 +16,25 @@ from shardplan.costmodel.pipeline import PipelineResult, schedule_pipeline
 from shardplan.ir import Mesh
 
 BYTES = 2  # bf16 / fp16 activations and weights
+F32 = 4
+
+# HBM bytes per logit element of an unfused fp32 softmax cross-entropy (Megatron's
+# vocab-parallel cross-entropy casts the logits to fp32 first). Forward: cast (read 2, write 4),
+# max (read 4), subtract the max in place (4 + 4), exp in place (4 + 4), sum (read 4), divide in
+# place (4 + 4) -- the softmax is kept for backward. Backward: scale the saved softmax by the
+# loss gradient in place (4 + 4; the one-hot subtraction touches one element per row) and cast
+# the gradient back to 16 bits (read 4, write 2). Counted from the algorithm's passes.
+CE_FORWARD_BYTES = 2 + 4 + 4 + 8 + 8 + 4 + 8
+CE_BACKWARD_BYTES = 8 + 6
+
+# HBM bytes per parameter of a mixed-precision Adam step over the parameters this GPU updates:
+# gradient norm for clipping (read the fp32 gradient, 4); Adam (read gradient, fp32 master, m,
+# v: 16; write master, m, v: 12); copy the master into the 16-bit model weight (read 4, write 2).
+ADAM_BYTES = 4 + 16 + 12 + 6
+# fp16 with a dynamic loss scale (Micikevicius et al. 2018) keeps 16-bit model gradients: they are
+# copied into the fp32 main gradients (read 2, write 4), checked for inf/nan and unscaled in place
+# (read 4, write 4) before the step.
+LOSS_SCALE_BYTES = 6 + 8
 
 
 @dataclass(frozen=True, slots=True)
@@ -72,6 +91,15 @@ class Config:
     """Megatron-Core ``--tp-comm-overlap``: TP collectives run under the adjacent GEMMs."""
     dp_overlap: bool = False
     """``--overlap-grad-reduce``: gradient reduction under the last micro-batch's backward."""
+    grad_bytes: int = F32
+    """Bytes per element of the gradient buffer that is accumulated over micro-batches and
+    reduced across data parallelism. Megatron-LM forces fp32 accumulation and reduction for
+    bf16 (``megatron/training/arguments.py``: "bfloat16 requires gradient accumulation and
+    all-reduce to be done in fp32", unless ``--grad-reduce-in-bf16``)."""
+    distributed_optimizer: bool = True
+    """Optimizer states and the Adam step are sharded over data parallelism (ZeRO-1)."""
+    loss_scale: bool = False
+    """fp16 with dynamic loss scaling (Korthikanti'22 runs are fp16)."""
 
     @property
     def microbatches(self) -> int:
@@ -86,6 +114,7 @@ class Estimate:
     layer_backward: float
     tp_comm_per_layer: float
     dp_exposed: float
+    optimizer: float = 0.0
 
 
 def _mesh(config: Config, cluster: str) -> Mesh:
@@ -170,14 +199,30 @@ def _ends(m: Model, c: Config, cluster: str, cal: Calibration) -> tuple[float, f
     tokens = c.micro_batch * c.seq
     embed = cal.memory_time(2 * tokens * m.hidden * BYTES, cl)
     logits = cal.matmul_time(2 * tokens * m.hidden * m.vocab / c.tp, 0, "bf16", cl)
-    loss = cal.memory_time(3 * tokens * m.vocab / c.tp * 4, cl)  # fp32 softmax passes
-    return embed, logits + loss, 2 * logits + loss
+    elements = tokens * m.vocab / c.tp
+    loss_f = cal.memory_time(CE_FORWARD_BYTES * elements, cl)
+    loss_b = cal.memory_time(CE_BACKWARD_BYTES * elements, cl)
+    return embed, logits + loss_f, 2 * logits + loss_b
 
 
-def estimate(m: Model, c: Config, cluster: str, cal: Calibration | None = None) -> Estimate:
-    """Predicted iteration time of ``m`` trained under ``c`` on ``cluster``."""
+def estimate(
+    m: Model,
+    c: Config,
+    cluster: str,
+    cal: Calibration | None = None,
+    layer_time: float | None = None,
+) -> Estimate:
+    """Predicted iteration time of ``m`` trained under ``c`` on ``cluster``.
+
+    ``layer_time`` replaces the analytic forward + backward seconds of one layer (e.g. a
+    captured graph's, ``fidelity_capture.py``); it is split between forward and backward in the
+    analytic ratio, which is all the pipeline schedule needs.
+    """
     cal = cal or default_calibration(cluster)
     fwd, bwd, tp_comm = layer_times(m, c, cluster, cal)
+    if layer_time is not None:
+        scale = layer_time / (fwd + bwd)
+        fwd, bwd = fwd * scale, bwd * scale
     per_stage = m.layers / c.pp  # uneven splits are averaged
     embed, head_f, head_b = _ends(m, c, cluster, cal)
     forward = [per_stage * fwd] * c.pp
@@ -192,22 +237,42 @@ def estimate(m: Model, c: Config, cluster: str, cal: Calibration | None = None) 
     schedule = "interleaved" if c.chunks > 1 else "1f1b"
     pipe = schedule_pipeline(forward, backward, c.microbatches, schedule, c.chunks, p2p)
     dp = _dp_exposed(m, c, cluster, backward[0], forward[0])
-    return Estimate(pipe.step_time + dp, pipe, fwd, bwd, tp_comm, dp)
+    opt = optimizer_time(m, c, cluster, cal)
+    return Estimate(pipe.step_time + dp + opt, pipe, fwd, bwd, tp_comm, dp, opt)
+
+
+def _local_params(m: Model, c: Config) -> float:
+    """Parameters one GPU holds: its pipeline stage (plus the embedding, which the end stages
+    hold, as an upper bound) split by tensor parallelism."""
+    return (m.layers * m.layer_params() / c.pp + m.vocab * m.hidden) / c.tp
+
+
+def optimizer_time(m: Model, c: Config, cluster: str, cal: Calibration) -> float:
+    """Once-per-step memory-bound work outside the pipeline: zeroing the gradient buffer of the
+    local parameters, the loss-scale check, and the Adam step over the parameters this GPU
+    updates (its 1/dp shard under a distributed optimizer)."""
+    cl = get_cluster(cluster)
+    local = _local_params(m, c)
+    updated = local / c.dp if c.distributed_optimizer else local
+    per_param = ADAM_BYTES + (LOSS_SCALE_BYTES if c.loss_scale else 0)
+    zero = cal.memory_time(c.grad_bytes * local, cl)
+    return zero + cal.memory_time(per_param * updated, cl)
 
 
 def _dp_exposed(
     m: Model, c: Config, cluster: str, last_backward: float, first_forward: float
 ) -> float:
     """Sharded data parallelism (Megatron distributed optimizer; Llama 3's FSDP without
-    resharding): a reduce-scatter of the bf16 gradients and an all-gather of the updated bf16
+    resharding): a reduce-scatter of the gradients (``grad_bytes`` each, fp32 in both) and an
+    all-gather of the updated bf16
     parameters once per step. With overlap the reduce-scatter runs under the last micro-batch's
     backward and the all-gather under the next step's first forward (``--overlap-grad-reduce``,
     ``--overlap-param-gather``); only what sticks out is exposed."""
     if c.dp == 1:
         return 0.0
-    params = (m.layers * m.layer_params() / c.pp + m.vocab * m.hidden) / c.tp
+    params = _local_params(m, c)
     mesh = _mesh(c, cluster)
-    rs = collective_time("reduce-scatter", BYTES * params / c.dp, "dp", mesh)
+    rs = collective_time("reduce-scatter", c.grad_bytes * params / c.dp, "dp", mesh)
     ag = collective_time("all-gather", BYTES * params, "dp", mesh)
     if not c.dp_overlap:
         return rs + ag

@@ -1,0 +1,116 @@
+"""Per-layer cost of a published configuration from a graph captured through the torch frontend.
+
+``bench/fidelity.py --capture`` uses this to check the analytic per-layer model against the
+planner's own cost model on real model code: each row's transformer is built from HF classes on
+the ``meta`` device (GPT-2 blocks for the GPTs, Llama blocks for Llama 3; nothing is allocated),
+its training step (forward, loss, backward, AdamW) is captured with one and with two layers at the
+row's micro-batch, and both graphs are priced by ``sp.evaluate`` under
+``sp.strategies.megatron(tp=..., sequence_parallel=..., recompute=...)`` on a ``{"tp": t}`` mesh
+of the row's cluster with the calibration applied (``costmodel.calibration.apply``). The
+difference of the two is one layer: its model FLOPs and its simulated step time (compute plus
+exposed TP communication), less the update ops' compute.
+
+Pipeline stages, the data-parallel reduction and the logits head stay with the analytic model:
+``sp.evaluate`` does not price pipelines yet (``pp`` > 1 raises).
+"""
+
+from __future__ import annotations
+
+import warnings
+from dataclasses import dataclass
+from functools import cache
+
+from shardplan.costmodel import get_cluster
+from shardplan.costmodel.calibration import apply, default_calibration
+from shardplan.costmodel.cluster import register_cluster
+from shardplan.costmodel.simulate import Phase, op_phases, plan_op_times
+from shardplan.evaluate import model_flops
+from transformer_cost import Config, Model
+
+
+@dataclass(frozen=True, slots=True)
+class CapturedLayer:
+    """One layer's cost, from the difference of a two-layer and a one-layer captured step."""
+
+    flops: float
+    """Global model FLOPs of the layer (forward + backward + update), one micro-batch."""
+    step_time: float
+    """Simulated seconds of the layer's forward and backward on one tensor-parallel group
+    (``sp.evaluate``), without its AdamW update (which runs once per step, not per
+    micro-batch; the analytic ``optimizer_time`` prices it)."""
+    ops: int
+    """IR ops the layer adds to the graph."""
+
+
+def _hf_model(m: Model, layers: int, seq: int):
+    """A HF causal LM with ``m``'s shapes and ``layers`` blocks, bf16, on ``meta``."""
+    import torch
+    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+
+    if m.gated_mlp:
+        config = LlamaConfig(
+            vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.ffn,
+            num_hidden_layers=layers, num_attention_heads=m.heads,
+            num_key_value_heads=m.kv_heads or m.heads, max_position_embeddings=seq,
+        )  # fmt: skip
+        cls = LlamaForCausalLM
+    else:
+        config = GPT2Config(
+            vocab_size=m.vocab, n_positions=seq, n_embd=m.hidden, n_layer=layers,
+            n_head=m.heads, n_inner=m.ffn, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        )  # fmt: skip
+        cls = GPT2LMHeadModel
+    with torch.device("meta"):
+        return cls(config).to(torch.bfloat16)
+
+
+def _calibrated_cluster(cluster: str) -> str:
+    """Register the cluster with its generation's calibration; return the registered name."""
+    calibrated = apply(default_calibration(cluster), get_cluster(cluster))
+    register_cluster(calibrated)
+    return calibrated.name
+
+
+def _evaluate(m: Model, c: Config, cluster: str, layers: int):
+    import shardplan as sp
+    import torch
+
+    model = _hf_model(m, layers, c.seq)
+    ids = torch.empty((c.micro_batch, c.seq), dtype=torch.long, device="meta")
+    mesh = sp.Mesh({"tp": c.tp}, cluster=_calibrated_cluster(cluster))
+    recompute = None if c.recompute == "none" else c.recompute
+    strategy = sp.strategies.megatron(
+        tp=c.tp, sequence_parallel=c.sequence_parallel, recompute=recompute
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        return sp.evaluate(model, {"input_ids": ids, "labels": ids}, mesh=mesh, strategy=strategy)
+
+
+@cache
+def captured_layer(m: Model, c: Config, cluster: str) -> CapturedLayer:
+    """One layer of ``m`` under ``c``'s tensor parallelism, priced by ``sp.evaluate``."""
+    one, two = (_evaluate(m, c, cluster, n) for n in (1, 2))
+    flops = model_flops(two.plan.graph) - model_flops(one.plan.graph)
+    ops = len(two.plan.graph.ops) - len(one.plan.graph.ops)
+    time = _without_update(two.plan) - _without_update(one.plan)
+    return CapturedLayer(flops, time, ops)
+
+
+def _without_update(plan) -> float:
+    """Step time less the compute of the optimizer-update ops (they run last, on the compute
+    stream, so removing them shortens the step by their time)."""
+    phases = op_phases(plan.graph)
+    times = plan_op_times(plan)
+    update = sum(
+        t for op, t in zip(plan.graph.ops, times, strict=True) if phases[op] is Phase.UPDATE
+    )
+    return plan.step_time - update
+
+
+def layer_key(c: Config) -> Config:
+    """The part of a configuration one captured layer depends on (rows sharing it share one
+    capture): parallel degrees other than tp, the batch and overlap flags do not matter."""
+    return Config(
+        c.tp, 1, 1, c.micro_batch, c.seq, c.micro_batch, 1, c.sequence_parallel, c.recompute
+    )
