@@ -15,13 +15,16 @@ from dataclasses import dataclass, field
 from ..costmodel import get_cluster, group_link
 from ..costmodel.cluster import Cluster
 from ..costmodel.simulate import edge_exposure
-from ..ir import Graph, InfeasiblePlanError, Mesh, Op, Role, ShardplanError, Value
+from ..ir import Graph, InfeasiblePlanError, Mesh, Op, Role, ShardplanError, Value, op_flops
 from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
 from .batch import batch_inputs, plan_batch_split
 from .costs import op_cost
 from .plan import PipelinePlan, Plan, StageSpec
 from .stages import LayerCosts, StageAssignment, assign_stages, evaluate_split
+
+MAX_MICROBATCHES = 64
+"""The most micro-batches tried (a bound on the search, well past where the bubble vanishes)."""
 
 
 def plan_pipeline(
@@ -68,9 +71,13 @@ def _plan_stages(
     ``m`` and leaves a large bubble and every in-flight activation (GPT-175B found no split).
     """
     batch = _batch_bound(graph)
+    floor = _compute_floor(graph, sub_mesh, get_cluster(mesh.cluster))
     best: tuple[Plan, LayerSplit, StageAssignment] | None = None
     error: ShardplanError | None = None
     for cap in _batch_caps(sub_mesh, batch, microbatches):
+        m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
+        if best is not None and _bubble_bound(floor, stages, m_max) >= best[2].step_time:
+            continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
         try:
             found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches,
                               time_limit, stage_bounds, planner_options, cap)  # fmt: skip
@@ -84,6 +91,24 @@ def _plan_stages(
     inner, split, assignment = best
     inner.pipeline = _pipeline_plan(axis, split, assignment)
     return inner
+
+
+def _compute_floor(graph: Graph, sub_mesh: Mesh, cluster: Cluster) -> float:
+    """Seconds of the step's arithmetic with every op split over the whole sub-mesh at the
+    roofline's math rate: no sub-mesh plan's stage times (plus per-step work) sum to less."""
+    total = 0.0
+    for op in graph.ops:
+        ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
+        dtype = (outs or ins)[0].dtype
+        flops = op_flops(op.kind, op.rule, ins, outs)
+        total += flops / (cluster.peak(dtype) * cluster.compute_efficiency)
+    return total / sub_mesh.size
+
+
+def _bubble_bound(floor: float, stages: int, m: int) -> float:
+    """Lower bound on a pipeline step with at most ``m`` micro-batches: perfectly balanced
+    stages, ``(sum + (m - 1) max) / m >= sum (p + m - 1) / (p m)``, no hand-off cost."""
+    return floor * (stages + m - 1) / (stages * m)
 
 
 def _batch_caps(sub_mesh: Mesh, batch: int, microbatches: int | None) -> list[int]:
@@ -106,8 +131,7 @@ def _plan_cap(
 
     # The sub-mesh solve sees the whole batch through every layer: a stage holds 1/stages of
     # the state and at most `stages` of `m` micro-batches of its layers' activations.
-    batch = _batch_bound(graph)
-    m_max = microbatches or max(1, batch // cap)
+    m_max = microbatches or min(_batch_bound(graph) // cap, MAX_MICROBATCHES)
     inner = plan_graph(
         graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit,
         activation_scale=min(1.0, stages / m_max), batch_split_limit=cap, **planner_options,
@@ -118,7 +142,7 @@ def _plan_cap(
             f"cannot pipeline {split.costs.num_layers} repeated layers over {axis}={stages} "
             "stages; use fewer stages or a model with a layer stack (module paths layers.<i>)"
         )
-    option_list = [microbatches] if microbatches else _microbatch_options(inner)
+    option_list = [microbatches] if microbatches else _microbatch_options(inner, m_max)
     link = group_link((axis,), mesh, get_cluster(mesh.cluster))
     if stage_bounds is not None:
         best = _fixed_split(split.costs, tuple(stage_bounds), option_list, limit, schedule, link)
@@ -164,12 +188,12 @@ def _batch_bound(graph: Graph) -> int:
     return inputs[0].type.shape[0] if inputs else 1
 
 
-def _microbatch_options(plan: Plan) -> list[int]:
-    """Micro-batch counts up to 64 whose micro-batch the plan's batch split divides (the
-    most devices any op splits the batch over: slicing a stored input is free)."""
+def _microbatch_options(plan: Plan, m_max: int) -> list[int]:
+    """Micro-batch counts up to ``m_max`` (the cap's own) whose micro-batch the plan's batch
+    split divides (the most devices any op splits the batch over)."""
     batch = _batch_bound(plan.graph)
     local = batch // plan_batch_split(plan)
-    return [m for m in range(1, min(local, 64) + 1) if local % m == 0]
+    return [m for m in range(1, min(local, m_max) + 1) if local % m == 0]
 
 
 @dataclass
