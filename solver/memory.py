@@ -247,25 +247,29 @@ class _Builder:
 
 
 def _rows(fixed: list[Term], kept: list[int], builder: _Builder) -> list[list]:
-    """Per kept time point, the linear terms of every unconditional term live there."""
-    diff: dict[int, list] = {}
+    """Per kept time point, the linear terms of every unconditional term live there.
+
+    Deltas are sparse per node (a dense array per node and point was most of a 96-layer
+    model's planning time); the rows and their order are those of a dense sweep."""
+    diff: dict[int, dict[int, np.ndarray]] = {}
     for t in fixed:
         ks = _kept_range(kept, t.start, t.stop)
         if not ks:
             continue
         node, vec = builder.vector(t.node, t.nbytes)
-        row = diff.setdefault(
-            node, [np.zeros(len(vec), dtype=np.int64) for _ in range(len(kept) + 1)]
-        )
-        row[ks.start] += vec
-        row[ks.stop] -= vec
+        deltas = diff.setdefault(node, {})
+        for k, sign in ((ks.start, 1), (ks.stop, -1)):
+            deltas[k] = deltas[k] + sign * vec if k in deltas else sign * vec.astype(np.int64)
     rows: list[list] = [[] for _ in kept]
     for node, deltas in sorted(diff.items()):
-        acc = np.zeros_like(deltas[0])
-        for k in range(len(kept)):
-            acc = acc + deltas[k]
+        points = sorted(deltas)
+        acc = np.zeros_like(deltas[points[0]])
+        for a, b in zip(points, [*points[1:], len(kept)], strict=True):
+            acc = acc + deltas[a]
             if acc.any():
-                rows[k].append(_linear(builder, node, acc))
+                term = _linear(builder, node, acc)  # one expression serves every point
+                for k in range(a, min(b, len(kept))):
+                    rows[k].append(term)
     return rows
 
 

@@ -9,16 +9,22 @@ split and the micro-batch count under each stage's memory.
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass, field
 
 from ..costmodel import get_cluster, group_link
 from ..costmodel.cluster import Cluster
 from ..costmodel.simulate import edge_exposure
-from ..ir import Graph, InfeasiblePlanError, Mesh, Op, Role, ShardplanError, Value
+from ..ir import Graph, InfeasiblePlanError, Mesh, Op, Role, ShardplanError, Value, op_flops
+from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
+from .batch import batch_inputs, plan_batch_split
 from .costs import op_cost
 from .plan import PipelinePlan, Plan, StageSpec
 from .stages import LayerCosts, StageAssignment, assign_stages, evaluate_split
+
+MAX_MICROBATCHES = 64
+"""The most micro-batches tried (a bound on the search, well past where the bubble vanishes)."""
 
 
 def plan_pipeline(
@@ -56,20 +62,79 @@ def _plan_stages(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
     stage_bounds, planner_options,
 ) -> Plan:  # fmt: skip
-    """One sub-mesh plan plus its best stages.
+    """The best of one sub-mesh plan per batch-split cap, each with its best stages.
 
-    Known gap: the sub-mesh plan may split the batch (slicing it is free), which caps the
-    micro-batch count at the per-replica batch; a batch-factor constraint across activations
-    would let micro-batching divide the whole batch instead (see the issue notes).
+    A stage runs micro-batches of ``B / m`` samples, so its ops split the batch over at most
+    that many devices: each cap (a sub-mesh group size, or ``B / microbatches`` when given)
+    gets its own sub-mesh solve, whose batch split then bounds the micro-batch counts tried.
+    Without the cap, slicing the batch is free and the sub-mesh plan splits it, which caps
+    ``m`` and leaves a large bubble and every in-flight activation (GPT-175B found no split).
     """
+    batch = _batch_bound(graph)
+    floor = _compute_floor(graph, sub_mesh, get_cluster(mesh.cluster))
+    best: tuple[Plan, LayerSplit, StageAssignment] | None = None
+    error: ShardplanError | None = None
+    for cap in _batch_caps(sub_mesh, batch, microbatches):
+        m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
+        if best is not None and _bubble_bound(floor, stages, m_max) >= best[2].step_time:
+            continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
+        try:
+            found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches,
+                              time_limit, stage_bounds, planner_options, cap)  # fmt: skip
+        except InfeasiblePlanError as exc:
+            error = exc
+            continue
+        if best is None or found[2].step_time < best[2].step_time - 1e-12:
+            best = found
+    if best is None:
+        raise error or InfeasiblePlanError("no pipeline plan")
+    inner, split, assignment = best
+    inner.pipeline = _pipeline_plan(axis, split, assignment)
+    return inner
+
+
+def _compute_floor(graph: Graph, sub_mesh: Mesh, cluster: Cluster) -> float:
+    """Seconds of the step's arithmetic with every op split over the whole sub-mesh at the
+    roofline's math rate: no sub-mesh plan's stage times (plus per-step work) sum to less."""
+    total = 0.0
+    for op in graph.ops:
+        ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
+        dtype = (outs or ins)[0].dtype
+        flops = op_flops(op.kind, op.rule, ins, outs)
+        total += flops / (cluster.peak(dtype) * cluster.compute_efficiency)
+    return total / sub_mesh.size
+
+
+def _bubble_bound(floor: float, stages: int, m: int) -> float:
+    """Lower bound on a pipeline step with at most ``m`` micro-batches: perfectly balanced
+    stages, ``(sum + (m - 1) max) / m >= sum (p + m - 1) / (p m)``, no hand-off cost."""
+    return floor * (stages + m - 1) / (stages * m)
+
+
+def _batch_caps(sub_mesh: Mesh, batch: int, microbatches: int | None) -> list[int]:
+    """Batch-split caps worth a solve: the micro-batch size when ``m`` is given, else every
+    group size of the sub-mesh's axes that divides the batch (ascending: deterministic)."""
+    if microbatches:
+        return [max(1, batch // microbatches)]
+    names = [n for n, size in sub_mesh.axes if size > 1]
+    sizes = {sub_mesh.group_size(c) for r in range(len(names) + 1)
+             for c in itertools.combinations(names, r)}  # fmt: skip
+    return sorted(c for c in sizes if batch % c == 0)
+
+
+def _plan_cap(
+    graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
+    stage_bounds, planner_options, cap,
+) -> tuple[Plan, LayerSplit, StageAssignment]:  # fmt: skip
+    """Sub-mesh plan with the batch split at most ``cap``, and its best stages."""
     from .planner import plan_graph
 
     # The sub-mesh solve sees the whole batch through every layer: a stage holds 1/stages of
     # the state and at most `stages` of `m` micro-batches of its layers' activations.
-    m_max = microbatches or _batch_bound(graph)
+    m_max = microbatches or min(_batch_bound(graph) // cap, MAX_MICROBATCHES)
     inner = plan_graph(
         graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit,
-        activation_scale=min(1.0, stages / max(1, m_max)), **planner_options,
+        activation_scale=min(1.0, stages / m_max), batch_split_limit=cap, **planner_options,
     )  # fmt: skip
     split = attribute_layer_costs(inner, get_cluster(mesh.cluster))
     if split.costs.num_layers < stages:
@@ -77,7 +142,7 @@ def _plan_stages(
             f"cannot pipeline {split.costs.num_layers} repeated layers over {axis}={stages} "
             "stages; use fewer stages or a model with a layer stack (module paths layers.<i>)"
         )
-    option_list = [microbatches] if microbatches else _microbatch_options(inner)
+    option_list = [microbatches] if microbatches else _microbatch_options(inner, m_max)
     link = group_link((axis,), mesh, get_cluster(mesh.cluster))
     if stage_bounds is not None:
         best = _fixed_split(split.costs, tuple(stage_bounds), option_list, limit, schedule, link)
@@ -88,11 +153,10 @@ def _plan_stages(
     if best is None:
         raise InfeasiblePlanError(
             f"no split of {split.costs.num_layers} layers into {stages} stages fits "
-            f"{limit / 2**30:.1f} GiB per device with micro-batches {option_list}; add devices "
-            "or allow recomputation"
+            f"{limit / 2**30:.1f} GiB per device with micro-batches {option_list} (batch split "
+            f"{cap}); add devices or allow recomputation"
         )
-    inner.pipeline = _pipeline_plan(axis, split, best)
-    return inner
+    return inner, split, best
 
 
 def _fixed_split(costs, bounds, options, limit, schedule, link) -> StageAssignment | None:
@@ -118,31 +182,18 @@ def _pipeline_plan(axis: str, split: LayerSplit, best: StageAssignment) -> Pipel
     return PipelinePlan(axis, specs, m, best.schedule, best.step_time, bubble)
 
 
-def _batch_input(graph: Graph) -> Value | None:
-    """The largest batch input of rank >= 2 (tokens / activations): its dim 0 is the batch."""
-    batch = [v for v in graph.inputs if v.role is Role.INPUT and v.type.rank >= 2]
-    return max(batch, key=lambda v: v.type.numel) if batch else None
-
-
 def _batch_bound(graph: Graph) -> int:
-    """The largest micro-batch count the batch allows."""
-    v = _batch_input(graph)
-    return v.type.shape[0] if v is not None else 1
+    """The largest micro-batch count the batch allows: dim 0 of the batch inputs."""
+    inputs = batch_inputs(graph)
+    return inputs[0].type.shape[0] if inputs else 1
 
 
-def _microbatch_options(plan: Plan) -> list[int]:
-    """Divisors of the per-replica batch, up to 64: dim 0 of the largest batch input as its
-    first reader consumes it (the stored input may be replicated: slicing it is free)."""
-    v = _batch_input(plan.graph)
-    if v is None:
-        return [1]
-    index = {op: i for i, op in enumerate(plan.graph.ops)}
-    layout = plan.sharding_of(v.name)
-    if v.uses:
-        use = min(v.uses, key=lambda u: index[u.op])
-        layout = plan.operand_shardings[(index[use.op], use.index)]
-    local = v.type.shape[0] // plan.mesh.group_size(layout.dims[0])
-    return [m for m in range(1, min(local, 64) + 1) if local % m == 0]
+def _microbatch_options(plan: Plan, m_max: int) -> list[int]:
+    """Micro-batch counts up to ``m_max`` (the cap's own) whose micro-batch the plan's batch
+    split divides (the most devices any op splits the batch over)."""
+    batch = _batch_bound(plan.graph)
+    local = batch // plan_batch_split(plan)
+    return [m for m in range(1, min(local, m_max) + 1) if local % m == 0]
 
 
 @dataclass
@@ -154,16 +205,39 @@ class LayerSplit:
 
 
 def attribute_layer_costs(plan: Plan, cluster: Cluster) -> LayerSplit:
-    """Split a solved plan's time and memory into per-layer, before-stack and after-stack parts."""
+    """Split a solved plan's time and memory into per-layer, before-stack and after-stack parts.
+
+    A recomputed layer (``plan.recompute``) pays its re-run forward ops again and keeps none of
+    the values that recomputation frees: in a pipeline those are what each in-flight
+    micro-batch would otherwise hold."""
     graph = plan.graph
     stack, layer_ids, layer_of = _stack(graph)
     turn = _turning_point(graph)
-    time, pre, post, step = _time_split(plan, cluster, layer_of, len(layer_ids), turn)
+    live = liveness(graph) if plan.recompute else None
+    times = _op_times(plan, cluster)
+    time, pre, post, step = _time_split(plan, times, layer_of, len(layer_ids), turn)
+    freed = _recompute(plan, live, times, layer_of, time)
     state, pre_bytes, post_bytes = _state_split(plan, layer_of, len(layer_ids))
-    act, boundary = _activation_split(plan, layer_of, len(layer_ids), turn)
+    act, boundary = _activation_split(plan, layer_of, len(layer_ids), turn, freed)
     costs = LayerCosts(tuple(time), tuple(state), tuple(act), pre, post, pre_bytes, post_bytes,
                        boundary, step)  # fmt: skip
     return LayerSplit(costs, stack, layer_ids, layer_of)
+
+
+def _recompute(plan: Plan, live, times: list[float], layer_of: dict[int, int], time) -> set:
+    """Add each recomputed layer's re-run ops (with the collectives feeding them) to its time;
+    return the values its recomputation frees."""
+    freed: set[Value] = set()
+    base = len(plan.graph.inputs)
+    for name, mode in sorted(plan.recompute.items()):
+        layer = live.layers.get(name) if live is not None and mode else None
+        if layer is None or base + layer.forward_ops[0] not in layer_of:
+            continue
+        time[layer_of[base + layer.forward_ops[0]]] += sum(
+            times[i] for i in layer.recompute_ops[mode]
+        )
+        freed.update(layer.saved[mode])
+    return freed
 
 
 def _stack(graph: Graph) -> tuple[str, list[int], dict[int, int]]:
@@ -182,10 +256,9 @@ def _stack(graph: Graph) -> tuple[str, list[int], dict[int, int]]:
     return stack, layer_ids, layer_of
 
 
-def _time_split(plan: Plan, cluster: Cluster, layer_of: dict[int, int], n: int, turn: int):
+def _time_split(plan: Plan, times: list[float], layer_of: dict[int, int], n: int, turn: int):
     """Per-layer, before-stack, after-stack and per-step (optimizer outside layers) seconds."""
     graph, base = plan.graph, len(plan.graph.inputs)
-    times = _op_times(plan, cluster)
     time, pre, post, step = [0.0] * n, 0.0, 0.0, 0.0
     first_layer_op = min((node - base for node in layer_of if node >= base), default=0)
     last_layer_op = max((node - base for node in layer_of if node >= base), default=0)
@@ -214,8 +287,9 @@ def _state_split(plan: Plan, layer_of: dict[int, int], n: int):
     return state, pre, post
 
 
-def _activation_split(plan: Plan, layer_of: dict[int, int], n: int, turn: int):
-    """Bytes saved for backward per layer, and the largest layer-to-layer hand-off."""
+def _activation_split(plan: Plan, layer_of: dict[int, int], n: int, turn: int, freed: set):
+    """Bytes saved for backward per layer (less what recomputation frees), and the largest
+    layer-to-layer hand-off."""
     graph, base = plan.graph, len(plan.graph.inputs)
     act, boundary = [0.0] * n, 0.0
     index_of = {op: i for i, op in enumerate(graph.ops)}
@@ -223,7 +297,7 @@ def _activation_split(plan: Plan, layer_of: dict[int, int], n: int, turn: int):
         here = layer_of.get(base + i)
         for value in op.results:
             users = [index_of[u] for u in value.users]
-            if here is not None and any(u > turn for u in users):
+            if here is not None and value not in freed and any(u > turn for u in users):
                 act[here] += _local(value, plan)
             nxt = (here if here is not None else -1) + 1
             if any(layer_of.get(base + u, -2) == nxt for u in users if u <= turn):

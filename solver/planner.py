@@ -14,6 +14,7 @@ from ..costmodel.simulate import simulate, weight_edges
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
 from ..passes.merge_followers import follower_pairs
 from ..passes.repeated_layers import find_repeated_layers
+from .batch import cap_batch_split
 from .costs import (
     PERSISTENT_ROLES,
     PartialSemantics,
@@ -42,6 +43,7 @@ def plan_graph(
     overlap: bool = True,
     semantics: PartialSemantics | None = None,
     activation_scale: float = 1.0,
+    batch_split_limit: int | None = None,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
@@ -52,6 +54,8 @@ def plan_graph(
     ``overlap``: also solve with overlap-aware edge prices (gradient syncs and parameter
     gathers mostly hidden, ``costmodel.simulate.edge_exposure``) and keep whichever of the two
     plans the two-stream simulator finds faster; ``plan.step_time`` is the simulated step.
+    ``batch_split_limit``: no op splits the batch over more devices than this (a pipeline's
+    micro-batch size; ``solver/batch.py``).
     """
     graph.mesh = mesh
     if pins:
@@ -62,6 +66,8 @@ def plan_graph(
     limit = memory_limit if memory_limit is not None else cluster.hbm_capacity
     clock = _Clock()
     space = clock("enumerate", build_space, graph, mesh, semantics)
+    if batch_split_limit is not None:
+        clock("enumerate", cap_batch_split, space, batch_split_limit)
     problem = clock("price", build_problem, space, cluster, limit)
     _check_memory_feasible(space, problem, limit)
     memory = clock("memory", build_memory_model, space, cluster, limit, recompute, activation_scale)
