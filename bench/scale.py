@@ -41,7 +41,7 @@ else:
         num_hidden_layers=layers, num_attention_heads=32, num_key_value_heads=8,
         max_position_embeddings=8192)
     with torch.device("meta"):
-        model = LlamaForCausalLM(config)
+        model = LlamaForCausalLM(config).to(torch.bfloat16)  # bf16 weights, fp32 AdamW moments
     ids = torch.empty((batch, 8192), dtype=torch.long, device="meta")
     args = ({"input_ids": ids, "labels": ids},)
 built = time.perf_counter() - start

@@ -286,10 +286,8 @@ def serial_result(op_times: Sequence[float], transfers: Sequence[Transfer]) -> S
 
 def simulate(plan: Plan, options: SimulationOptions | None = None) -> SimulationResult:
     """Simulate one step of a ``Plan`` on its mesh's cluster (op roofline + planned reshards)."""
-    graph, mesh = plan.graph, plan.mesh
-    cluster = get_cluster(mesh.cluster)
-    produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith("pin:")}
-    times = [_op_time(i, op, plan, produced, cluster) for i, op in enumerate(graph.ops)]
+    graph = plan.graph
+    times = plan_op_times(plan)
     by_name = {v.name: v for v in graph.values()}
     position = {op: i for i, op in enumerate(graph.ops)}
     transfers = [
@@ -302,15 +300,22 @@ def plan_op_times(plan: Plan) -> list[float]:
     """Roofline seconds of each op under the plan's layouts (as ``solver.costs.op_cost``)."""
     cluster = get_cluster(plan.mesh.cluster)
     produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith("pin:")}
-    return [_op_time(i, op, plan, produced, cluster) for i, op in enumerate(plan.graph.ops)]
+    seen: dict[tuple, float] = {}  # the layers of a stack repeat the same op at the same layouts
+    times = []
+    for i, op in enumerate(plan.graph.ops):
+        operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
+        results = tuple(produced.get(r.name, plan.shardings[r.name]) for r in op.results)
+        key = (op.kind, op.rule, operands, results, *(v.type for v in op.operands + op.results))
+        if key not in seen:
+            seen[key] = _op_time(op, operands, results, plan.mesh, cluster)
+        times.append(seen[key])
+    return times
 
 
-def _op_time(index: int, op: Op, plan: Plan, produced: dict, cluster: Cluster) -> float:
+def _op_time(op: Op, operands, results, mesh, cluster: Cluster) -> float:  # type: ignore[no-untyped-def]
     """Local FLOPs are the global ones over the product of every mesh axis the op's layouts use
     (each axis splits one factor, so that product is the strategy's split)."""
-    mesh = plan.mesh
-    operands = [plan.operand_shardings[(index, j)] for j in range(len(op.operands))]
-    results = [produced.get(r.name, plan.shardings[r.name]) for r in op.results]
+    operands, results = list(operands), list(results)
     axes = set().union(*(s.used_axes for s in operands + results))
     split = math.prod(mesh.axis_size(a) for a in axes)
     ins, outs = [v.type for v in op.operands], [v.type for v in op.results]

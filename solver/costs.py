@@ -148,8 +148,16 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     names = [f"%{v.name}" for v in graph.inputs] + [repr(op) for op in graph.ops]
     problem = Problem(names, costs, memory=memory, memory_limit=memory_limit)
 
+    seen: dict[tuple, float] = {}  # repeated layers ask the same (from, to, type) many times
+
     def price(type_: TensorType):
-        return lambda a, b: reshard_time(a, b, type_, mesh, cluster)
+        def time(a: Sharding, b: Sharding) -> float:
+            key = (a, b, type_)
+            if key not in seen:
+                seen[key] = reshard_time(a, b, type_, mesh, cluster)
+            return seen[key]
+
+        return time
 
     for i, op in enumerate(graph.ops):
         v = space.op_node(i)

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import time
 from collections.abc import Mapping
 
@@ -73,7 +72,7 @@ def plan_graph(
     memory = clock("memory", build_memory_model, space, cluster, limit, recompute, activation_scale)
     variants = [problem]
     if overlap:
-        weighted = clock("overlap", copy.deepcopy, problem)
+        weighted = clock("overlap", problem.copy)
         clock("overlap", weight_edges, weighted, space)
         variants.append(weighted)
     plans: list[Plan] = []

@@ -64,6 +64,19 @@ class Problem:
     def live_nodes(self) -> list[int]:
         return [n for n, a in enumerate(self.alive) if a]
 
+    def copy(self) -> Problem:
+        """An independent copy (``copy.deepcopy`` is ~10x slower on 10k-node problems)."""
+        edges = {
+            k: Edge(e.u, e.v, e.u_group.copy(), e.v_group.copy(), e.cost.copy())
+            for k, e in self.edge_table.items()
+        }
+        return Problem(
+            list(self.names), [c.copy() for c in self.node_costs], edges,
+            None if self.memory is None else [m.copy() for m in self.memory],
+            self.memory_limit, list(self.eliminated), list(self.alive),
+            {n: set(ids) for n, ids in self.adjacency.items()}, self._next_edge,
+        )  # fmt: skip
+
     def add_edge(self, u: int, v: int, u_layouts: list, v_layouts: list, cost_fn) -> None:
         """Add an edge whose cost depends on (u's layout, v's layout); layouts are hashable."""
         u_keys, u_group = group_layouts(u_layouts)
@@ -159,6 +172,9 @@ class Problem:
             if len(keys) < 2:
                 continue
             edges = [self._remove(k) for k in keys]
+            if (same := _same_groups(edges, u, v)) is not None:  # copies of one layer's edge
+                self.add_grouped_edge(u, v, *same)
+                continue
             u_keys = np.stack([e.u_group if e.u == u else e.v_group for e in edges], axis=1)
             v_keys = np.stack([e.v_group if e.v == v else e.u_group for e in edges], axis=1)
             u_rows, u_group = np.unique(u_keys, axis=0, return_inverse=True)
@@ -168,6 +184,17 @@ class Problem:
                 block = e.cost if e.u == u else e.cost.T
                 cost += block[np.ix_(u_rows[:, i], v_rows[:, i])]
             self.add_grouped_edge(u, v, u_group.reshape(-1), v_group.reshape(-1), cost)
+
+
+def _same_groups(edges: list[Edge], u: int, v: int) -> tuple | None:
+    """(u groups, v groups, summed cost) when every edge groups u and v alike, else None."""
+    oriented = [(e.u_group, e.v_group, e.cost) if e.u == u else (e.v_group, e.u_group, e.cost.T)
+                for e in edges]  # fmt: skip
+    ug, vg, cost = oriented[0]
+    for g_u, g_v, c in oriented[1:]:
+        if c.shape != cost.shape or not (np.array_equal(g_u, ug) and np.array_equal(g_v, vg)):
+            return None
+    return ug, vg, sum(c for _, _, c in oriented)
 
 
 def group_layouts(layouts: list) -> tuple[list, np.ndarray]:
