@@ -128,7 +128,8 @@ def input_cost(memory_bytes: float, cluster: Cluster) -> float:
     return MEMORY_TIEBREAK * memory_bytes / cluster.hbm_bandwidth
 
 
-def _op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster, cache: dict):
+def op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster, cache: dict):
+    """Roofline time of ``op`` under each strategy, cached by op signature (repeated layers)."""
     key = (op.kind, op.rule, tuple(v.type for v in op.operands), tuple(r.type for r in op.results))
     key += (id(strategies),)
     if key not in cache:
@@ -143,7 +144,7 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     cache: dict = {}
     for i, op in enumerate(graph.ops):
         strategies = space.strategies[space.op_node(i)]
-        costs.append(_op_costs(op, strategies, space, cluster, cache))
+        costs.append(op_costs(op, strategies, space, cluster, cache))
         memory.append(np.zeros(len(strategies)))
     names = [f"%{v.name}" for v in graph.inputs] + [repr(op) for op in graph.ops]
     problem = Problem(names, costs, memory=memory, memory_limit=memory_limit)

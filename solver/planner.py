@@ -22,6 +22,7 @@ from .costs import (
     build_space,
     input_cost,
     op_cost,
+    op_costs,
     pinned_result,
 )
 from .ilp import Solution, solve
@@ -179,9 +180,12 @@ def build_plan(
     operand_shardings = {}
     reshards: list[Reshard] = []
     compute = 0.0
+    costs: dict = {}  # op costs and reshards repeat across the layers of a stack
+    paths: dict = {}
     for i, op in enumerate(graph.ops):
-        strategy = space.strategies[space.op_node(i)][choice[space.op_node(i)]]
-        compute += op_cost(op, strategy, mesh, cluster)
+        options = space.strategies[space.op_node(i)]
+        strategy = options[choice[space.op_node(i)]]
+        compute += float(op_costs(op, options, space, cluster, costs)[choice[space.op_node(i)]])
         for k, result in enumerate(op.results):
             if pinned_result(result) is not None or result in space.reduce_once:
                 produced = strategy.results[k]
@@ -194,6 +198,7 @@ def build_plan(
                     result,
                     mesh,
                     cluster,
+                    paths,
                 )
         for j, value in enumerate(op.operands):
             operand_shardings[(i, j)] = strategy.operands[j]
@@ -206,6 +211,7 @@ def build_plan(
                 value,
                 mesh,
                 cluster,
+                paths,
             )
     outputs = []
     for j, value in enumerate(graph.outputs):
@@ -219,7 +225,7 @@ def build_plan(
                 f"output:{j}",
             )
         outputs.append(dst)
-        _record(reshards, value.name, label, src, dst, value, mesh, cluster)
+        _record(reshards, value.name, label, src, dst, value, mesh, cluster, paths)
     comm = sum(r.time for r in reshards)
     if memory is not None:  # memory hook: the modelled peak, recomputation and its cost
         return _with_memory(
@@ -253,11 +259,13 @@ def _with_memory(space, solution, problem, memory, parts) -> Plan:
                 memory_profile=profile)  # fmt: skip
 
 
-def _record(reshards, name, consumer, src, dst, value, mesh, cluster) -> None:
+def _record(reshards, name, consumer, src, dst, value, mesh, cluster, paths) -> None:  # type: ignore[no-untyped-def]
     if src == dst:
         return
-    collectives = reshard(src, dst, value.type, mesh, cluster)
-    reshards.append(Reshard(name, consumer, src, dst, tuple(collectives)))
+    key = (src, dst, value.type)
+    if key not in paths:
+        paths[key] = tuple(reshard(src, dst, value.type, mesh, cluster))
+    reshards.append(Reshard(name, consumer, src, dst, paths[key]))
 
 
 def memory_breakdown(space: Space, shardings: dict[str, Sharding]) -> dict[str, int]:
