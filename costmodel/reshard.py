@@ -40,31 +40,22 @@ from shardplan.ir.types import TensorType
 
 from .cluster import Cluster
 from .collective import Collective
-from .collectives import make_collective, resolve_cluster
+from .collectives import make_collective, normalize_axes, resolve_cluster
 
 
 class _Walk:
     """Mutable layout state of one reshard plus the collectives emitted so far."""
 
-    def __init__(
-        self, src: Sharding, dst: Sharding, type_: TensorType, mesh: Mesh, cluster: Cluster
-    ) -> None:
+    def __init__(self, src: Sharding, dst: Sharding, mesh: Mesh) -> None:
         self.cur = [list(axes) for axes in src.dims]
         self.target = dst.dims
         self.partial = set(src.partial)
         self.to_reduce = set(src.partial - dst.partial)
-        self.type_, self.mesh, self.cluster = type_, mesh, cluster
+        self.mesh = mesh
         self.dst_dim = {a: d for d, axes in enumerate(dst.dims) for a in axes}
-        self.ops: list[Collective] = []
+        self.steps: list[Step] = []
 
     # -- layout queries -------------------------------------------------------------------
-    def local_bytes(self) -> int:
-        sizes = (
-            size // self.mesh.group_size(axes)
-            for size, axes in zip(self.type_.shape, self.cur, strict=True)
-        )
-        return math.prod(sizes) * self.type_.itemsize
-
     def kept(self, d: int) -> int:
         """Length of the common prefix of dim ``d`` and its target (axes already in place)."""
         cur, want = self.cur[d], self.target[d]
@@ -91,7 +82,8 @@ class _Walk:
     def emit(self, kind: str, axes: list[str] | set[str]) -> None:
         if self.mesh.group_size(axes) == 1:  # size-1 axes: a relabelling, no data moves
             return
-        self.ops.append(make_collective(kind, self.local_bytes(), axes, self.mesh, self.cluster))
+        layout = tuple(tuple(c) for c in self.cur)  # the local buffer is sized after the step
+        self.steps.append((kind, normalize_axes(axes, self.mesh), layout))
 
     # -- steps ----------------------------------------------------------------------------
     def slice(self) -> bool:
@@ -189,30 +181,54 @@ class _Walk:
         self.emit("all-gather", axes)
 
 
-@lru_cache(maxsize=1 << 17)
-def _plan(
-    src: Sharding, dst: Sharding, type_: TensorType, mesh: Mesh, cluster: Cluster
-) -> tuple[Collective, ...] | None:
-    """The collective sequence, or None when the target is unreachable (cached)."""
-    src.check(type_, mesh)
-    dst.check(type_, mesh)
-    if not dst.partial <= src.partial:
-        return None
-    if src == dst:
-        return ()
-    walk = _Walk(src, dst, type_, mesh, cluster)
+Step = tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]]
+"""(collective kind, mesh axes, per-dim axes of the layout after it)."""
+
+
+@lru_cache(maxsize=1 << 16)
+def _steps(src: Sharding, dst: Sharding, mesh: Mesh) -> tuple[Step, ...]:
+    """The collective sequence for any shape (cached: the walk does not depend on sizes, only
+    on layouts, so every tensor type of a repeated layer shares it)."""
+    walk = _Walk(src, dst, mesh)
     walk.settle()
     while walk.all_to_all():
         walk.settle()
     walk.all_reduce()
     walk.settle()
-    for _ in range(4 * (len(mesh.axes) + 1) * (type_.rank + 1)):
+    for _ in range(4 * (len(mesh.axes) + 1) * (len(src.dims) + 1)):
         if walk.done():
-            return tuple(walk.ops)
+            return tuple(walk.steps)
         if not (walk.all_to_all() or walk.permute()):
             walk.all_gather()
         walk.settle()
     raise AssertionError(f"reshard {src} -> {dst} did not converge")  # internal invariant
+
+
+@lru_cache(maxsize=1 << 16)
+def _check(sharding: Sharding, type_: TensorType, mesh: Mesh) -> None:
+    sharding.check(type_, mesh)  # raises on a layout that does not fit (errors are not cached)
+
+
+def _local_bytes(type_: TensorType, layout: tuple[tuple[str, ...], ...], mesh: Mesh) -> int:
+    sizes = (size // mesh.group_size(axes) for size, axes in zip(type_.shape, layout, strict=True))
+    return math.prod(sizes) * type_.itemsize
+
+
+@lru_cache(maxsize=1 << 17)
+def _plan(
+    src: Sharding, dst: Sharding, type_: TensorType, mesh: Mesh, cluster: Cluster
+) -> tuple[Collective, ...] | None:
+    """The priced collective sequence, or None when the target is unreachable (cached)."""
+    _check(src, type_, mesh)
+    _check(dst, type_, mesh)
+    if not dst.partial <= src.partial:
+        return None
+    if src == dst:
+        return ()
+    return tuple(
+        make_collective(kind, _local_bytes(type_, layout, mesh), axes, mesh, cluster)
+        for kind, axes, layout in _steps(src, dst, mesh)
+    )
 
 
 def reshard(

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -179,32 +180,30 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
             once = value in space.reduce_once
             key = ("edge", id(space.strategies[u]), k, pin, once, id(space.strategies[v]), j)
             key += (value.type,)
-            if key not in cache:
-                u_keys, u_group = group_layouts(
-                    [_seen(s.results[k], pin, once) for s in space.strategies[u]]
-                )
-                v_keys, v_group = group_layouts([s.operands[j] for s in space.strategies[v]])
-                price_of = price(value.type)
-                matrix = np.array([[price_of(a, b) for b in v_keys] for a in u_keys], dtype=float)
-                cache[key] = (u_group, v_group, matrix)
-            problem.add_grouped_edge(u, v, *cache[key])
+            layouts = partial(_operand_layouts, space, u, k, pin, once, v, j)
+            problem.add_grouped_edge(u, v, *_edge(cache, key, layouts, price(value.type)))
     for j, value in enumerate(graph.outputs):
-        _add_output_edge(problem, space, j, value, price(value.type))
+        _add_output_edge(problem, space, j, value, price(value.type), cache)
     return problem
 
 
-def _add_output_edge(problem: Problem, space: Space, j: int, value: Value, price) -> None:
+def _add_output_edge(
+    problem: Problem, space: Space, j: int, value: Value, price, cache: dict
+) -> None:  # type: ignore[no-untyped-def]
     """Aliased outputs must come back in their input's layout; others must not stay partial."""
     u, k = space.producer[value]
     pin = pinned_result(value)
     once = value in space.reduce_once
-    produced = [_seen(s.results[k], pin, once) for s in space.strategies[u]]
     alias = space.graph.output_aliases.get(j)
     if alias is not None:
-        wanted = [s.results[0] for s in space.strategies[alias]]
-        if alias != u:
-            problem.add_edge(u, alias, produced, wanted, price)
+        if alias == u:
+            return
+        key = ("alias", id(space.strategies[u]), k, pin, once, id(space.strategies[alias]))
+        key += (value.type,)  # every layer's updated parameters ask the same question
+        layouts = partial(_operand_layouts, space, u, k, pin, once, alias, None)
+        problem.add_grouped_edge(u, alias, *_edge(cache, key, layouts, price))
         return
+    produced = [_seen(s.results[k], pin, once) for s in space.strategies[u]]
     if value.pinned and value.sharding is not None:
         target = value.sharding
         problem.node_costs[u] = problem.node_costs[u] + np.array(
@@ -213,6 +212,27 @@ def _add_output_edge(problem: Problem, space: Space, j: int, value: Value, price
     else:
         extra = np.array([price(p, p.without_partial()) for p in produced])
         problem.node_costs[u] = problem.node_costs[u] + extra
+
+
+def _operand_layouts(space: Space, u: int, k: int, pin, once: bool, v: int, j: int | None):  # type: ignore[no-untyped-def]
+    """Per strategy, the layout ``u`` delivers and the layout ``v`` wants as operand ``j``
+    (``None``: an aliased input, which wants its own stored layout)."""
+    produced = [_seen(s.results[k], pin, once) for s in space.strategies[u]]
+    if j is None:
+        return produced, [s.results[0] for s in space.strategies[v]]
+    return produced, [s.operands[j] for s in space.strategies[v]]
+
+
+def _edge(cache: dict, key: tuple, layouts, price) -> tuple:  # type: ignore[no-untyped-def]
+    """(producer groups, consumer groups, cost matrix) of an edge, priced once per ``key``:
+    ``layouts()`` gives both ends' layouts per strategy; ``price(a, b)`` a reshard time."""
+    if key not in cache:
+        produced, wanted = layouts()
+        u_keys, u_group = group_layouts(produced)
+        v_keys, v_group = group_layouts(wanted)
+        matrix = np.array([[price(a, b) for b in v_keys] for a in u_keys], dtype=float)
+        cache[key] = (u_group, v_group, matrix)
+    return cache[key]
 
 
 def _seen(produced: Sharding, pin: Sharding | None, once: bool) -> Sharding:
