@@ -186,7 +186,7 @@ class _Walk:
         suffix to all-gather (XLA: a permute to a compatible tiling, then a gather to partial
         replication), instead of gathering the whole dim."""
         staged = []
-        for d, (cur, want) in enumerate(zip(self.cur, self.target, strict=True)):
+        for cur, want in zip(self.cur, self.target, strict=True):
             rest = [a for a in cur if a not in want]
             if any(a not in cur for a in want) or any(a in self.dst_dim for a in rest):
                 return False
