@@ -134,6 +134,9 @@ def _ancestors(graph: Graph, values: set[Value]) -> set[Op]:
     return seen
 
 
+_AT_PRODUCER = ("pin:", "reduce:")
+"""Reshards done right at the producer (a user pin, a reduce-once pending sum): the op itself
+writes their source layout."""
 _LAYER = re.compile(r"(?:^|[./])(\d+)(?=$|[./])")
 
 
@@ -288,7 +291,7 @@ def simulate(plan: Plan, options: SimulationOptions | None = None) -> Simulation
     """Simulate one step of a ``Plan`` on its mesh's cluster (op roofline + planned reshards)."""
     graph, mesh = plan.graph, plan.mesh
     cluster = get_cluster(mesh.cluster)
-    produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith("pin:")}
+    produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith(_AT_PRODUCER)}
     times = [_op_time(i, op, plan, produced, cluster) for i, op in enumerate(graph.ops)]
     by_name = {v.name: v for v in graph.values()}
     position = {op: i for i, op in enumerate(graph.ops)}
@@ -301,7 +304,7 @@ def simulate(plan: Plan, options: SimulationOptions | None = None) -> Simulation
 def plan_op_times(plan: Plan) -> list[float]:
     """Roofline seconds of each op under the plan's layouts (as ``solver.costs.op_cost``)."""
     cluster = get_cluster(plan.mesh.cluster)
-    produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith("pin:")}
+    produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith(_AT_PRODUCER)}
     return [_op_time(i, op, plan, produced, cluster) for i, op in enumerate(plan.graph.ops)]
 
 
