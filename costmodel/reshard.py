@@ -156,6 +156,40 @@ class _Walk:
         self.cur = [list(t) for t in self.target]
         return True
 
+    def slice_to_permute(self) -> bool:
+        """Every dim holds a subsequence of its target and the missing axes are free: slice them
+        locally, in the target's order after the held ones, then one collective-permute puts the
+        shards in the target's device order (XLA: a dynamic-slice from partial replication to a
+        compatible tiling, then a permute), instead of gathering the dim and slicing it again."""
+        staged = []
+        for cur, want in zip(self.cur, self.target, strict=True):
+            extra = [a for a in want if a not in cur]
+            if any(a not in want for a in cur) or not all(self.is_free(a) for a in extra):
+                return False
+            staged.append(cur + extra)
+        if [tuple(d) for d in staged] == list(self.target):
+            return False  # plain slicing reaches it (settle's job)
+        self.cur = staged
+        return self.permute()
+
+    def permute_to_gather(self) -> bool:
+        """Every dim holds all of its target's axes, but not as a prefix, and its other axes are
+        wanted nowhere: one collective-permute puts the target's axes first, then the rest is a
+        suffix to all-gather (XLA: a permute to a compatible tiling, then a gather to partial
+        replication), instead of gathering the whole dim."""
+        staged = []
+        for cur, want in zip(self.cur, self.target, strict=True):
+            rest = [a for a in cur if a not in want]
+            if any(a not in cur for a in want) or any(a in self.dst_dim for a in rest):
+                return False
+            staged.append(list(want) + rest)
+        if staged == self.cur:
+            return False
+        moved = {a for cur, new in zip(self.cur, staged, strict=True) for a in _moved(cur, new)}
+        self.emit("collective-permute", moved)
+        self.cur = staged
+        return True
+
     def all_gather(self) -> None:
         """Gather the cheapest trailing run of wrong axes (or, if every wrong axis is waiting
         to move elsewhere, the last axis of the cheapest dim to break the deadlock)."""
@@ -181,6 +215,17 @@ class _Walk:
         self.emit("all-gather", axes)
 
 
+def _moved(cur: list[str], new: list[str]) -> list[str]:
+    """Axes whose place in a dim changes (a common major prefix and minor suffix stay put)."""
+    lo = 0
+    while lo < min(len(cur), len(new)) and cur[lo] == new[lo]:
+        lo += 1
+    hi = 0
+    while hi < min(len(cur), len(new)) - lo and cur[-1 - hi] == new[-1 - hi]:
+        hi += 1
+    return cur[lo : len(cur) - hi] + new[lo : len(new) - hi]
+
+
 Step = tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]]
 """(collective kind, mesh axes, per-dim axes of the layout after it)."""
 
@@ -198,7 +243,12 @@ def _steps(src: Sharding, dst: Sharding, mesh: Mesh) -> tuple[Step, ...]:
     for _ in range(4 * (len(mesh.axes) + 1) * (len(src.dims) + 1)):
         if walk.done():
             return tuple(walk.steps)
-        if not (walk.all_to_all() or walk.permute()):
+        if not (
+            walk.all_to_all()
+            or walk.permute()
+            or walk.slice_to_permute()
+            or walk.permute_to_gather()
+        ):
             walk.all_gather()
         walk.settle()
     raise AssertionError(f"reshard {src} -> {dst} did not converge")  # internal invariant

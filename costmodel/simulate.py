@@ -134,6 +134,9 @@ def _ancestors(graph: Graph, values: set[Value]) -> set[Op]:
     return seen
 
 
+_AT_PRODUCER = ("pin:", "reduce:")
+"""Reshards done right at the producer (a user pin, a reduce-once pending sum): the op itself
+writes their source layout."""
 _LAYER = re.compile(r"(?:^|[./])(\d+)(?=$|[./])")
 
 
@@ -299,7 +302,7 @@ def simulate(plan: Plan, options: SimulationOptions | None = None) -> Simulation
 def plan_op_times(plan: Plan) -> list[float]:
     """Roofline seconds of each op under the plan's layouts (as ``solver.costs.op_cost``)."""
     cluster = get_cluster(plan.mesh.cluster)
-    produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith("pin:")}
+    produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith(_AT_PRODUCER)}
     seen: dict[tuple, float] = {}  # the layers of a stack repeat the same op at the same layouts
     times = []
     for i, op in enumerate(plan.graph.ops):

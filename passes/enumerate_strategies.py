@@ -27,6 +27,9 @@ class Strategy:
     """Factor -> mesh axes, for the sharded factors only (empty for graph inputs)."""
     split: int = 1
     """Number of devices the op's work is divided over (product of the assigned axes)."""
+    reduced: tuple[Sharding, ...] = ()
+    """Per result, where a runtime that reduces pending sums at the producer puts the reduced
+    value (``solver.costs``); empty: each result without its partial axes."""
 
     def label(self) -> str:
         if not self.assignment:

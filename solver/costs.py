@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import itertools
 from dataclasses import dataclass
 from functools import partial
 
@@ -9,7 +10,7 @@ import numpy as np
 
 from ..costmodel import compute_time, reshard_time
 from ..costmodel.cluster import Cluster
-from ..ir import Graph, Mesh, Op, Role, Sharding, TensorType, Value, op_flops
+from ..ir import Graph, Mesh, Op, Role, Sharding, ShardingError, TensorType, Value, op_flops
 from ..passes.enumerate_strategies import Strategy, input_strategies, op_strategies
 from .problem import Problem, group_layouts
 
@@ -25,7 +26,9 @@ class PartialSemantics:
     """How the target runtime treats pending sums (partial values); frontends declare it.
 
     DTensor keeps ``Partial`` through linear ops and reduces per consumer; XLA in Auto mode
-    reduces a dot's pending sum right at the dot, once, however many ops read it.
+    reduces a dot's pending sum right at the dot, once, however many ops read it — into the
+    unpartial layout (all-reduce) or, when every reader slices it the same way, straight into
+    that slice (all-reduce + dynamic-slice, which XLA makes one reduce-scatter).
     """
 
     passthrough: bool = True
@@ -63,7 +66,9 @@ class Space:
     def layout(self, value: Value, choice: list[int]) -> Sharding:
         """The layout consumers see: a pinned op result is resharded to its pin first, and a
         reduce-once value has its pending sum reduced first."""
-        return _seen(self.produced(value, choice), pinned_result(value), value in self.reduce_once)
+        node, k = self.producer[value]
+        strategy = self.strategies[node][choice[node]]
+        return seen_layout(strategy, k, pinned_result(value), value in self.reduce_once)
 
 
 def pinned_result(value: Value) -> Sharding | None:
@@ -77,6 +82,7 @@ def build_space(graph: Graph, mesh: Mesh, semantics: PartialSemantics | None = N
     """Enumerate strategies; ops and inputs with the same signature share one list object
     (so the copies of a repeated layer cost a dictionary lookup, and pricing can be cached)."""
     semantics = semantics or PartialSemantics()
+    once = frozenset(_multi_use(graph)) if semantics.reduce_once else frozenset()
     cache: dict[tuple, list[Strategy]] = {}
     strategies = []
     for v in graph.inputs:
@@ -88,14 +94,56 @@ def build_space(graph: Graph, mesh: Mesh, semantics: PartialSemantics | None = N
     producer: dict[Value, tuple[int, int]] = {v: (n, 0) for n, v in enumerate(graph.inputs)}
     for i, op in enumerate(graph.ops):
         node = len(graph.inputs) + i
-        key = ("op", op.kind, op.rule, bool(op.operands))
+        reduced = tuple(k for k, r in enumerate(op.results) if r in once and not r.pinned)
+        key = ("op", op.kind, op.rule, bool(op.operands), reduced)
         if key not in cache:
             cache[key] = op_strategies(op, mesh, semantics.passthrough)
+            if reduced:
+                cache[key] = _with_reductions(cache[key], op, reduced, mesh)
         strategies.append(cache[key])
         for k, r in enumerate(op.results):
             producer[r] = (node, k)
-    once = frozenset(_multi_use(graph)) if semantics.reduce_once else frozenset()
     return Space(graph, mesh, strategies, producer, reduce_once=once)
+
+
+def reduced_layouts(produced: Sharding, type_: TensorType, mesh: Mesh) -> list[Sharding]:
+    """Where a producer may reduce its pending sum to: the unpartial layout (one all-reduce),
+    or that layout with every partial axis appended to one dim (one reduce-scatter: XLA turns
+    an all-reduce that is only read through the same dynamic-slice into a reduce-scatter, so
+    reducing once and slicing for every reader costs a reduce-scatter, not an all-reduce).
+    Only all pending axes together: an all-reduce of some axes plus a reduce-scatter of the
+    others is not what XLA does for one reduction."""
+    base = produced.without_partial()
+    if not produced.partial:
+        return [base]
+    out = [base]
+    pending = [a for a in mesh.axis_names if a in produced.partial]
+    for order in itertools.permutations(pending):
+        for d in range(len(base.dims)):
+            dims = list(base.dims)
+            dims[d] = (*dims[d], *order)
+            candidate = Sharding(tuple(dims), frozenset())
+            try:
+                candidate.check(type_, mesh)
+            except ShardingError:
+                continue
+            out.append(candidate)
+    return out
+
+
+def _with_reductions(
+    strategies: list[Strategy], op: Op, reduced: tuple[int, ...], mesh: Mesh
+) -> list[Strategy]:
+    """Each strategy once per choice of where its reduce-once results are reduced to."""
+    out = []
+    for s in strategies:
+        options = [
+            reduced_layouts(s.results[k], r.type, mesh) if k in reduced else [s.results[k]]
+            for k, r in enumerate(op.results)
+        ]
+        for combo in itertools.product(*options):
+            out.append(Strategy(s.operands, s.results, s.assignment, s.split, tuple(combo)))
+    return out
 
 
 def _multi_use(graph: Graph) -> list[Value]:
@@ -169,10 +217,7 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
                 problem.node_costs[v] = problem.node_costs[v] + np.array(cost)
             elif result in space.reduce_once:  # ... or to reduce its pending sum, once
                 reduce = price(result.type)
-                cost = [
-                    reduce(s.results[k], s.results[k].without_partial())
-                    for s in space.strategies[v]
-                ]
+                cost = [reduce(s.results[k], seen_layout(s, k)) for s in space.strategies[v]]
                 problem.node_costs[v] = problem.node_costs[v] + np.array(cost)
         for j, value in enumerate(op.operands):
             u, k = space.producer[value]
@@ -203,7 +248,7 @@ def _add_output_edge(
         layouts = partial(_operand_layouts, space, u, k, pin, once, alias, None)
         problem.add_grouped_edge(u, alias, *_edge(cache, key, layouts, price))
         return
-    produced = [_seen(s.results[k], pin, once) for s in space.strategies[u]]
+    produced = [seen_layout(s, k, pin, once) for s in space.strategies[u]]
     if value.pinned and value.sharding is not None:
         target = value.sharding
         problem.node_costs[u] = problem.node_costs[u] + np.array(
@@ -217,7 +262,7 @@ def _add_output_edge(
 def _operand_layouts(space: Space, u: int, k: int, pin, once: bool, v: int, j: int | None):  # type: ignore[no-untyped-def]
     """Per strategy, the layout ``u`` delivers and the layout ``v`` wants as operand ``j``
     (``None``: an aliased input, which wants its own stored layout)."""
-    produced = [_seen(s.results[k], pin, once) for s in space.strategies[u]]
+    produced = [seen_layout(s, k, pin, once) for s in space.strategies[u]]
     if j is None:
         return produced, [s.results[0] for s in space.strategies[v]]
     return produced, [s.operands[j] for s in space.strategies[v]]
@@ -235,11 +280,16 @@ def _edge(cache: dict, key: tuple, layouts, price) -> tuple:  # type: ignore[no-
     return cache[key]
 
 
-def _seen(produced: Sharding, pin: Sharding | None, once: bool) -> Sharding:
-    """The layout a consumer reads: the pin, the reduced layout, or what was produced."""
+def seen_layout(
+    strategy: Strategy, k: int, pin: Sharding | None = None, once: bool = True
+) -> Sharding:
+    """The layout a consumer reads of result ``k``: the pin, the reduced layout (reduce-once
+    values), or what was produced."""
     if pin is not None:
         return pin
-    return produced.without_partial() if once else produced
+    if not once:
+        return strategy.results[k]
+    return strategy.reduced[k] if strategy.reduced else strategy.results[k].without_partial()
 
 
 def _input_memory(value: Value, strategies: list[Strategy], mesh: Mesh) -> np.ndarray:

@@ -24,6 +24,7 @@ from .costs import (
     op_cost,
     op_costs,
     pinned_result,
+    seen_layout,
 )
 from .ilp import Solution, solve
 from .memory import build_memory_model, infeasible_error
@@ -312,7 +313,7 @@ def evaluate_choice(space: Space, cluster: Cluster, choice: list[int]) -> float:
         total += op_cost(op, strategy, mesh, cluster)
         for k, result in enumerate(op.results):
             if (pin := pinned_result(result)) is not None or result in space.reduce_once:
-                seen = pin if pin is not None else strategy.results[k].without_partial()
+                seen = seen_layout(strategy, k, pin)
                 total += reshard_time(strategy.results[k], seen, result.type, mesh, cluster)
         for j, value in enumerate(op.operands):
             total += reshard_time(

@@ -199,6 +199,8 @@ def _reshard_paths(plan: Plan) -> tuple[Paths, Paths, Paths]:
             edges[(int(op), int(operand))] = layouts
         elif kind == "pin":
             results[where] = ([] if r.src.partial else [r.src]) + layouts
+        elif kind == "reduce":  # a reduce-once value: the layouts its producer reduces it to
+            results[where] = layouts
         elif kind in ("output", "alias"):
             outputs[int(where)] = layouts
     return edges, results, outputs

@@ -152,3 +152,18 @@ def test_reshard_bytes_on_a_node_spanning_axis() -> None:
     # x spans 2 nodes with 4 members each: 10 us + 7/8 * 32768 B / 40 GB/s
     assert [(op.kind, op.bytes) for op in ops] == [("all-gather", FULL)]
     assert ops[0].time == pytest.approx(10e-6 + 7 / 8 * FULL / 4e10)
+
+
+def test_reshard_refine_or_coarsen_a_dim_in_another_order_goes_through_a_permute() -> None:
+    # XLA's route (partial replication <-> a compatible tiling): slice the free axis locally and
+    # permute into the target's device order, or permute the kept axis first and gather the
+    # rest, rather than gathering the whole dim.
+    mesh = Mesh({"dp": 2, "tp": 4})
+    eighth = FULL // 8
+    assert plan(S("tp", None), S(("dp", "tp"), None), mesh) == [
+        ("collective-permute", ("dp", "tp"), eighth)
+    ]
+    assert plan(S(("dp", "tp"), None), S("tp", None), mesh) == [
+        ("collective-permute", ("dp", "tp"), eighth),
+        ("all-gather", ("dp",), FULL // 4),
+    ]
