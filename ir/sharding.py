@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import ShardingError
 from .mesh import Mesh
@@ -30,11 +30,14 @@ class Sharding:
 
     dims: tuple[tuple[str, ...], ...]
     partial: frozenset[str] = frozenset()
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    """Cached: shardings key the planner's price and layout tables (millions of lookups)."""
 
     def __post_init__(self) -> None:
         dims = tuple(tuple(axes) for axes in self.dims)
         object.__setattr__(self, "dims", dims)
         object.__setattr__(self, "partial", frozenset(self.partial))
+        object.__setattr__(self, "_hash", hash((dims, self.partial)))
         used = [axis for axes in dims for axis in axes] + sorted(self.partial)
         if len(set(used)) != len(used):
             dup = sorted({a for a in used if used.count(a) > 1})
@@ -42,6 +45,13 @@ class Sharding:
                 f"sharding {self} uses mesh axis {dup[0]!r} more than once; "
                 "an axis shards at most one dimension"
             )
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:
+        """Rebuilt through ``__init__``: string hashes differ between processes."""
+        return (Sharding, (self.dims, self.partial))
 
     @staticmethod
     def replicated(rank: int) -> Sharding:
