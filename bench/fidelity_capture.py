@@ -55,7 +55,7 @@ def _hf_model(m: Model, layers: int, seq: int, flash_attention: bool = True):
       default ``gelu_new``, which is written as a chain of eight elementwise torch calls.
     """
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
     if m.gated_mlp:
         config = LlamaConfig(
@@ -67,13 +67,14 @@ def _hf_model(m: Model, layers: int, seq: int, flash_attention: bool = True):
         cls = LlamaForCausalLM
     else:
         p = 0.1 if m.dropout else 0.0
-        config = GPT2Config(
-            vocab_size=m.vocab, n_positions=seq, n_embd=m.hidden, n_layer=layers,
-            n_head=m.heads, n_inner=m.ffn, resid_pdrop=p, embd_pdrop=p, attn_pdrop=p,
-            activation_function="gelu",
+        config = OPTConfig(
+            vocab_size=m.vocab, hidden_size=m.hidden, num_hidden_layers=layers,
+            ffn_dim=m.ffn, num_attention_heads=m.heads, max_position_embeddings=seq,
+            word_embed_proj_dim=m.hidden, do_layer_norm_before=True, activation_function="gelu",
+            dropout=p, attention_dropout=p, layerdrop=0.0, enable_bias=True,
             attn_implementation="sdpa" if flash_attention else "eager",
         )  # fmt: skip
-        cls = GPT2LMHeadModel
+        cls = OPTForCausalLM
     with torch.device("meta"):
         return cls(config).to(torch.bfloat16)
 
