@@ -2,7 +2,8 @@
 
 ``bench/fidelity.py --capture`` uses this to check the analytic per-layer model against the
 planner's own cost model on real model code: each row's transformer is built from HF classes on
-the ``meta`` device (GPT-2 blocks for the GPTs, Llama blocks for Llama 3; nothing is allocated),
+the ``meta`` device (OPT blocks for the GPTs, Llama blocks for Llama 3, see ``_hf_model``;
+nothing is allocated),
 its training step (forward, loss, backward, AdamW) is captured with one and with two layers at the
 row's micro-batch, and both graphs are priced by ``sp.evaluate`` under
 ``sp.strategies.megatron(tp=..., sequence_parallel=..., recompute=...)`` on a ``{"tp": t}`` mesh
