@@ -107,24 +107,40 @@ class ParallelStrategy:
 
 
 def _output_dim(v: Value) -> int | None:
-    """Dim of a weight that passes through its first contraction into the result."""
+    """Dim of a weight that passes through its first contraction into the result.
+
+    The weight may reach the contraction through single-operand layout ops (``nn.Linear``
+    lowers to a transpose then a matmul); the dim is followed through each one's factor rule,
+    so a non-square weight (grouped-query k/v projections, MLP up/down) maps like a square one.
+    """
+    dim_of: list[int | None] = list(range(v.type.rank))  # original dim -> dim of the current value
     while True:
         users = [u for u in v.uses]
         if not users:
             return None
         use = users[0]
+        rule = use.op.rule
         info = op_info(use.op.kind)
+        dims = rule.operands[use.index]
         if info is not None and info.flops == "dot":
-            rule = use.op.rule
             result_factors = {f for dim in rule.results[0] for f in dim}
-            dims = rule.operands[use.index]
-            for d, factors in enumerate(dims):
-                if any(f in result_factors for f in factors):
-                    return d
+            for original, d in enumerate(dim_of):
+                if d is not None and any(f in result_factors for f in dims[d]):
+                    return original
             return None
-        if len(use.op.operands) != 1 or use.op.results[0].type.shape != v.type.shape:
+        if len(use.op.operands) != 1 or len(use.op.results) != 1:
             return None
+        result = rule.results[0]
+        dim_of = [None if d is None else _follow(dims[d], result) for d in dim_of]
         v = use.op.results[0]
+
+
+def _follow(factors: tuple[str, ...], result: tuple[tuple[str, ...], ...]) -> int | None:
+    """Result dim holding exactly ``factors`` (the same dim after a transpose or a cast)."""
+    for d, dim in enumerate(result):
+        if factors and dim == factors:
+            return d
+    return None
 
 
 def _on_dim(v: Value, dim: int, axes: tuple[str, ...], mesh: Mesh) -> Sharding:

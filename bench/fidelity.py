@@ -10,7 +10,8 @@ in ``transformer_cost.py`` with ONE calibration per GPU generation
 (``6 N T + 12 l s h T`` = Korthikanti's ``72 B s l h^2 (1 + s/6h + V/12lh)`` for GPTs).
 
 ``--capture`` also builds every row's transformer through the torch frontend on ``meta``
-(``fidelity_capture.py``: HF GPT-2 / Llama blocks, one and two layers, the row's micro-batch),
+(``fidelity_capture.py``: HF OPT blocks for the GPTs, eager attention where the run had no
+flash attention, Llama blocks for Llama 3; one and two layers at the row's micro-batch),
 prices one layer with ``sp.evaluate`` under ``sp.strategies.megatron(...)`` and re-predicts
 the row with that layer time in place of the analytic one; both predictions are printed.
 Without it, a torch-free check compares the framework-free IR builder's per-layer FLOPs.

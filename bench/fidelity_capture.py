@@ -2,7 +2,8 @@
 
 ``bench/fidelity.py --capture`` uses this to check the analytic per-layer model against the
 planner's own cost model on real model code: each row's transformer is built from HF classes on
-the ``meta`` device (GPT-2 blocks for the GPTs, Llama blocks for Llama 3; nothing is allocated),
+the ``meta`` device (OPT blocks for the GPTs, Llama blocks for Llama 3, see ``_hf_model``;
+nothing is allocated),
 its training step (forward, loss, backward, AdamW) is captured with one and with two layers at the
 row's micro-batch, and both graphs are priced by ``sp.evaluate`` under
 ``sp.strategies.megatron(tp=..., sequence_parallel=..., recompute=...)`` on a ``{"tp": t}`` mesh
@@ -42,24 +43,39 @@ class CapturedLayer:
     """IR ops the layer adds to the graph."""
 
 
-def _hf_model(m: Model, layers: int, seq: int):
-    """A HF causal LM with ``m``'s shapes and ``layers`` blocks, bf16, on ``meta``."""
+def _hf_model(m: Model, layers: int, seq: int, flash_attention: bool = True):
+    """A HF causal LM with ``m``'s shapes and ``layers`` blocks, bf16, on ``meta``.
+
+    The captured code is the computation the published run executed:
+
+    - attention: fused (``sdpa``, lowered to the IR's ``attention`` op) where the run used flash
+      attention, else HF's ``eager`` attention, which materialises the ``b a s^2`` scores
+      (QK^T, scale, mask, softmax, dropout, PV) as Megatron-LM's non-flash path did in 2022;
+    - dropout 0.1 (Megatron's default hidden and attention dropout) where the run had dropout;
+    - the GPT MLP activation is ``gelu`` (one kernel, as Megatron's fused bias-GeLU), not HF's
+      default ``gelu_new``, which is written as a chain of eight elementwise torch calls.
+    """
     import torch
-    from transformers import GPT2Config, GPT2LMHeadModel, LlamaConfig, LlamaForCausalLM
+    from transformers import LlamaConfig, LlamaForCausalLM, OPTConfig, OPTForCausalLM
 
     if m.gated_mlp:
         config = LlamaConfig(
             vocab_size=m.vocab, hidden_size=m.hidden, intermediate_size=m.ffn,
             num_hidden_layers=layers, num_attention_heads=m.heads,
             num_key_value_heads=m.kv_heads or m.heads, max_position_embeddings=seq,
+            attn_implementation="sdpa" if flash_attention else "eager",
         )  # fmt: skip
         cls = LlamaForCausalLM
     else:
-        config = GPT2Config(
-            vocab_size=m.vocab, n_positions=seq, n_embd=m.hidden, n_layer=layers,
-            n_head=m.heads, n_inner=m.ffn, resid_pdrop=0.0, embd_pdrop=0.0, attn_pdrop=0.0,
+        p = 0.1 if m.dropout else 0.0
+        config = OPTConfig(
+            vocab_size=m.vocab, hidden_size=m.hidden, num_hidden_layers=layers,
+            ffn_dim=m.ffn, num_attention_heads=m.heads, max_position_embeddings=seq,
+            word_embed_proj_dim=m.hidden, do_layer_norm_before=True, activation_function="gelu",
+            dropout=p, attention_dropout=p, layerdrop=0.0, enable_bias=True,
+            attn_implementation="sdpa" if flash_attention else "eager",
         )  # fmt: skip
-        cls = GPT2LMHeadModel
+        cls = OPTForCausalLM
     with torch.device("meta"):
         return cls(config).to(torch.bfloat16)
 
@@ -75,7 +91,7 @@ def _evaluate(m: Model, c: Config, cluster: str, layers: int):
     import shardplan as sp
     import torch
 
-    model = _hf_model(m, layers, c.seq)
+    model = _hf_model(m, layers, c.seq, c.flash_attention)
     ids = torch.empty((c.micro_batch, c.seq), dtype=torch.long, device="meta")
     mesh = sp.Mesh({"tp": c.tp}, cluster=_calibrated_cluster(cluster))
     recompute = None if c.recompute == "none" else c.recompute
@@ -112,5 +128,14 @@ def layer_key(c: Config) -> Config:
     """The part of a configuration one captured layer depends on (rows sharing it share one
     capture): parallel degrees other than tp, the batch and overlap flags do not matter."""
     return Config(
-        c.tp, 1, 1, c.micro_batch, c.seq, c.micro_batch, 1, c.sequence_parallel, c.recompute
+        c.tp,
+        1,
+        1,
+        c.micro_batch,
+        c.seq,
+        c.micro_batch,
+        1,
+        c.sequence_parallel,
+        c.recompute,
+        c.flash_attention,
     )

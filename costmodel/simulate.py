@@ -26,7 +26,7 @@ from dataclasses import dataclass, field
 from typing import TYPE_CHECKING
 
 from shardplan.ir.graph import Graph, Op, Role, Value
-from shardplan.ir.registry import op_flops
+from shardplan.ir.registry import op_bytes, op_flops
 
 from .cluster import Cluster, get_cluster
 from .compute import compute_time
@@ -323,8 +323,8 @@ def _op_time(op: Op, operands, results, mesh, cluster: Cluster) -> float:  # typ
     split = math.prod(mesh.axis_size(a) for a in axes)
     ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs) / split
-    nbytes = sum(t.nbytes // s.shard_count(mesh) for t, s in zip(ins, operands, strict=True))
-    nbytes += sum(t.nbytes // s.shard_count(mesh) for t, s in zip(outs, results, strict=True))
+    counts = [s.shard_count(mesh) for s in operands], [s.shard_count(mesh) for s in results]
+    nbytes = op_bytes(op.kind, ins, outs, *counts)
     return compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster)
 
 

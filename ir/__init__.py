@@ -11,7 +11,7 @@ from .errors import (
 )
 from .graph import Graph, Op, Origin, Role, Use, Value
 from .mesh import Mesh
-from .registry import known_kinds, op_flops, op_info, register_rule, rule_for
+from .registry import VIEW_KINDS, known_kinds, op_bytes, op_flops, op_info, register_rule, rule_for
 from .rules import ShardingRule
 from .sharding import Sharding
 from .types import DTYPE_BYTES, TensorType
@@ -35,6 +35,7 @@ def __getattr__(name: str):
 
 __all__ = [
     "DTYPE_BYTES",
+    "VIEW_KINDS",
     "FrontendError",
     "Graph",
     "IRParseError",
@@ -53,6 +54,7 @@ __all__ = [
     "Use",
     "Value",
     "known_kinds",
+    "op_bytes",
     "op_flops",
     "op_info",
     "register_rule",

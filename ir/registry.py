@@ -85,6 +85,23 @@ def rule_for(kind: str, ins: Types, outs: Types, attrs: Attrs, origin: object = 
     return info.build(ins, outs, attrs)
 
 
+VIEW_KINDS: frozenset[str] = frozenset({"reshape", "transpose", "broadcast_in_dim", "broadcast"})
+"""Layout-only ops: no kernel reads or writes HBM for them. PyTorch runs ``view``, ``t``,
+``transpose``, ``permute`` and ``expand`` as stride changes (a copy is traced as its own
+``clone``/``copy``), cuBLAS reads a transposed operand through its ``op(A)`` flag, and XLA turns
+reshapes and transposes into bitcasts or fuses them into their consumer."""
+
+
+def op_bytes(kind: str, ins: Types, outs: Types, in_shards, out_shards) -> float:  # type: ignore[no-untyped-def]
+    """HBM bytes one device moves for an op: its local operands and results; 0 for views.
+
+    ``in_shards``/``out_shards``: the number of shards of each operand/result (layouts)."""
+    if kind in VIEW_KINDS:
+        return 0.0
+    total = sum(t.nbytes // n for t, n in zip(ins, in_shards, strict=True))
+    return total + sum(t.nbytes // n for t, n in zip(outs, out_shards, strict=True))
+
+
 def op_flops(kind: str, rule: ShardingRule, ins: Types, outs: Types) -> float:
     """Global FLOPs of one op, from its factor sizes (sharding divides them evenly)."""
     info = _REGISTRY.get(kind)

@@ -10,7 +10,18 @@ import numpy as np
 
 from ..costmodel import compute_time, reshard_time
 from ..costmodel.cluster import Cluster
-from ..ir import Graph, Mesh, Op, Role, Sharding, ShardingError, TensorType, Value, op_flops
+from ..ir import (
+    Graph,
+    Mesh,
+    Op,
+    Role,
+    Sharding,
+    ShardingError,
+    TensorType,
+    Value,
+    op_bytes,
+    op_flops,
+)
 from ..passes.enumerate_strategies import Strategy, input_strategies, op_strategies
 from .problem import Problem, group_layouts
 
@@ -162,8 +173,13 @@ def op_cost(op: Op, strategy: Strategy, mesh: Mesh, cluster: Cluster) -> float:
     ins = [v.type for v in op.operands]
     outs = [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs) / strategy.split
-    nbytes = sum(_local_bytes(t, s, mesh) for t, s in zip(ins, strategy.operands, strict=True))
-    nbytes += sum(_local_bytes(t, s, mesh) for t, s in zip(outs, strategy.results, strict=True))
+    nbytes = op_bytes(
+        op.kind,
+        ins,
+        outs,
+        [s.shard_count(mesh) for s in strategy.operands],
+        [s.shard_count(mesh) for s in strategy.results],
+    )
     dtype = (outs or ins)[0].dtype
     return compute_time(flops, nbytes, dtype, cluster)
 

@@ -37,3 +37,37 @@ def test_recompute_policy_covers_every_layer() -> None:
     graph = training_step(TINY, batch=4)
     decisions = sp.strategies.dp(recompute="selective").recompute_decisions(graph)
     assert decisions == {"layers.0": "selective", "layers.1": "selective"}
+
+
+def test_megatron_pins_non_square_linear_weights_through_their_transpose() -> None:
+    """nn.Linear lowers to transpose + matmul; a non-square weight (GQA k/v, MLP up/down)
+    must get its column/row pin like a square one (it used to stay replicated)."""
+    torch = pytest.importorskip("torch")
+    transformers = pytest.importorskip("transformers")
+    from shardplan.frontend.torch.capture import capture
+
+    config = transformers.LlamaConfig(
+        vocab_size=64, hidden_size=32, intermediate_size=96, num_hidden_layers=1,
+        num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=16,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = transformers.LlamaForCausalLM(config)
+    ids = torch.empty((2, 16), dtype=torch.long, device="meta")
+    graph, _ = capture(model, {"input_ids": ids, "labels": ids})
+    mesh = sp.Mesh({"tp": 2}, cluster="h100-sxm")
+    pins = sp.strategies.megatron("tp").pins(graph, mesh)
+    layer = "model_layers_0_"
+    for name in ("self_attn_k_proj", "self_attn_v_proj", "mlp_gate_proj", "mlp_up_proj"):
+        assert pins[f"{layer}{name}_weight"] == Sharding.of("tp", None), name  # [out, in]
+        assert pins[f"{layer}{name}_weight_exp_avg"] == Sharding.of("tp", None), name
+    assert pins[f"{layer}mlp_down_proj_weight"] == Sharding.of(None, "tp")
+    assert pins[f"{layer}self_attn_o_proj_weight"] == Sharding.of(None, "tp")
+
+
+def test_layout_only_ops_move_no_bytes() -> None:
+    from shardplan.ir import TensorType, op_bytes
+
+    t = TensorType((8, 4), "bf16")
+    assert op_bytes("transpose", [t], [TensorType((4, 8), "bf16")], [1], [1]) == 0
+    assert op_bytes("reshape", [t], [TensorType((32,), "bf16")], [1], [1]) == 0
+    assert op_bytes("add", [t, t], [t], [1, 2], [1]) == 64 + 32 + 64
