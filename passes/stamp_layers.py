@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from functools import lru_cache
 
 from ..ir import Graph, Origin, Value
 from .repeated_layers import _layer_members
@@ -47,8 +48,12 @@ class StampedGraph:
 
 def layer_path(text: str, stack: str, old: int, new: int) -> str:
     """``model.layers.1.mlp`` -> ``model.layers.5.mlp`` (only that stack's layer segment)."""
-    pattern = re.compile(rf"(^|\.){re.escape(stack)}\.{old}(?=\.|$|#)")
-    return pattern.sub(lambda m: f"{m.group(1)}{stack}.{new}", text, count=1)
+    return _segment(stack, old).sub(lambda m: f"{m.group(1)}{stack}.{new}", text, count=1)
+
+
+@lru_cache(maxsize=64)
+def _segment(stack: str, index: int) -> re.Pattern[str]:
+    return re.compile(rf"(^|\.){re.escape(stack)}\.{index}(?=\.|$|#)")
 
 
 def stamp_layers(graph: Graph, stack: str, count: int) -> StampedGraph | None:

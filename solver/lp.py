@@ -9,6 +9,7 @@ rounding a warm start for CP-SAT.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import numpy as np
@@ -51,7 +52,7 @@ def solve_relaxation(problem: Problem, time_limit: float = 30.0) -> Relaxation |
                 continue
         _pair_block(lp, objective, x[e.u], e.u_group, x[e.v], e.v_group, cost)
     for n in live:
-        for var, c in zip(x[n], coef[n], strict=True):
+        for var, c in zip(x[n], coef[n].tolist(), strict=True):
             _set_cost(objective, var, c)
     _memory_row(lp, problem, x)
     objective.SetMinimization()
@@ -72,21 +73,29 @@ def _pair_block(lp, objective, xu: list, u_group, xv: list, v_group, cost: np.nd
     """Pair variables p[a][b]: rows sum to u's group indicator, columns to v's."""
     rows, cols = cost.shape
     pair = [[lp.NumVar(0.0, 1.0, "") for _ in range(cols)] for _ in range(rows)]
-    for a in range(rows):
+    for a, members in enumerate(_members(xu, u_group, rows)):
         row = lp.Constraint(0.0, 0.0)
         for var in pair[a]:
             row.SetCoefficient(var, 1.0)
-        for s in np.nonzero(u_group == a)[0]:
-            row.SetCoefficient(xu[s], -1.0)
-    for b in range(cols):
+        for var in members:
+            row.SetCoefficient(var, -1.0)
+    for b, members in enumerate(_members(xv, v_group, cols)):
         col = lp.Constraint(0.0, 0.0)
         for a in range(rows):
             col.SetCoefficient(pair[a][b], 1.0)
-        for s in np.nonzero(v_group == b)[0]:
-            col.SetCoefficient(xv[s], -1.0)
-    for a in range(rows):
-        for b in range(cols):
-            _set_cost(objective, pair[a][b], cost[a, b])
+        for var in members:
+            col.SetCoefficient(var, -1.0)
+    for a, line in enumerate(cost.tolist()):
+        for b, c in enumerate(line):
+            _set_cost(objective, pair[a][b], c)
+
+
+def _members(variables: list, group, count: int) -> list[list]:
+    """Per group, the strategy variables that select it."""
+    members: list[list] = [[] for _ in range(count)]
+    for s, g in enumerate(group.tolist()):
+        members[g].append(variables[s])
+    return members
 
 
 def _memory_row(lp, problem: Problem, x: dict) -> None:
@@ -108,9 +117,9 @@ def _node_vars(lp: pywraplp.Solver, count: int) -> list:
 
 
 def _set_cost(objective, var, cost: float) -> None:
-    if np.isfinite(cost):
+    if math.isfinite(cost):
         if cost:
-            objective.SetCoefficient(var, float(cost))
+            objective.SetCoefficient(var, cost)
     else:
         var.SetUb(0.0)  # an impossible choice
 
