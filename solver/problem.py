@@ -112,8 +112,8 @@ class Problem:
         return total + sum(e.value(choice[e.u], choice[e.v]) for e in self.edge_table.values())
 
     def cost_peak(self) -> float:
-        """Largest finite |cost| of any node or edge (solvers scale costs against it)."""
-        finite = [c[np.isfinite(c)] for c in self.node_costs]
+        """Largest finite |cost| of any live node or edge (solvers scale costs against it)."""
+        finite = [c[np.isfinite(c)] for c in (self.node_costs[n] for n in self.live_nodes())]
         finite += [e.cost[np.isfinite(e.cost)] for e in self.edge_table.values()]
         return max([float(np.max(np.abs(c))) for c in finite if c.size] + [0.0])
 
