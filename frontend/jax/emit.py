@@ -161,12 +161,12 @@ class _Emit(Walker[Any]):
         return x
 
     def _pin_summed(self, x: Any, value: Value) -> Any:
-        """A scatter-add the plan computes into a pending sum: pin the value with its partial
-        axes replicated, so XLA scatters locally and reduces (all-reduce, and the reader's
+        """Pin a scatter-add's result at its planned layout with any partial axes replicated:
+        for a pending sum XLA then scatters locally and reduces (all-reduce, and the reader's
         dynamic-slice makes it a reduce-scatter) instead of moving the updates into the
         reader's layout (docs/design.md, "Scatter-adds as the plan computes them")."""
         sharding = self.plan.shardings.get(value.name)
-        return self._pin(x, sharding.without_partial()) if sharding and sharding.partial else x
+        return self._pin(x, sharding.without_partial()) if sharding is not None else x
 
     def _scatter_add(self, eqn: Any, ins: list[Any], params: dict[str, Any]) -> Any:
         """Bind a scatter-add as the plan computes it. An embedding gradient was captured as
@@ -176,7 +176,8 @@ class _Emit(Walker[Any]):
         (name,) = self.context.steps[self.step]
         value = self.values.get(name) if name else None
         add = value.producer if value is not None else None
-        rows = add.operands[1] if add is not None and add.kind == "add" else None
+        planned = add is not None and add.kind == "add" and id(add) in self.op_index
+        rows = add.operands[1] if planned else None
         if rows is None or rows.producer is None or rows.producer.kind != "embedding_backward":
             out = eqn.primitive.bind(*ins, **params)
             return self._pin_summed(out, value) if value is not None else out
