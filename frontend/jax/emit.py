@@ -5,7 +5,9 @@ capture (``walk.Walker``), binding each equation and pinning its results with
 ``with_sharding_constraint`` at the planned layouts, so XLA partitions the way the plan says
 rather than by its own propagation. Partial (pending-sum) layouts cannot be written in ``Auto``
 mode: those values stay unconstrained and the consumer's planned operand layout is pinned
-instead, which is where the plan puts the reduction.
+instead, which is where the plan puts the reduction. Scatter-adds are the exception: XLA
+would move the updates rather than reduce, so their pending sums are pinned replicated first
+(``_Emit._scatter_add``).
 """
 
 from __future__ import annotations
