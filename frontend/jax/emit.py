@@ -5,7 +5,9 @@ capture (``walk.Walker``), binding each equation and pinning its results with
 ``with_sharding_constraint`` at the planned layouts, so XLA partitions the way the plan says
 rather than by its own propagation. Partial (pending-sum) layouts cannot be written in ``Auto``
 mode: those values stay unconstrained and the consumer's planned operand layout is pinned
-instead, which is where the plan puts the reduction.
+instead, which is where the plan puts the reduction. Scatter-adds are the exception: XLA
+would move the updates rather than reduce, so their pending sums are pinned replicated first
+(``_Emit._scatter_add``).
 """
 
 from __future__ import annotations
@@ -16,11 +18,13 @@ from typing import Any
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from ...ir import FrontendError, Mesh, Sharding
+from ...ir import FrontendError, Mesh, Op, Sharding, Value
 from ...solver.plan import Plan
 from .capture import JaxContext
 from .paths import pinned_layouts
 from .walk import Walker
+
+SCATTER_ADD = frozenset({"scatter-add", "scatter_add"})
 
 
 def make_jax_mesh(plan_or_mesh: Plan | Mesh) -> jax.sharding.Mesh:
@@ -105,6 +109,7 @@ class _Emit(Walker[Any]):
         self.constraints = 0
         self.edges, self.results, self.outputs = _reshard_paths(plan)
         self.chains: dict[tuple[str, tuple[Sharding, ...]], Any] = {}
+        self.values = {v.name: v for v in plan.graph.values()}
 
     def _pin(self, x: Any, sharding: Sharding | None) -> Any:
         if sharding is None or sharding.partial or sharding.rank != len(getattr(x, "shape", ())):
@@ -142,19 +147,46 @@ class _Emit(Walker[Any]):
         """Where the plan reshards an edge, pin every layout along the way to the consumer's."""
         out = list(ins)
         for k, use in enumerate(self.context.step_uses[self.step]):
-            if use is None or id(use[0]) not in self.op_index:
-                continue
-            op, index = use
-            key, value = (self.op_index[id(op)], index), op.operands[index]
-            shape = tuple(getattr(out[k], "shape", ()))
-            if key in self.edges:
-                path = [relayout(s, value.type.shape, shape) for s in self.edges[key]]
-                out[k] = self._pin_path(out[k], path, value.name)
-            elif (wanted := self.plan.operand_shardings.get(key)) != self.plan.shardings.get(
-                value.name
-            ):
-                out[k] = self._pin(out[k], relayout(wanted, value.type.shape, shape))
+            if use is not None and id(use[0]) in self.op_index:
+                out[k] = self._pin_use(out[k], *use)
         return out
+
+    def _pin_use(self, x: Any, op: Op, index: int) -> Any:
+        """Pin ``x`` along the planned reshard into operand ``index`` of IR op ``op``."""
+        key, value = (self.op_index[id(op)], index), op.operands[index]
+        shape = tuple(getattr(x, "shape", ()))
+        if key in self.edges:
+            path = [relayout(s, value.type.shape, shape) for s in self.edges[key]]
+            return self._pin_path(x, path, value.name)
+        if (wanted := self.plan.operand_shardings.get(key)) != self.plan.shardings.get(value.name):
+            return self._pin(x, relayout(wanted, value.type.shape, shape))
+        return x
+
+    def _pin_summed(self, x: Any, value: Value) -> Any:
+        """Pin a scatter-add's result at its planned layout with any partial axes replicated:
+        for a pending sum XLA then scatters locally and reduces (all-reduce, and the reader's
+        dynamic-slice makes it a reduce-scatter) instead of moving the updates into the
+        reader's layout (docs/design.md, "Scatter-adds as the plan computes them")."""
+        sharding = self.plan.shardings.get(value.name)
+        return self._pin(x, sharding.without_partial()) if sharding is not None else x
+
+    def _scatter_add(self, eqn: Any, ins: list[Any], params: dict[str, Any]) -> Any:
+        """Bind a scatter-add as the plan computes it. An embedding gradient was captured as
+        ``embedding_backward`` (a scatter into zeros) + ``add`` of the base; it is emitted as
+        those two ops so the scatter's own result, which the plan may leave partial, has a
+        value to pin."""
+        (name,) = self.context.steps[self.step]
+        value = self.values.get(name) if name else None
+        add = value.producer if value is not None else None
+        planned = add is not None and add.kind == "add" and id(add) in self.op_index
+        rows = add.operands[1] if planned else None
+        if rows is None or rows.producer is None or rows.producer.kind != "embedding_backward":
+            out = eqn.primitive.bind(*ins, **params)
+            return self._pin_summed(out, value) if value is not None else out
+        base, indices, updates = ins
+        zeros = jax.lax.full(base.shape, 0, base.dtype)
+        summed = self._pin_summed(eqn.primitive.bind(zeros, indices, updates, **params), rows)
+        return jax.lax.add(base, self._pin_use(summed, add, 1))
 
     def pin_outputs(self, outs: list[Any]) -> list[Any]:
         return [self._pin_path(x, self.outputs.get(i, [])) for i, x in enumerate(outs)]
@@ -163,6 +195,8 @@ class _Emit(Walker[Any]):
         ins = self._pin_operands(ins)
         params = eqn.primitive.get_bind_params(eqn.params)  # jax 0.10: params only
         with eqn.ctx.manager:  # the equation's context (compute type, metadata), as eval_jaxpr
+            if eqn.primitive.name in SCATTER_ADD:
+                return self._pin_results([self._scatter_add(eqn, ins, params)])
             outs = eqn.primitive.bind(*ins, **params)
         return self._pin_results(list(outs) if eqn.primitive.multiple_results else [outs])
 

@@ -48,30 +48,55 @@ def test_plan_jit_matches_unsharded_step(model, shape):
     _assert_same(jitted(*args), jax.jit(step)(*args))
 
 
-# One known difference (docs/design.md, "Pending sums"): the plan computes the embedding
-# gradient batch-split into a partial table and reduce-scatters it onto the table's model dim;
-# XLA all-to-alls the updates into that layout instead, and the partial table has no JAX value
-# the emitter could pin. The GPT plan on (8,) takes that route.
-SCATTER_WINDOW_MISMATCH = pytest.mark.xfail(
-    strict=True, reason="embedding gradient reduce-scattered onto its window dim: XLA moves updates"
-)
-
-
 @pytest.mark.parametrize(
     ("model", "shape"),
-    [
-        ("mlp", (8,)),
-        ("mlp", (2, 4)),
-        ("mlp", (4, 2)),
-        pytest.param("gpt", (8,), marks=SCATTER_WINDOW_MISMATCH),
-        ("gpt", (2, 4)),
-        ("gpt", (4, 2)),
-    ],
+    [(model, shape) for model in ("mlp", "gpt") for shape in MESHES],
 )
 def test_xla_collectives_are_the_planned_ones(model, shape):
     _, args, plan, jitted = _planned(model, shape)
     found = check_plan_collectives(plan, jitted, *args)
     assert found or not plan.collectives()
+
+
+def _lookup_step(axis: int):
+    """Rows (axis 0, an embedding) or columns (axis 1, a general gather) of a table looked up by
+    token ids, then a matmul and a plain gradient step: the table's gradient is a scatter-add."""
+
+    def step(params, batch):
+        def loss(p):
+            x = jnp.take(p["table"], batch["ids"], axis=axis)
+            x = x if axis == 0 else jnp.einsum("dbs->bsd", x)
+            return jnp.mean(jnp.tanh(x @ p["w"]))
+
+        value, grads = jax.value_and_grad(loss)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), value
+
+    k1, k2, k3 = jax.random.split(jax.random.key(0), 3)
+    table = (128, 64) if axis == 0 else (64, 128)
+    params = {"table": jax.random.normal(k1, table), "w": jax.random.normal(k2, (64, 64))}
+    return step, (params, {"ids": jax.random.randint(k3, (16, 32), 0, 128)})
+
+
+@pytest.mark.parametrize("axis", [0, 1], ids=["embedding", "general"])
+def test_scatter_add_reduced_onto_its_window_dim(axis):
+    # The table's model dim is split, the ids batch-split: the plan scatters each device's
+    # tokens into a partial table and reduce-scatters it onto the model (window) dim. XLA moves
+    # the updates into that split instead unless the emitter pins the scatter's own result
+    # (docs/design.md, "Scatter-adds as the plan computes them").
+    step, args = _lookup_step(axis)
+    model_dim = sp.Sharding.of(None, "dp") if axis == 0 else sp.Sharding.of("dp", None)
+    pins = {"params['table']": model_dim, "batch['ids']": sp.Sharding.of("dp", None)}
+    plan = sp.plan(step, *args, mesh=sp.Mesh({"dp": 8}), pins=pins, time_limit=10)
+    table = plan.graph.inputs[0].type
+    reduced = [
+        r
+        for r in plan.reshards
+        if r.src.partial and r.dst == model_dim and plan.graph.value(r.value).type == table
+    ]
+    assert [c.kind for r in reduced for c in r.collectives] == ["reduce-scatter"]
+    jitted = plan.jit(step, make_jax_mesh(plan))
+    _assert_same(jitted(*args), jax.jit(step)(*args))
+    assert check_plan_collectives(plan, jitted, *args)
 
 
 def test_scanned_gpt_plans_and_matches_numerics():
