@@ -129,13 +129,17 @@ class Problem:
         identity = len(mapping) == len(self.node_costs[f]) and bool(
             np.array_equal(mapping, np.arange(len(mapping)))
         )  # a repeated layer's copy: groups stay as they are, nothing to compact
-        self.node_costs[ld] = self.node_costs[ld] + self.node_costs[f][mapping]
+
+        def pick(per_strategy: np.ndarray) -> np.ndarray:
+            return per_strategy if identity else per_strategy[mapping]
+
+        self.node_costs[ld] = self.node_costs[ld] + pick(self.node_costs[f])
         if self.memory is not None:
-            self.memory[ld] = self.memory[ld] + self.memory[f][mapping]
+            self.memory[ld] = self.memory[ld] + pick(self.memory[f])
         for key in sorted(self.adjacency.get(f, ())):
             e = self._remove(key)
-            u, ug = (ld, e.u_group[mapping]) if e.u == f else (e.u, e.u_group)
-            v, vg = (ld, e.v_group[mapping]) if e.v == f else (e.v, e.v_group)
+            u, ug = (ld, pick(e.u_group)) if e.u == f else (e.u, e.u_group)
+            v, vg = (ld, pick(e.v_group)) if e.v == f else (e.v, e.v_group)
             if u == v:
                 idx = np.arange(len(mapping))
                 self.node_costs[ld] = self.node_costs[ld] + e.cost[ug[idx], vg[idx]]

@@ -192,7 +192,12 @@ class _Capture(Walker[Value]):
     def stack(self, pieces: list[Value]) -> Value:
         em = Emitter(self.graph, self._origin())
         t = pieces[0].type
-        rows = [em.one("reshape", [p], TensorType((1, *t.shape), t.dtype)) for p in pieces]
+        rows = []
+        for i, piece in enumerate(pieces):  # piece i came from iteration i: its layer's op
+            with self.module(f"layers.{i}"):
+                em.origin = self._origin()
+                rows.append(em.one("reshape", [piece], TensorType((1, *t.shape), t.dtype)))
+        em.origin = self._origin()
         while len(rows) > 1:  # concats of at most 8 operands: rule letters are finite
             groups = [rows[i : i + 8] for i in range(0, len(rows), 8)]
             rows = [self._concat(em, g) if len(g) > 1 else g[0] for g in groups]
