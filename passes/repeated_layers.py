@@ -104,9 +104,13 @@ def find_repeated_layers(graph: Graph) -> RepeatedLayers:
         first = members[(stack, indices[0])]
         signature = [_signature(graph, n) for n in first]
         shared = [indices[0]]
+        alignments: dict[tuple, list[tuple[int, int]]] = {}  # copies usually repeat layer 1
         for index in indices[1:]:
             nodes = members[(stack, index)]
-            matched = _align(signature, [_signature(graph, n) for n in nodes])
+            copy = tuple(_signature(graph, n) for n in nodes)
+            if copy not in alignments:
+                alignments[copy] = _align(signature, list(copy))
+            matched = alignments[copy]
             representative.update((nodes[j], first[i]) for i, j in matched)
             if len(matched) >= len(first) // 2:
                 shared.append(index)
