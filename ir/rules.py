@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import IRVerifyError
 
@@ -34,6 +34,8 @@ class ShardingRule:
     sizes: tuple[tuple[str, int], ...]
     """Factor sizes, in order of first appearance (the canonical factor order)."""
     need_replication: frozenset[str] = frozenset()
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    """Cached: rules key the planner's strategy and cost caches (once per op)."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "need_replication", frozenset(self.need_replication))
@@ -42,6 +44,15 @@ class ShardingRule:
             raise IRVerifyError(
                 f"rule {self.spec}: need_replication names unknown factors {unknown}"
             )
+        key = (self.operands, self.results, self.sizes, self.need_replication)
+        object.__setattr__(self, "_hash", hash(key))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:
+        """Rebuilt through ``__init__``: string hashes differ between processes."""
+        return (ShardingRule, (self.operands, self.results, self.sizes, self.need_replication))
 
     # -- derived views --------------------------------------------------------------------
     @property
