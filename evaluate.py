@@ -63,9 +63,20 @@ def evaluate(
     except InfeasiblePlanError:
         fits = False
         plan = _solve(graph, mesh, pins, math.inf, recompute, time_limit)
+    if strategy.tp_comm_overlap and strategy.tp:
+        _simulate_tp_overlap(plan, strategy.tp)
     return _evaluation(
         strategy.name, graph, mesh, plan, fits and plan.peak_memory_bytes <= limit, limit
     )
+
+
+def _simulate_tp_overlap(plan: Plan, axis: str) -> None:
+    """Re-simulate the step with ``axis``'s all-gathers / reduce-scatters pipelined with their
+    GEMMs (the strategy's ``tp_comm_overlap``); the layouts do not change."""
+    from .costmodel.simulate import SimulationOptions, simulate
+
+    result = simulate(plan, SimulationOptions(tp_overlap_axes=(axis,)))
+    plan.exposed_comm_time = result.exposed_comm_time
 
 
 def _graph(model_or_graph: Any, example_args: tuple, options: dict) -> Graph:

@@ -43,6 +43,10 @@ class ParallelStrategy:
     """None, ``"selective"`` or ``"full"`` for every layer."""
     pp: int = 1
     microbatches: int = 1
+    tp_comm_overlap: bool = False
+    """Tensor-parallel communication overlap (Megatron-Core ``--tp-comm-overlap``): the step
+    simulator pipelines the ``tp`` axis's all-gathers and reduce-scatters with their GEMMs
+    (``costmodel.simulate.SimulationOptions.tp_overlap_axes``)."""
 
     def data_axes(self, mesh: Mesh) -> tuple[str, ...]:
         if self.dp is not None:
@@ -188,17 +192,24 @@ def megatron(
     recompute: str | None = None,
     microbatches: int = 1,
     zero1: bool = False,
+    tp_comm_overlap: bool = False,
 ) -> ParallelStrategy:
     """Megatron-LM: column/row tensor parallelism on the ``tp`` axis, data parallel elsewhere.
 
     ``tp`` is the mesh axis name (an int means the axis called ``"tp"``; its size is the
     mesh's). ``zero1`` shards optimizer states over the data axes (Megatron's distributed
-    optimizer).
+    optimizer). ``tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, Transformer Engine
+    userbuffers; it needs ``sequence_parallel``) chunks each all-gather into a GEMM and each
+    reduce-scatter out of one and pipelines the chunks with the GEMM: the step simulator
+    exposes only ``max(0, comm - gemm)`` plus one chunk (``costmodel/simulate.py``).
     """
+    if tp_comm_overlap and not sequence_parallel:
+        raise ValueError("tp_comm_overlap needs sequence_parallel (Megatron-Core requires it)")
     if recompute not in (None, "selective", "full"):
         raise ValueError(f"recompute must be None, 'selective' or 'full', not {recompute!r}")
     axis = tp if isinstance(tp, str) else "tp"
     name = f"megatron{'-sp' if sequence_parallel else ''}{'-zero1' if zero1 else ''}"
+    name += "-tpoverlap" if tp_comm_overlap else ""
     return ParallelStrategy(
         name + _suffix(recompute),
         tp=axis,
@@ -208,6 +219,7 @@ def megatron(
         recompute=recompute,
         pp=pp,
         microbatches=microbatches,
+        tp_comm_overlap=tp_comm_overlap,
     )
 
 

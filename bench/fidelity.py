@@ -23,7 +23,7 @@ import argparse
 import json
 import statistics
 import sys
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from itertools import combinations
 from pathlib import Path
 
@@ -46,6 +46,11 @@ class Row:
     """Seconds per iteration, when the source gives it."""
     published_tflops: float = 0.0
     """Model TF/s per GPU, when the source gives it (then the time is derived from it)."""
+    tp_comm_overlap: bool = False
+    """The source says the run overlapped tensor-parallel communication with GEMMs
+    (``--tp-comm-overlap``); the captured layer is then evaluated with
+    ``megatron(..., tp_comm_overlap=True)``. True only for Megatron-Core (reference sheet §2.2:
+    "with DP/TP/PP comm overlap"); Korthikanti'22 and Llama 3 do not say so."""
 
     @property
     def gpus(self) -> int:
@@ -105,7 +110,7 @@ def megatron_core_rows() -> list[Row]:
             tp, pp, 48, batch, 4096, 1, 1, tp > 1, "none",
             flash_attention=True, tp_overlap=True, dp_overlap=True,
         )  # fmt: skip
-        rows.append(Row("Megatron-Core H100", name, model, config, H100, 0.0, tflops))
+        rows.append(Row("Megatron-Core H100", name, model, config, H100, 0.0, tflops, tp > 1))
     return rows
 
 
@@ -160,7 +165,8 @@ def _captured(row: Row, est, measured: float) -> dict:
     """The row re-predicted with one layer priced from a torch-captured graph."""
     from fidelity_capture import captured_layer, layer_key
 
-    layer = captured_layer(row.model, layer_key(row.config), row.cluster)
+    key = replace(layer_key(row.config), tp_overlap=row.tp_comm_overlap)
+    layer = captured_layer(row.model, key, row.cluster)
     c = row.config
     tokens = c.micro_batch * c.seq
     analytic_flops = 6 * row.model.layer_params() * tokens + 12 * c.seq * row.model.hidden * tokens

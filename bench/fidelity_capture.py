@@ -6,8 +6,9 @@ the ``meta`` device (OPT blocks for the GPTs, Llama blocks for Llama 3, see ``_h
 nothing is allocated),
 its training step (forward, loss, backward, AdamW) is captured with one and with two layers at the
 row's micro-batch, and both graphs are priced by ``sp.evaluate`` under
-``sp.strategies.megatron(tp=..., sequence_parallel=..., recompute=...)`` on a ``{"tp": t}`` mesh
-of the row's cluster with the calibration applied (``costmodel.calibration.apply``). The
+``sp.strategies.megatron(tp=..., sequence_parallel=..., recompute=..., tp_comm_overlap=...)``
+on a ``{"tp": t}`` mesh of the row's cluster with the calibration applied
+(``costmodel.calibration.apply``). The
 difference of the two is one layer: its model FLOPs and its simulated step time (compute plus
 exposed TP communication), less the update ops' compute.
 
@@ -96,7 +97,10 @@ def _evaluate(m: Model, c: Config, cluster: str, layers: int):
     mesh = sp.Mesh({"tp": c.tp}, cluster=_calibrated_cluster(cluster))
     recompute = None if c.recompute == "none" else c.recompute
     strategy = sp.strategies.megatron(
-        tp=c.tp, sequence_parallel=c.sequence_parallel, recompute=recompute
+        tp=c.tp,
+        sequence_parallel=c.sequence_parallel,
+        recompute=recompute,
+        tp_comm_overlap=c.tp_overlap and c.sequence_parallel and c.tp > 1,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -126,7 +130,8 @@ def _without_update(plan) -> float:
 
 def layer_key(c: Config) -> Config:
     """The part of a configuration one captured layer depends on (rows sharing it share one
-    capture): parallel degrees other than tp, the batch and overlap flags do not matter."""
+    capture): parallel degrees other than tp, the batch and the data-parallel overlap flag do
+    not matter; tensor-parallel communication overlap does."""
     return Config(
         c.tp,
         1,
@@ -138,4 +143,5 @@ def layer_key(c: Config) -> Config:
         c.sequence_parallel,
         c.recompute,
         c.flash_attention,
+        tp_overlap=c.tp_overlap,
     )

@@ -9,7 +9,10 @@ order they become ready, and each task starts at ``max(its stream's clock, its d
 - a collective on a graph input (a parameter all-gather) may be issued early, but no more than
   ``prefetch_window`` layers ahead of its consumer (FSDP's one-layer prefetch);
 - nothing else orders the comm stream, so gradient reductions run under the rest of backward
-  while tensor-parallel collectives, needed at once, stay on the critical path.
+  while tensor-parallel collectives, needed at once, stay on the critical path;
+- unless tensor-parallel communication overlap is on (``SimulationOptions.tp_overlap_axes``,
+  Megatron-Core's ``--tp-comm-overlap``): then an all-gather feeding a GEMM, or a
+  reduce-scatter fed by one, is split into chunks pipelined with that GEMM (``Transfer.pipelined``).
 
 Exposed communication is the compute stream's idle time; the rest of the communication is
 overlapped. Compute/communication contention for SMs and HBM is not modelled.
@@ -22,11 +25,11 @@ import heapq
 import math
 import re
 from collections.abc import Sequence
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from shardplan.ir.graph import Graph, Op, Role, Value
-from shardplan.ir.registry import op_bytes, op_flops
+from shardplan.ir.registry import op_bytes, op_flops, op_info
 
 from .cluster import Cluster, get_cluster
 from .compute import compute_time
@@ -47,6 +50,14 @@ class Phase(enum.Enum):
 class SimulationOptions:
     prefetch_window: int | None = 1
     """Layers ahead a graph input's collective may start (``None``: as early as t = 0)."""
+    tp_overlap_axes: tuple[str, ...] = ()
+    """Mesh axes whose collectives are pipelined with their GEMM (tensor-parallel
+    communication overlap, Megatron-Core ``--tp-comm-overlap`` / Transformer Engine
+    userbuffers): an all-gather whose consumer is a GEMM, or a reduce-scatter whose producer is
+    one, is cut into one chunk per rank of its group and each chunk's GEMM runs while the next
+    chunk moves. Two-stage pipeline of ``n`` chunks: the pair takes
+    ``max(c, g) + min(c, g) / n`` instead of ``c + g``, i.e. the exposed communication is
+    ``max(0, c - g) + min(c, g) / n`` (see ``Transfer.pipelined``). Empty: no such overlap."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -64,6 +75,14 @@ class Transfer:
     In steady state that collective overlaps the *next* step's start (Megatron's
     ``overlap_param_gather``), so it is simulated as a prefetch of ``carried`` for
     ``consumer``, its first use."""
+    pipelined: str = ""
+    """Chunked and pipelined with a GEMM (tensor-parallel communication overlap): ``"consumer"``
+    for an all-gather feeding the GEMM ``consumer`` (the GEMM starts once the first chunk has
+    arrived and ends no earlier than one GEMM chunk after the last), ``"producer"`` for a
+    reduce-scatter of the GEMM that produces ``value`` (it starts once the first GEMM chunk is
+    done and ends no earlier than one comm chunk after the GEMM); ``""``: not pipelined."""
+    chunks: int = 1
+    """Chunks of a pipelined transfer (one per rank of the collective's group)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -165,6 +184,8 @@ class _Streams:
     def __init__(self, graph: Graph, transfers: Sequence[Transfer], options: SimulationOptions):
         self.transfers = list(transfers)
         self.end: dict[int, float] = {}  # job id -> end time, once scheduled
+        self.start: dict[int, float] = {}  # job id -> start time, once scheduled
+        self.floor: dict[int, float] = {}  # producer-pipelined job -> earliest end
         self.ready: dict[Value, float] = dict.fromkeys(graph.inputs, 0.0)
         self.queue: list[tuple[float, int]] = []  # (ready time, job id): FIFO by readiness
         self.compute_clock = self.comm_clock = 0.0
@@ -189,38 +210,59 @@ class _Streams:
         for v in graph.inputs:
             self.release(v, 0.0)
 
-    def release(self, value: Value, time: float) -> None:
-        """``value`` is readable at ``time``: queue the collectives that were waiting for it."""
+    def release(self, value: Value, time: float, began: float | None = None) -> None:
+        """``value`` is readable at ``time``: queue the collectives that were waiting for it.
+
+        ``began``: when its producer op started. A reduce-scatter pipelined with that op may
+        start after its first chunk and ends no earlier than one comm chunk after the op."""
         self.ready[value] = time
         for job in self.waiting.pop(value, []):
-            heapq.heappush(self.queue, (time, job))
+            t = self.transfers[job]
+            if t.pipelined == "producer" and began is not None and t.chunks > 1:
+                self.floor[job] = time + t.time / t.chunks
+                heapq.heappush(self.queue, (began + (time - began) / t.chunks, job))
+            else:
+                heapq.heappush(self.queue, (time, job))
 
-    def produced(self, value: Value, time: float) -> None:
+    def produced(self, value: Value, time: float, began: float | None = None) -> None:
         if value in self.pin_job:
             heapq.heappush(self.queue, (time, self.pin_job[value]))
         else:
-            self.release(value, time)
+            self.release(value, time, began)
 
     def drain_until(self, job: int | None) -> None:
         """Run queued collectives in readiness order until ``job`` has run (``None``: all)."""
         while self.queue and (job is None or job not in self.end):
             ready, popped = heapq.heappop(self.queue)
             start = max(self.comm_clock, ready)
-            self.comm_clock = self.end[popped] = start + self.transfers[popped].time
+            end = max(start + self.transfers[popped].time, self.floor.get(popped, 0.0))
+            self.start[popped] = start
+            self.comm_clock = self.end[popped] = end
             if self.transfers[popped].pin:
                 self.release(self.transfers[popped].value, self.comm_clock)
         if job is not None and job not in self.end:
             raise RuntimeError(f"collective {job} can never run: its producer never finished")
 
-    def operand_ready(self, index: int, value: Value) -> float:
+    def operand_ready(self, index: int, value: Value, duration: float) -> tuple[float, float]:
+        """(when op ``index`` may start on ``value``, the earliest it may end).
+
+        A consumer-pipelined all-gather lets its GEMM start once the first chunk has arrived;
+        the GEMM's last chunk then runs after the last comm chunk."""
         jobs = self.needs.get(index, {}).get(value)
         if jobs:
+            ready, floor = 0.0, 0.0
             for job in jobs:
                 self.drain_until(job)
-            return max(self.end[job] for job in jobs)
+                t = self.transfers[job]
+                if t.pipelined == "consumer" and t.chunks > 1:
+                    ready = max(ready, self.start[job] + t.time / t.chunks)
+                    floor = max(floor, self.end[job] + duration / t.chunks)
+                else:
+                    ready = max(ready, self.end[job])
+            return ready, floor
         if value not in self.ready and value in self.pin_job:
             self.drain_until(self.pin_job[value])
-        return self.ready[value]
+        return self.ready[value], 0.0
 
 
 def _gates(graph: Graph, window: int | None) -> list[int]:
@@ -258,14 +300,16 @@ def simulate_graph(
     for i, op in enumerate(graph.ops):
         for job in streams.gated.pop(i, []):
             heapq.heappush(streams.queue, (streams.compute_clock, job))
-        start = max([streams.compute_clock] + [streams.operand_ready(i, v) for v in op.operands])
-        idle = start - streams.compute_clock
+        waits = [streams.operand_ready(i, v, op_times[i]) for v in op.operands]
+        start = max([streams.compute_clock] + [w[0] for w in waits])
+        end = max([start + op_times[i]] + [w[1] for w in waits])
+        idle = end - op_times[i] - streams.compute_clock  # before the op, or stalled inside it
         if idle > 0:
             key = phases[op].value
             exposed[key] = exposed.get(key, 0.0) + idle
-        streams.compute_clock = start + op_times[i]
+        streams.compute_clock = end
         for r in op.results:
-            streams.produced(r, streams.compute_clock)
+            streams.produced(r, end, began=end - op_times[i])
     streams.drain_until(None)
     step = max(streams.compute_clock, streams.comm_clock)
     if step > streams.compute_clock:
@@ -296,7 +340,34 @@ def simulate(plan: Plan, options: SimulationOptions | None = None) -> Simulation
     transfers = [
         _transfer(r.consumer, by_name[r.value], r.time, graph, position) for r in plan.reshards
     ]
+    axes = options.tp_overlap_axes if options is not None else ()
+    if axes:
+        transfers = [
+            _pipelined(t, r, graph, plan.mesh, axes)
+            for t, r in zip(transfers, plan.reshards, strict=True)
+        ]
     return simulate_graph(graph, times, transfers, options)
+
+
+def _is_gemm(op: Op | None) -> bool:
+    info = op_info(op.kind) if op is not None else None
+    return info is not None and info.flops == "dot"
+
+
+def _pipelined(t: Transfer, reshard, graph: Graph, mesh, axes: tuple[str, ...]) -> Transfer:  # type: ignore[no-untyped-def]
+    """``t`` marked as pipelined with its GEMM when tensor-parallel overlap covers it: one
+    all-gather into a GEMM operand, or one reduce-scatter of a GEMM result, on ``axes``."""
+    if len(reshard.collectives) != 1 or t.carried is not None or t.pin:
+        return t
+    (c,) = reshard.collectives
+    if not c.axes or not set(c.axes) <= set(axes):
+        return t
+    chunks = mesh.group_size(c.axes)
+    if c.kind == "all-gather" and t.consumer is not None and _is_gemm(graph.ops[t.consumer]):
+        return replace(t, pipelined="consumer", chunks=chunks)
+    if c.kind == "reduce-scatter" and _is_gemm(t.value.producer):
+        return replace(t, pipelined="producer", chunks=chunks)
+    return t
 
 
 def plan_op_times(plan: Plan) -> list[float]:

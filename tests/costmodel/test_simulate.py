@@ -113,6 +113,29 @@ def test_simulate_critical_path_collectives_are_serial():
     assert result.step_time == pytest.approx(serial_result(times, transfers).step_time)
 
 
+@pytest.mark.parametrize("side", ["consumer", "producer"])
+@pytest.mark.parametrize("c", [0.5, 2.0])
+def test_simulate_tp_overlap_pipelines_a_collective_with_its_gemm(side, c):
+    """A collective of ``c`` s chunked ``n`` ways with a ``g`` s GEMM (an all-gather into it,
+    or a reduce-scatter out of it) is a two-stage pipeline: the pair takes
+    ``max(c, g) + min(c, g) / n``, so ``max(0, c - g) + min(c, g) / n`` is exposed."""
+    g_time, n = 1.0, 4
+    g = deep_linear(layers=4)
+    times = [g_time] * len(g.ops)
+    consumer = g.ops.index(_op(g, "h2"))
+    plain = Transfer(g.value("h1"), consumer, c)
+    chunked = Transfer(g.value("h1"), consumer, c, pipelined=side, chunks=n)
+    serial = simulate_graph(g, times, [plain])
+    result = simulate_graph(g, times, [chunked])
+    exposed = max(0.0, c - g_time) + min(c, g_time) / n
+    assert serial.exposed_comm_time == pytest.approx(c)
+    assert result.exposed_comm_time == pytest.approx(exposed)
+    assert result.step_time == pytest.approx(sum(times) + exposed)
+    assert result.overlapped_comm_time == pytest.approx(c - exposed)
+    one_chunk = Transfer(g.value("h1"), consumer, c, pipelined=side, chunks=1)
+    assert simulate_graph(g, times, [one_chunk]).step_time == pytest.approx(serial.step_time)
+
+
 def test_simulate_gradient_reductions_overlap_backward():
     """Gradient all-reduces (c <= one backward op) hide under backward; only the last shows."""
     layers, c = 4, 0.9
