@@ -130,7 +130,8 @@ def shrink(problem: Problem, space: Space, share_layers: bool, merge_followers: 
         representative = space.repeated.representative
         for copy, first in sorted(representative.items()):
             if space.strategies[copy] is space.strategies[first]:
-                problem.eliminate(copy, first, np.arange(len(space.strategies[copy])))
+                strategies = len(space.strategies[copy])
+                problem.eliminate(copy, first, np.arange(strategies), identity=True)
         problem.coalesce()
     if merge_followers:
         for follower, leader in follower_pairs(space.graph, space.producer, space.num_inputs):

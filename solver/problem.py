@@ -123,12 +123,16 @@ class Problem:
         return sum(float(self.memory[n][choice[n]]) for n in self.live_nodes())
 
     # -- elimination --------------------------------------------------------------------------
-    def eliminate(self, follower: int, leader: int, mapping: np.ndarray) -> None:
-        """Make ``follower`` take strategy ``mapping[s]`` whenever ``leader`` takes ``s``."""
+    def eliminate(
+        self, follower: int, leader: int, mapping: np.ndarray, identity: bool | None = None
+    ) -> None:
+        """Make ``follower`` take strategy ``mapping[s]`` whenever ``leader`` takes ``s``
+        (``identity``: the caller knows ``mapping`` is ``arange``, a repeated layer's copy)."""
         f, ld = follower, leader
-        identity = len(mapping) == len(self.node_costs[f]) and bool(
-            np.array_equal(mapping, np.arange(len(mapping)))
-        )  # a repeated layer's copy: groups stay as they are, nothing to compact
+        if identity is None:
+            identity = len(mapping) == len(self.node_costs[f]) and bool(
+                np.array_equal(mapping, np.arange(len(mapping)))
+            )  # a repeated layer's copy: groups stay as they are, nothing to compact
 
         def pick(per_strategy: np.ndarray) -> np.ndarray:
             return per_strategy if identity else per_strategy[mapping]
@@ -196,9 +200,13 @@ def _same_groups(edges: list[Edge], u: int, v: int) -> tuple | None:
                 for e in edges]  # fmt: skip
     ug, vg, cost = oriented[0]
     for g_u, g_v, c in oriented[1:]:
-        if c.shape != cost.shape or not (np.array_equal(g_u, ug) and np.array_equal(g_v, vg)):
+        if c.shape != cost.shape or not (_same(g_u, ug) and _same(g_v, vg)):
             return None
     return ug, vg, sum(c for _, _, c in oriented)
+
+
+def _same(a: np.ndarray, b: np.ndarray) -> bool:
+    return a is b or np.array_equal(a, b)  # copies of one edge usually share the very array
 
 
 def group_layouts(layouts: list) -> tuple[list, np.ndarray]:
