@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import ShardingError
 
@@ -24,6 +24,8 @@ class TensorType:
 
     shape: tuple[int, ...]
     dtype: str = "f32"
+    _hash: int = field(default=0, init=False, repr=False, compare=False)
+    """Cached: types key the planner's price and cost caches."""
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "shape", tuple(int(d) for d in self.shape))
@@ -33,6 +35,14 @@ class TensorType:
             )
         if any(d < 0 for d in self.shape):
             raise ShardingError(f"negative dimension in shape {self.shape}")
+        object.__setattr__(self, "_hash", hash((self.shape, self.dtype)))
+
+    def __hash__(self) -> int:
+        return self._hash
+
+    def __reduce__(self) -> tuple:
+        """Rebuilt through ``__init__``: string hashes differ between processes."""
+        return (TensorType, (self.shape, self.dtype))
 
     @property
     def rank(self) -> int:
