@@ -192,20 +192,28 @@ def report(results: list[dict]) -> str:
             f"{r['microbatches']:>4} {r['published_s']:>8.2f} {r['predicted_s']:>8.2f} "
             f"{r['published_tflops']:>7.1f} {r['predicted_tflops']:>7.1f} {r['error']:>+7.1%}"
         )
-    errors = [abs(r["error"]) for r in results]
-    worst = max(results, key=lambda r: abs(r["error"]))
-    lines.append(
-        f"median |error| {statistics.median(errors):.1%}; mean {statistics.mean(errors):.1%}"
-    )
+    median, worst = _errors(results, "error")
+    mean = statistics.mean(abs(r["error"]) for r in results)
+    lines.append(f"median |error| {median:.1%}; mean {mean:.1%}")
     lines.append(f"worst: {worst['source']} {worst['row']} {worst['error']:+.1%}")
     if "captured_error" in results[0]:
         lines += _captured_report(results)
-    for source in dict.fromkeys(r["source"] for r in results):
-        rs = [r for r in results if r["source"] == source]
+    for source, rs in _by_source(results):
         tau = kendall_tau([r["published_tflops"] for r in rs], [r["predicted_tflops"] for r in rs])
         tau_t = kendall_tau([r["published_s"] for r in rs], [r["predicted_s"] for r in rs])
         lines.append(f"Kendall tau {source}: TF/GPU {tau:+.2f}, iteration time {tau_t:+.2f}")
     return "\n".join(lines)
+
+
+def _errors(results: list[dict], key: str) -> tuple[float, dict]:
+    """Median |error| under ``key`` and the row with the worst one."""
+    median = statistics.median(abs(r[key]) for r in results)
+    return median, max(results, key=lambda r: abs(r[key]))
+
+
+def _by_source(results: list[dict]) -> list[tuple[str, list[dict]]]:
+    sources = dict.fromkeys(r["source"] for r in results)
+    return [(s, [r for r in results if r["source"] == s]) for s in sources]
 
 
 def _captured_report(results: list[dict]) -> list[str]:
@@ -220,14 +228,12 @@ def _captured_report(results: list[dict]) -> list[str]:
             f"{r['captured_layer_s'] * 1e3:>9.2f} {r['analytic_layer_s'] * 1e3:>9.2f} "
             f"{r['captured_predicted_s']:>8.2f} {r['captured_error']:>+7.1%}"
         )
-    errors = [abs(r["captured_error"]) for r in results]
-    worst = max(results, key=lambda r: abs(r["captured_error"]))
+    median, worst = _errors(results, "captured_error")
     lines.append(
-        f"  captured: median |error| {statistics.median(errors):.1%}; worst {worst['source']} "
+        f"  captured: median |error| {median:.1%}; worst {worst['source']} "
         f"{worst['row']} {worst['captured_error']:+.1%}"
     )
-    for source in dict.fromkeys(r["source"] for r in results):
-        rs = [r for r in results if r["source"] == source]
+    for source, rs in _by_source(results):
         tau = kendall_tau([r["published_s"] for r in rs], [r["captured_predicted_s"] for r in rs])
         lines.append(f"  captured Kendall tau {source}: iteration time {tau:+.2f}")
     return lines
