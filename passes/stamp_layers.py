@@ -208,7 +208,6 @@ class _Builder:
         self.copy: dict[int, dict[Value, Value]] = {j: {} for j in range(_NEXT, count - 1)}
         self.last = count - 1
         self.position = {n: k for k, n in enumerate(layout.ops[0])}
-        self.input_position = {n: k for k, n in enumerate(layout.inputs[0])}
         self.next_inputs = set(layout.inputs[1])
         self.next_ops = set(layout.ops[1])
         self.pairs = layout.pairs()
