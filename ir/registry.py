@@ -39,6 +39,9 @@ class OpInfo:
 
 
 _REGISTRY: dict[str, OpInfo] = {}
+_BUILT: dict[tuple, ShardingRule] = {}
+"""Rules already built, by (kind, operand types, result types, attrs): a layer stack lowers the
+same ops over and over, and rules are immutable. Cleared whenever a rule is registered."""
 
 
 def register_rule(
@@ -49,6 +52,7 @@ def register_rule(
     linear: bool = False,
 ) -> None:
     """Register a canonical op: a fixed spec like ``"ik,kj->ij"`` or a builder function."""
+    _BUILT.clear()
     if isinstance(rule, str):
         spec = rule
 
@@ -82,7 +86,14 @@ def rule_for(kind: str, ins: Types, outs: Types, attrs: Attrs, origin: object = 
             stacklevel=3,
         )
         return replicated_rule(ins, outs)
-    return info.build(ins, outs, attrs)
+    try:
+        key = (kind, tuple(ins), tuple(outs), tuple(sorted(attrs.items())))
+        hash(key)
+    except TypeError:  # an unhashable attribute: build it every time
+        return info.build(ins, outs, attrs)
+    if key not in _BUILT:
+        _BUILT[key] = info.build(ins, outs, attrs)
+    return _BUILT[key]
 
 
 VIEW_KINDS: frozenset[str] = frozenset({"reshape", "transpose", "broadcast_in_dim", "broadcast"})
