@@ -389,7 +389,6 @@ def plan_op_times(plan: Plan) -> list[float]:
 def _op_time(op: Op, operands, results, mesh, cluster: Cluster) -> float:  # type: ignore[no-untyped-def]
     """Local FLOPs are the global ones over the product of every mesh axis the op's layouts use
     (each axis splits one factor, so that product is the strategy's split)."""
-    operands, results = list(operands), list(results)
     axes = set().union(*(s.used_axes for s in operands + results))
     split = math.prod(mesh.axis_size(a) for a in axes)
     ins, outs = [v.type for v in op.operands], [v.type for v in op.results]

@@ -77,13 +77,6 @@ class Problem:
             {n: set(ids) for n, ids in self.adjacency.items()}, self._next_edge,
         )  # fmt: skip
 
-    def add_edge(self, u: int, v: int, u_layouts: list, v_layouts: list, cost_fn) -> None:
-        """Add an edge whose cost depends on (u's layout, v's layout); layouts are hashable."""
-        u_keys, u_group = group_layouts(u_layouts)
-        v_keys, v_group = group_layouts(v_layouts)
-        cost = np.array([[cost_fn(a, b) for b in v_keys] for a in u_keys], dtype=float)
-        self.add_grouped_edge(u, v, u_group, v_group, cost)
-
     def add_grouped_edge(self, u: int, v: int, u_group, v_group, cost: np.ndarray) -> None:
         if not np.any(cost != 0):
             return
