@@ -60,6 +60,8 @@ def plan(
     elif callable(model_or_fn):
         from .frontend.jax.capture import capture
 
+        if mesh is not None and dict(mesh.axes).get(pipeline_axis, 1) > 1:
+            options.setdefault("unroll_scans", True)  # stages split the layers of a scan
         graph, context = capture(model_or_fn, *example_args, **options)
     else:
         raise FrontendError(

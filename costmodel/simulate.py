@@ -382,7 +382,7 @@ def plan_op_times(plan: Plan) -> list[float]:
         key = (op.kind, op.rule, operands, results, *(v.type for v in op.operands + op.results))
         if key not in seen:
             seen[key] = _op_time(op, operands, results, plan.mesh, cluster)
-        times.append(seen[key])
+        times.append(seen[key] * op.repeat)  # a scan body's op: every iteration
     return times
 
 

@@ -91,6 +91,12 @@ class Op:
     origin: Origin = field(default_factory=Origin)
 
     @property
+    def repeat(self) -> int:
+        """How many times the op runs per step (attribute ``repeat``, default 1). A scan body
+        is captured once and its ops run once per iteration: costs count ``repeat`` times."""
+        return int(self.attrs.get("repeat", 1))  # type: ignore[arg-type]
+
+    @property
     def result(self) -> Value:
         if len(self.results) != 1:
             raise IRVerifyError(f"op {self.kind} has {len(self.results)} results; use .results")

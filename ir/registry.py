@@ -96,11 +96,14 @@ def rule_for(kind: str, ins: Types, outs: Types, attrs: Attrs, origin: object = 
     return _BUILT[key]
 
 
-VIEW_KINDS: frozenset[str] = frozenset({"reshape", "transpose", "broadcast_in_dim", "broadcast"})
+VIEW_KINDS: frozenset[str] = frozenset(
+    {"reshape", "transpose", "broadcast_in_dim", "broadcast", "scan_carry", "scan_loop"}
+)
 """Layout-only ops: no kernel reads or writes HBM for them. PyTorch runs ``view``, ``t``,
 ``transpose``, ``permute`` and ``expand`` as stride changes (a copy is traced as its own
 ``clone``/``copy``), cuBLAS reads a transposed operand through its ``op(A)`` flag, and XLA turns
-reshapes and transposes into bitcasts or fuses them into their consumer."""
+reshapes and transposes into bitcasts or fuses them into their consumer. A loop's carry stays in
+its buffer from one iteration to the next (``scan_carry``, ``scan_loop``)."""
 
 
 def op_bytes(kind: str, ins: Types, outs: Types, in_shards, out_shards) -> float:  # type: ignore[no-untyped-def]
@@ -109,6 +112,8 @@ def op_bytes(kind: str, ins: Types, outs: Types, in_shards, out_shards) -> float
     ``in_shards``/``out_shards``: the number of shards of each operand/result (layouts)."""
     if kind in VIEW_KINDS:
         return 0.0
+    if kind in ("scan_index", "scan_stack"):  # slices read and written: scan_index runs once
+        return 2.0 * (ins[0].nbytes // in_shards[0])  # for all of them, scan_stack per iteration
     total = sum(t.nbytes // n for t, n in zip(ins, in_shards, strict=True))
     return total + sum(t.nbytes // n for t, n in zip(outs, out_shards, strict=True))
 
@@ -549,6 +554,18 @@ def iota(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     return elementwise([], outs, attrs)
 
 
+def scan_slice(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """``scan_index`` ([n, *d] -> [*d]) and ``scan_stack`` ([*d] -> [n, *d]): the iteration dim
+    is never split (every iteration needs its whole slice); the other dims map one to one."""
+    x, out = ins[0], outs[0]
+    stacked = x if x.rank == out.rank + 1 else out
+    letters = _letters(stacked.rank)
+    sizes = dict(zip(letters, stacked.shape, strict=True))
+    full, piece = [(f,) for f in letters], [(f,) for f in letters[1:]]
+    operands, results = ([full], [piece]) if stacked is x else ([piece], [full])
+    return _make(operands, results, sizes, {letters[0]})
+
+
 def gather_rows(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     """General gather/index fallback: data dims need replication, index dims pass through."""
     return replicated_rule(ins, outs)
@@ -598,6 +615,10 @@ register_rule("attention_backward", attention_backward, flops="attention_backwar
 register_rule("iota", iota, flops="none")
 register_rule("constant", iota, flops="none")
 register_rule("gather", gather_rows, flops="none")
+register_rule("scan_carry", elementwise, flops="none")  # a loop's carry on entry
+register_rule("scan_loop", elementwise, flops="none")  # carried to the next iteration
+register_rule("scan_index", scan_slice, flops="none")
+register_rule("scan_stack", scan_slice, flops="none")
 
 CORE_KINDS: frozenset[str] = frozenset(_REGISTRY)
 """The canonical kinds the core registers (frontends may add their own afterwards)."""

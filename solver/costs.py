@@ -199,7 +199,7 @@ def op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster,
     key += (id(strategies),)
     if key not in cache:
         cache[key] = np.array([op_cost(op, s, space.mesh, cluster) for s in strategies])
-    return cache[key]
+    return cache[key] * op.repeat if op.repeat != 1 else cache[key]
 
 
 def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) -> Problem:
@@ -230,11 +230,11 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
         for k, result in enumerate(op.results):
             if (pin := pinned_result(result)) is not None:  # the producer pays to meet its pin
                 cost = [price(result.type)(s.results[k], pin) for s in space.strategies[v]]
-                problem.node_costs[v] = problem.node_costs[v] + np.array(cost)
+                problem.node_costs[v] = problem.node_costs[v] + op.repeat * np.array(cost)
             elif result in space.reduce_once:  # ... or to reduce its pending sum, once
                 reduce = price(result.type)
                 cost = [reduce(s.results[k], seen_layout(s, k)) for s in space.strategies[v]]
-                problem.node_costs[v] = problem.node_costs[v] + np.array(cost)
+                problem.node_costs[v] = problem.node_costs[v] + op.repeat * np.array(cost)
         for j, value in enumerate(op.operands):
             u, k = space.producer[value]
             pin = pinned_result(value)
@@ -242,7 +242,10 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
             key = ("edge", id(space.strategies[u]), k, pin, once, id(space.strategies[v]), j)
             key += (value.type,)
             layouts = partial(_operand_layouts, space, u, k, pin, once, v, j)
-            problem.add_grouped_edge(u, v, *_edge(cache, key, layouts, price(value.type)))
+            u_group, v_group, matrix = _edge(cache, key, layouts, price(value.type))
+            if op.repeat != 1:  # an edge into a scan body's op reshards every iteration
+                matrix = matrix * op.repeat
+            problem.add_grouped_edge(u, v, u_group, v_group, matrix)
     for j, value in enumerate(graph.outputs):
         _add_output_edge(problem, space, j, value, price(value.type), cache)
     return problem

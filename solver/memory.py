@@ -452,7 +452,7 @@ def _recompute_costs(space: Space, cluster: Cluster, live: Liveness) -> dict:
                     cache[key] = np.array(
                         [op_cost(op, s, space.mesh, cluster) for s in space.strategies[node]]
                     )
-                entries.append((node, cache[key]))
+                entries.append((node, cache[key] * op.repeat))
             out[(name, mode)] = entries
     return out
 

@@ -53,10 +53,13 @@ class Reshard:
     src: Sharding
     dst: Sharding
     collectives: tuple[Collective, ...]
+    count: int = 1
+    """Times it runs per step: once per iteration for an edge into a scan body's op."""
 
     @property
     def time(self) -> float:
-        return sum(c.time for c in self.collectives)
+        """Seconds per step (all ``count`` runs)."""
+        return self.count * sum(c.time for c in self.collectives)
 
 
 @dataclass(frozen=True, slots=True)

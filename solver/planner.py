@@ -122,14 +122,17 @@ def _simulated(plan: Plan) -> Plan:
 
 
 def shrink(problem: Problem, space: Space, share_layers: bool, merge_followers: bool) -> None:
-    """Share variables across repeated layers, then merge followers, then coalesce edges."""
+    """Tie loop carries, share variables across repeated layers, then merge followers, then
+    coalesce edges."""
+    tie_loop_carries(problem, space)
     representative: dict[int, int] = {}
     if share_layers:
         if space.repeated is None:  # computed once per space (both objective variants use it)
             space.repeated = find_repeated_layers(space.graph)
         representative = space.repeated.representative
         for copy, first in sorted(representative.items()):
-            if space.strategies[copy] is space.strategies[first]:
+            alive = problem.alive[copy] and problem.alive[first]
+            if alive and space.strategies[copy] is space.strategies[first]:
                 strategies = len(space.strategies[copy])
                 problem.eliminate(copy, first, np.arange(strategies), identity=True)
         problem.coalesce()
@@ -139,6 +142,23 @@ def shrink(problem: Problem, space: Space, share_layers: bool, merge_followers: 
             if problem.alive[follower] and problem.alive[leader]:
                 problem.eliminate(follower, leader, problem.follow_mapping(follower, leader))
         problem.coalesce()
+
+
+def tie_loop_carries(problem: Problem, space: Space) -> None:
+    """A loop hands its carry to the next iteration in the layout the carry entered with: each
+    ``scan_loop`` op takes the strategy of the ``scan_carry`` op its ``carry`` attribute names
+    (a hard constraint, not a price: the loop-back reshard is the ``scan_loop`` operand edge)."""
+    loops = [(i, op) for i, op in enumerate(space.graph.ops) if op.kind == "scan_loop"]
+    if not loops:
+        return
+    by_name = {v.name: v for v in space.graph.values()}
+    for i, op in loops:
+        follower, (leader, _) = space.op_node(i), space.producer[by_name[str(op.attrs["carry"])]]
+        if not (problem.alive[follower] and problem.alive[leader]):
+            continue
+        index = {s.results[0]: n for n, s in enumerate(space.strategies[follower])}
+        mapping = np.array([index[s.results[0]] for s in space.strategies[leader]])
+        problem.eliminate(follower, leader, mapping)
 
 
 def _hints(space: Space) -> dict[int, int]:
@@ -201,6 +221,7 @@ def build_plan(
                     mesh,
                     cluster,
                     paths,
+                    op.repeat,
                 )
         for j, value in enumerate(op.operands):
             operand_shardings[(i, j)] = strategy.operands[j]
@@ -214,6 +235,7 @@ def build_plan(
                 mesh,
                 cluster,
                 paths,
+                op.repeat,
             )
     outputs = []
     for j, value in enumerate(graph.outputs):
@@ -261,13 +283,13 @@ def _with_memory(space, solution, problem, memory, parts) -> Plan:
                 memory_profile=profile)  # fmt: skip
 
 
-def _record(reshards, name, consumer, src, dst, value, mesh, cluster, paths) -> None:  # type: ignore[no-untyped-def]
+def _record(reshards, name, consumer, src, dst, value, mesh, cluster, paths, count=1) -> None:  # type: ignore[no-untyped-def]
     if src == dst:
         return
     key = (src, dst, value.type)
     if key not in paths:
         paths[key] = tuple(reshard(src, dst, value.type, mesh, cluster))
-    reshards.append(Reshard(name, consumer, src, dst, paths[key]))
+    reshards.append(Reshard(name, consumer, src, dst, paths[key], count))
 
 
 def memory_breakdown(space: Space, shardings: dict[str, Sharding]) -> dict[str, int]:
@@ -311,13 +333,15 @@ def evaluate_choice(space: Space, cluster: Cluster, choice: list[int]) -> float:
             total += input_cost(value.type.nbytes // layout.shard_count(mesh), cluster)
     for i, op in enumerate(graph.ops):
         strategy = space.strategies[space.op_node(i)][choice[space.op_node(i)]]
-        total += op_cost(op, strategy, mesh, cluster)
+        total += op.repeat * op_cost(op, strategy, mesh, cluster)
         for k, result in enumerate(op.results):
             if (pin := pinned_result(result)) is not None or result in space.reduce_once:
                 seen = seen_layout(strategy, k, pin)
-                total += reshard_time(strategy.results[k], seen, result.type, mesh, cluster)
+                total += op.repeat * reshard_time(
+                    strategy.results[k], seen, result.type, mesh, cluster
+                )
         for j, value in enumerate(op.operands):
-            total += reshard_time(
+            total += op.repeat * reshard_time(
                 space.layout(value, choice), strategy.operands[j], value.type, mesh, cluster
             )
     for j, value in enumerate(graph.outputs):

@@ -96,6 +96,7 @@ def _reshard(r: Reshard) -> dict[str, Any]:
         "src": _sharding(r.src),
         "dst": _sharding(r.dst),
         "collectives": [_collective(c) for c in r.collectives],
+        **({"count": r.count} if r.count != 1 else {}),
     }
 
 
@@ -291,6 +292,7 @@ def _read_reshard(data: object, where: str) -> Reshard:
         src=_read_sharding(r.get("src", dict), f"{where}.src"),
         dst=_read_sharding(r.get("dst", dict), f"{where}.dst"),
         collectives=tuple(collectives),
+        count=r.get("count", int, 1),
     )
 
 

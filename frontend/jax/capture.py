@@ -55,6 +55,8 @@ class JaxContext:
     step_uses: list[tuple[tuple[Op, int] | None, ...]] = field(default_factory=list)
     """Per walk step and operand, the IR (op, operand index) that consumes it first; its
     operand may be a size-1-dims reshape of the step's operand (see ``emit.relayout``)."""
+    unroll_scans: bool = False
+    """Scans were captured iteration by iteration (else each body once)."""
 
 
 def default_role(keys: Sequence[str]) -> Role:
@@ -175,8 +177,46 @@ class _Capture(Walker[Value]):
     def apply(self, eqn: Any, ins: list[Value]) -> list[Value]:
         em = Emitter(self.graph, self._origin(eqn))
         outs = lower_equation(em, eqn, ins)
+        self._mark_repeat(em.first_op)
         self._record(ins, outs, em.first_op)
         return outs
+
+    def _mark_repeat(self, first_op: int | None) -> None:
+        """Ops lowered inside a scan body walked once run once per iteration."""
+        if self.repeat != 1 and first_op is not None:
+            for op in self.graph.ops[first_op:]:
+                op.attrs["repeat"] = self.repeat
+
+    def loop(
+        self, eqn: Any, consts: list[Value], init: list[Value], xs: list[Value]
+    ) -> list[Value]:
+        """The body once, between boundary ops: ``scan_carry`` (a carry entering the loop),
+        ``scan_index`` (a stacked operand's slice), ``scan_loop`` (a carry handed to the next
+        iteration, in the layout it entered with) and ``scan_stack`` (a result's slice)."""
+        p = eqn.params
+        length, n_carry = p["length"], p["num_carry"]
+        carry = [self._boundary("scan_carry", c, c.type) for c in init]
+        sliced = [self._boundary("scan_index", x, _row(x.type)) for x in xs]
+        with self.body(length):
+            walked = self.run_closed(p["jaxpr"], [*consts, *carry, *sliced])
+            outs = [self.materialize(o) for o in walked]
+            final = [
+                self._boundary("scan_loop", o, o.type, carry=c.name)
+                for o, c in zip(outs[:n_carry], carry, strict=True)
+            ]
+            ys = [
+                self._boundary("scan_stack", y, TensorType((length, *y.type.shape), y.type.dtype))
+                for y in outs[n_carry:]
+            ]
+        return [*final, *ys]
+
+    def _boundary(self, kind: str, x: Value, type_: TensorType, **attrs: Any) -> Value:
+        em = Emitter(self.graph, self._origin())
+        out = em.one(kind, [x], type_, **attrs)
+        self._mark_repeat(em.first_op)
+        self._record([x], [out], em.first_op)
+        self.step += 1
+        return out
 
     def index(self, x: Value, i: int) -> Value:
         em = Emitter(self.graph, self._origin())
@@ -228,6 +268,10 @@ class _Capture(Walker[Value]):
         )
 
 
+def _row(t: TensorType) -> TensorType:
+    return TensorType(t.shape[1:], t.dtype)
+
+
 def _flatten_args(
     fn: Callable[..., Any], args: tuple[Any, ...]
 ) -> tuple[list[tuple[str, list[str]]], Any]:
@@ -247,6 +291,7 @@ def capture(
     *args: Any,
     roles: RolesOption = None,
     name: str | None = None,
+    unroll_scans: bool = False,
     **options: Any,
 ) -> tuple[Graph, JaxContext]:
     """Trace ``fn(*args)`` and lower it to an IR graph.
@@ -256,13 +301,15 @@ def capture(
       args: example pytrees of arrays or ``jax.ShapeDtypeStruct``s.
       roles: path prefix -> Role (``{"batch": Role.INPUT}``) or a function of the path text.
       name: graph name (defaults to the function's name).
+      unroll_scans: capture every iteration of a ``lax.scan`` on its own (a pipeline splits
+        layers into stages) instead of its body once, standing for all iterations.
     Returns:
       the graph and the context the JAX emitter needs.
     """
     if options:
         raise FrontendError(
             f"unknown JAX capture options {sorted(options)}; "
-            "the JAX frontend takes roles= and name="
+            "the JAX frontend takes roles=, name= and unroll_scans="
         )
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
     paths, in_tree = _flatten_args(fn, args)
@@ -273,7 +320,9 @@ def capture(
         inputs.append(graph.add_input("_".join(keys), ir_type(aval), role, Origin(path=path)))
     out_tree = jax.tree_util.tree_structure(out_shape)
     context = JaxContext(closed, in_tree, out_tree, [v.name for v in inputs], [])
+    context.unroll_scans = unroll_scans
     walker = _Capture(graph, context)
+    walker.unroll = unroll_scans
     outs = [walker.materialize(v) for v in walker.run_closed(closed, inputs)]
     context.outputs = [v.name for v in outs]
     graph.set_outputs(outs, _output_aliases(args, out_shape, inputs))

@@ -209,6 +209,64 @@ class _Emit(Walker[Any]):
         rows = [jax.lax.expand_dims(p, (0,)) for p in pieces]
         return self._pin_results([jax.lax.concatenate(rows, 0)])[0]
 
+    def _pin_step(self, step: int, x: Any, operand: bool = True, result: bool = True) -> Any:
+        """Pin ``x`` as step ``step`` planned: along its use (``operand``), at its result."""
+        saved, self.step = self.step, step
+        try:
+            x = self._pin_operands([x])[0] if operand else x
+            return self._pin_results([x])[0] if result else x
+        finally:
+            self.step = saved
+
+    def loop(self, eqn: Any, consts: list[Any], init: list[Any], xs: list[Any]) -> list[Any]:
+        """A ``lax.scan`` whose body is the planned one: carries enter and come back at the
+        ``scan_carry`` layouts, each iteration's slices at the ``scan_index`` results', and the
+        stacked results leave at the ``scan_stack`` layouts (steps numbered as in capture)."""
+        p = eqn.params
+        n_carry, first = p["num_carry"], self.step
+        carry_steps = range(first, first + len(init))
+        index_steps = range(carry_steps.stop, carry_steps.stop + len(xs))
+        init = [self._pin_step(s, c) for s, c in zip(carry_steps, init, strict=True)]
+        xs = [self._pin_step(s, x, result=False) for s, x in zip(index_steps, xs, strict=True)]
+        traced: list[tuple[int, list[int]]] = []
+        outer_chains = self.chains  # reshards done inside the body must not leak out of it
+
+        def body(carry: list[Any], sliced: list[Any]) -> tuple[list[Any], list[Any]]:
+            self.step = index_steps.stop  # (lax.scan may trace the body more than once)
+            self.chains = dict(outer_chains)
+            carry = [
+                self._pin_step(s, c, operand=False) for s, c in zip(carry_steps, carry, strict=True)
+            ]
+            sliced = [
+                self._pin_step(s, x, operand=False)
+                for s, x in zip(index_steps, sliced, strict=True)
+            ]
+            with self.body(p["length"]):
+                walked = self.run_closed(p["jaxpr"], [*consts, *carry, *sliced])
+            outs = [self.materialize(o) for o in walked]
+            looped = []
+            for o in outs[:n_carry]:
+                looped.append(self._pin_step(self.step, o))
+                self.step += 1
+            stack_steps = list(range(self.step, self.step + len(outs) - n_carry))
+            ys = [
+                self._pin_step(s, y, result=False)
+                for s, y in zip(stack_steps, outs[n_carry:], strict=True)
+            ]
+            self.step = stack_steps[-1] + 1 if stack_steps else self.step
+            traced.append((self.step, stack_steps))
+            return looped, ys
+
+        final, stacked = jax.lax.scan(
+            body, init, xs, length=p["length"], reverse=p["reverse"], unroll=p.get("unroll", 1)
+        )
+        self.step, stack_steps = traced[-1]
+        self.chains = outer_chains
+        ys = [
+            self._pin_step(s, y, operand=False) for s, y in zip(stack_steps, stacked, strict=True)
+        ]
+        return [*final, *ys]
+
     def literal(self, value: Any, aval: Any) -> Any:
         return value
 
@@ -244,7 +302,8 @@ def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
     """``jax.jit(fn)`` with the planned in/out shardings and every planned intermediate layout.
 
     ``fn`` is traced again inside the jit (so closed-over values are current) and must trace to
-    the same equations as the planned function; scans are unrolled, as in the plan.
+    the same equations as the planned function; scans stay scans (their bodies pinned as
+    planned) unless they were captured unrolled.
     """
     context = _context(plan)
 
@@ -254,6 +313,7 @@ def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
             raise FrontendError(f"arguments {tree} do not match the planned ones {context.in_tree}")
         closed = jax.make_jaxpr(fn)(*args)
         walker = _Emit(plan, context, jax_mesh)
+        walker.unroll = context.unroll_scans
         outs = [walker.materialize(v) for v in walker.run_closed(closed, flat)]
         outs = walker.pin_outputs(outs)
         if walker.step != len(context.steps):

@@ -1,12 +1,16 @@
 """One jaxpr walk shared by capture (values are IR values) and the emitter (values are arrays).
 
 Call-like primitives (``jit``, ``custom_jvp_call``, ``custom_vjp_call``, ``remat``) are inlined
-and ``scan`` is unrolled, the same way in both walks. Every equation the walk hands to
-``apply`` (and every scan slice or stack it makes) is one numbered *step*; capture records the
-IR values of each step and the emitter finds its planned layouts by the same number.
+the same way in both walks. Every equation the walk hands to ``apply`` (and every scan
+boundary op) is one numbered *step*; capture records the IR values of each step and the
+emitter finds its planned layouts by the same number.
 
-Scan outputs stay lazy (``Stacked``): when a later scan (the backward pass) walks the same
-stacked residuals, it takes each layer's piece directly instead of stacking and re-slicing.
+A ``scan`` is walked once (``unroll=False``, the default): its body becomes IR ops that run
+``length`` times (``Op.repeat``), between four boundary steps per carry / stacked operand /
+stacked result (``scan_carry``, ``scan_index``, ``scan_loop``, ``scan_stack``); the emitter
+binds a ``lax.scan`` whose body is pinned at the planned layouts. With ``unroll=True`` every
+iteration is walked (and planned) on its own; its outputs stay lazy (``Stacked``), so a later
+scan (the backward pass) over the same stacked residuals takes each layer's piece directly.
 """
 
 from __future__ import annotations
@@ -53,6 +57,11 @@ class Walker(Generic[T]):
     """Module path of the code being walked (``layers.3`` inside a scan's 4th iteration)."""
     call_sites: list[Any] = field(default_factory=list)
     """The inlined call equations enclosing the current one, outermost first."""
+    unroll: bool = False
+    """Walk every scan iteration (True) or each scan body once (False)."""
+    repeat: int = 1
+    """How many times per step the code being walked runs (the trip counts of the enclosing
+    scans, when bodies are walked once)."""
 
     # -- what subclasses provide ------------------------------------------------------------
     def apply(self, eqn: Any, ins: list[T]) -> list[T]:
@@ -69,6 +78,10 @@ class Walker(Generic[T]):
         raise NotImplementedError
 
     def stack(self, pieces: list[T]) -> T:
+        raise NotImplementedError
+
+    def loop(self, eqn: Any, consts: list[T], init: list[T], xs: list[T]) -> list[T]:
+        """A scan walked once: its final carries and stacked results."""
         raise NotImplementedError
 
     # -- the walk --------------------------------------------------------------------------
@@ -123,6 +136,27 @@ class Walker(Generic[T]):
         return outs
 
     def _scan(self, eqn: Any, ins: list[Any]) -> list[Any]:
+        if not self.unroll:
+            p = eqn.params
+            ins = [self.materialize(x) for x in ins]
+            carry_at = p["num_consts"] + p["num_carry"]
+            return self.loop(
+                eqn, ins[: p["num_consts"]], ins[p["num_consts"] : carry_at], ins[carry_at:]
+            )
+        return self._unrolled(eqn, ins)
+
+    @contextmanager
+    def body(self, length: int) -> Iterator[None]:
+        """Walk a scan body once, standing for its ``length`` iterations."""
+        outer = self.repeat
+        self.repeat = outer * length
+        try:
+            with self.module("layers"):
+                yield
+        finally:
+            self.repeat = outer
+
+    def _unrolled(self, eqn: Any, ins: list[Any]) -> list[Any]:
         """Unroll: iteration i sees layer i of every ``xs`` and yields layer i of every ``ys``."""
         p = eqn.params
         n_consts, n_carry, length = p["num_consts"], p["num_carry"], p["length"]

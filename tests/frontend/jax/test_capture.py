@@ -10,7 +10,7 @@ import jax_gpt
 import jax_mlp
 import pytest
 from shardplan.frontend.jax.capture import capture, default_role
-from shardplan.ir import Role, UnsupportedOpWarning
+from shardplan.ir import Role, UnsupportedOpWarning, op_flops
 
 pytestmark = pytest.mark.jax
 
@@ -83,9 +83,42 @@ def test_capture_gpt_maps_embeddings_and_attention():
     assert scores[0].attrs["lhs_batch"] == (0, 2)
 
 
-def test_capture_scan_unrolls_layers_with_module_paths():
+def _scanned(n_layers: int, **options):
+    step, args = jax_gpt.make(jax_gpt.GPTConfig(scan_layers=True, n_layers=n_layers), abstract=True)
+    return _capture_quiet(step, *args, **options)
+
+
+def _total_flops(graph) -> float:
+    def flops(op):
+        ins, outs = [v.type for v in op.operands], [r.type for r in op.results]
+        return op_flops(op.kind, op.rule, ins, outs)
+
+    return sum(op.repeat * flops(op) for op in graph.ops)
+
+
+def test_capture_scan_walks_the_body_once():
+    (graph, context), (deep, _) = _scanned(2), _scanned(6)
+    assert len(deep.ops) == len(graph.ops)  # the body once, whatever the layer count
+    assert len(context.steps) == len(context.step_uses)
+    body = [op for op in deep.ops if op.repeat == 6]
+    assert sum(op.kind == "dot_general" for op in body) >= 7 * 2  # forward and backward
+    boundary = {op.kind for op in deep.ops if op.kind.startswith("scan_")}
+    assert boundary == {"scan_carry", "scan_index", "scan_loop", "scan_stack"}
+    for op in deep.ops:
+        if op.kind == "scan_index":  # the stacked operand's iteration dim is never split
+            assert op.repeat == 1
+            assert op.rule.need_replication
+        if op.kind == "scan_loop":  # handed back in the layout the carry entered with
+            assert deep.value(op.attrs["carry"]).producer.kind == "scan_carry"
+    # the same work as capturing every iteration on its own
+    unrolled, _ = _scanned(6, unroll_scans=True)
+    assert _total_flops(deep) == pytest.approx(_total_flops(unrolled), rel=1e-12)
+    assert len(unrolled.ops) > 2 * len(deep.ops)
+
+
+def test_capture_scan_unrolled_has_every_layer_with_module_paths():
     step, args = jax_gpt.make(jax_gpt.GPTConfig(scan_layers=True, n_layers=3))
-    graph, context = _capture_quiet(step, *args)
+    graph, context = _capture_quiet(step, *args, unroll_scans=True)
     modules = {op.origin.module for op in graph.ops}
     assert {"layers.0", "layers.1", "layers.2"} <= modules
     # forward residuals go straight to the backward scan: only weight gradients are stacked

@@ -99,12 +99,22 @@ def test_scatter_add_reduced_onto_its_window_dim(axis):
     assert check_plan_collectives(plan, jitted, *args)
 
 
-def test_scanned_gpt_plans_and_matches_numerics():
-    step, args = jax_gpt.make(jax_gpt.GPTConfig(n_layers=2, scan_layers=True, adam_eps=1e-4))
-    plan = sp.plan(step, *args, mesh=_mesh((8,)), time_limit=10)
+@pytest.mark.parametrize("shape", [(8,), (2, 4)])
+def test_scanned_gpt_plans_the_body_once_and_matches_numerics(shape):
+    step, args = jax_gpt.make(jax_gpt.GPTConfig(n_layers=3, scan_layers=True, adam_eps=1e-4))
+    plan = sp.plan(step, *args, mesh=_mesh(shape), time_limit=PLAN_TIME_LIMIT)
+    graph = plan.graph
+    assert any(op.repeat == 3 for op in graph.ops)  # planned once, for all three layers
     stacked = plan.parameter_shardings()["params['layers']['wq']"]
     assert stacked.dims[0] == ()  # each iteration needs its whole layer: the layer axis is whole
-    _assert_same(plan.jit(step, make_jax_mesh(plan))(*args), jax.jit(step)(*args))
+    for op in graph.ops:  # a carry comes back in the layout it entered the loop with
+        if op.kind == "scan_loop":
+            assert plan.shardings[op.result.name] == plan.shardings[op.attrs["carry"]]
+    inside = [r for r in plan.reshards if r.count == 3]  # edges into the body: every iteration
+    assert all(graph.ops[int(r.consumer.split(":")[1])].repeat == 3 for r in inside)
+    jitted = plan.jit(step, make_jax_mesh(plan))
+    assert "while" in jitted.lower(*args).as_text()  # emitted as a loop, not unrolled
+    _assert_same(jitted(*args), jax.jit(step)(*args))
 
 
 def _weights(plan) -> dict[str, sp.Sharding]:
