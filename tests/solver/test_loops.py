@@ -1,4 +1,4 @@
-"""Loops planned once: ops that run ``repeat`` times per step, and a carry tied across iterations."""
+"""Loops planned once: ops that run ``repeat`` times per step; a carry tied across iterations."""
 
 from __future__ import annotations
 
