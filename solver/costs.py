@@ -199,7 +199,8 @@ def op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster,
     key += (id(strategies),)
     if key not in cache:
         cache[key] = np.array([op_cost(op, s, space.mesh, cluster) for s in strategies])
-    return cache[key] * op.repeat if op.repeat != 1 else cache[key]
+    repeat = op.repeat
+    return cache[key] * repeat if repeat != 1 else cache[key]
 
 
 def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) -> Problem:

@@ -452,7 +452,7 @@ def _recompute_costs(space: Space, cluster: Cluster, live: Liveness) -> dict:
                     cache[key] = np.array(
                         [op_cost(op, s, space.mesh, cluster) for s in space.strategies[node]]
                     )
-                entries.append((node, cache[key] * op.repeat))
+                entries.append((node, cache[key] * op.repeat if op.repeat != 1 else cache[key]))
             out[(name, mode)] = entries
     return out
 
