@@ -319,8 +319,8 @@ def capture(
         role = _role(path, keys, roles)
         inputs.append(graph.add_input("_".join(keys), ir_type(aval), role, Origin(path=path)))
     out_tree = jax.tree_util.tree_structure(out_shape)
-    context = JaxContext(closed, in_tree, out_tree, [v.name for v in inputs], [])
-    context.unroll_scans = unroll_scans
+    names = [v.name for v in inputs]
+    context = JaxContext(closed, in_tree, out_tree, names, [], unroll_scans=unroll_scans)
     walker = _Capture(graph, context)
     walker.unroll = unroll_scans
     outs = [walker.materialize(v) for v in walker.run_closed(closed, inputs)]

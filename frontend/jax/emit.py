@@ -253,7 +253,7 @@ class _Emit(Walker[Any]):
                 self._pin_step(s, y, result=False)
                 for s, y in zip(stack_steps, outs[n_carry:], strict=True)
             ]
-            self.step = stack_steps[-1] + 1 if stack_steps else self.step
+            self.step += len(stack_steps)
             traced.append((self.step, stack_steps))
             return looped, ys
 
