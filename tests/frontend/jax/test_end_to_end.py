@@ -117,6 +117,15 @@ def test_scanned_gpt_plans_the_body_once_and_matches_numerics(shape):
     _assert_same(jitted(*args), jax.jit(step)(*args))
 
 
+def test_scanned_layers_are_unrolled_when_pipelined():
+    # Stages split the layers of a scan, so a pipelined plan captures every iteration.
+    step, args = jax_gpt.make(jax_gpt.GPTConfig(n_layers=4, scan_layers=True), abstract=True)
+    plan = sp.plan(step, *args, mesh=sp.Mesh({"pp": 2, "dp": 4}), time_limit=PLAN_TIME_LIMIT)
+    assert len(plan.stages) == 2
+    assert all(op.repeat == 1 for op in plan.graph.ops)
+    assert {"layers.0", "layers.3"} <= {op.origin.module for op in plan.graph.ops}
+
+
 def _nested_loops(w, x):
     """A reverse scan over stacked weights with a scan inside, then a ``fori_loop``."""
 
