@@ -93,14 +93,20 @@ def _graph(model_or_graph: Any, example_args: tuple, options: dict) -> Graph:
 
 
 def _solve(graph: Graph, mesh: Mesh, pins, limit: float, recompute, time_limit: float) -> Plan:
-    """Plan under the pins, then restore the graph's own annotations (it is reused)."""
+    """Plan under the pins, then restore the graph's own annotations (it is reused).
+
+    Followers are always merged (``merge_followers=True``): a follower of a pinned op takes
+    its leader's layout, as the hand-written strategy runs it. The planner's extra exact solve
+    of small graphs could trade the strategy away (on a tiny model it gathers Megatron's
+    weights and runs every op replicated), which is not the configuration asked about."""
     from .solver.planner import plan_graph
 
     saved = [(v, v.sharding, v.pinned) for v in graph.values()]
     try:
         return plan_graph(
-            graph, mesh, pins=pins, memory_limit=limit, time_limit=time_limit, recompute=recompute
-        )
+            graph, mesh, pins=pins, memory_limit=limit, time_limit=time_limit,
+            recompute=recompute, merge_followers=True,
+        )  # fmt: skip
     finally:
         for v, sharding, pinned in saved:
             v.sharding, v.pinned = sharding, pinned

@@ -10,6 +10,7 @@ def compute_time(
     bytes_accessed: float,
     dtype: str,
     cluster: Cluster | str,
+    launches: bool = True,
 ) -> float:
     """Seconds for one kernel: ``max(flops / (peak * eff), bytes / (hbm_bw * mem_eff))``.
 
@@ -24,10 +25,12 @@ def compute_time(
         dtype: the dtype whose peak applies (HLO names: ``bf16``, ``f32``, ...); dtypes the
             cluster does not list fall back to its slowest rate.
         cluster: a ``Cluster`` or a catalogue name.
+        launches: False for an op fused into its consumer's kernel (``costmodel.fusion``): it
+            pays no floor of its own, the kernel that writes to HBM pays one.
     """
     if flops <= 0 and bytes_accessed <= 0:
         return 0.0
     cluster = get_cluster(cluster)
     math_time = max(flops, 0.0) / (cluster.peak(dtype) * cluster.compute_efficiency)
     memory_time = max(bytes_accessed, 0.0) / (cluster.hbm_bandwidth * cluster.memory_efficiency)
-    return max(math_time, memory_time, cluster.kernel_floor)
+    return max(math_time, memory_time, cluster.kernel_floor if launches else 0.0)

@@ -33,6 +33,7 @@ from shardplan.ir.registry import op_bytes, op_flops, op_info
 
 from .cluster import Cluster, get_cluster
 from .compute import compute_time
+from .fusion import OpFusion, fusion, unfused_penalty
 
 if TYPE_CHECKING:
     from shardplan.solver.plan import Plan
@@ -83,6 +84,10 @@ class Transfer:
     done and ends no earlier than one comm chunk after the GEMM); ``""``: not pipelined."""
     chunks: int = 1
     """Chunks of a pipelined transfer (one per rank of the collective's group)."""
+    also: tuple[int, ...] = ()
+    """Later consumers that read the same resharded buffer (the same value, source and target
+    layout): a compiler or Megatron gathers once and every reader reuses the result, so they
+    wait for this transfer and no collective of their own runs (``shared_reshards``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -195,9 +200,9 @@ class _Streams:
         self.gated: dict[int, list[int]] = {}  # op index -> input jobs released on reaching it
         gates = _gates(graph, options.prefetch_window)
         for job, t in enumerate(self.transfers):
-            if t.consumer is not None:
-                read = t.carried if t.carried is not None else t.value
-                self.needs.setdefault(t.consumer, {}).setdefault(read, []).append(job)
+            read = t.carried if t.carried is not None else t.value
+            for consumer in (t.consumer, *t.also) if t.consumer is not None else t.also:
+                self.needs.setdefault(consumer, {}).setdefault(read, []).append(job)
             if t.pin:
                 if t.value.producer is None:
                     raise ValueError(f"a pin reshard needs an op result, got %{t.value.name}")
@@ -254,7 +259,7 @@ class _Streams:
             for job in jobs:
                 self.drain_until(job)
                 t = self.transfers[job]
-                if t.pipelined == "consumer" and t.chunks > 1:
+                if t.pipelined == "consumer" and t.chunks > 1 and t.consumer == index:
                     ready = max(ready, self.start[job] + t.time / t.chunks)
                     floor = max(floor, self.end[job] + duration / t.chunks)
                 else:
@@ -332,21 +337,51 @@ def serial_result(op_times: Sequence[float], transfers: Sequence[Transfer]) -> S
 
 
 def simulate(plan: Plan, options: SimulationOptions | None = None) -> SimulationResult:
-    """Simulate one step of a ``Plan`` on its mesh's cluster (op roofline + planned reshards)."""
+    """Simulate one step of a ``Plan`` on its mesh's cluster (op roofline + planned reshards).
+
+    Reshards of one value to one layout for several readers run once (``shared_reshards``):
+    the first reader's transfer carries the later readers in ``Transfer.also``."""
     graph = plan.graph
     times = plan_op_times(plan)
     by_name = {v.name: v for v in graph.values()}
     position = {op: i for i, op in enumerate(graph.ops)}
-    transfers = [
-        _transfer(r.consumer, by_name[r.value], r.time, graph, position) for r in plan.reshards
-    ]
     axes = options.tp_overlap_axes if options is not None else ()
-    if axes:
-        transfers = [
-            _pipelined(t, r, graph, plan.mesh, axes)
-            for t, r in zip(transfers, plan.reshards, strict=True)
-        ]
-    return simulate_graph(graph, times, transfers, options)
+    shared = shared_reshards(plan.reshards)
+    transfers: dict[int, Transfer] = {}
+    for n, r in enumerate(plan.reshards):
+        leader = shared[n]
+        if leader is not None:  # reuses an earlier reader's buffer: that transfer waits for it
+            earlier = transfers[leader]
+            if r.consumer.startswith("op:"):
+                transfers[leader] = replace(
+                    earlier, also=(*earlier.also, int(r.consumer[3:].split(":")[0]))
+                )
+            continue
+        t = _transfer(r.consumer, by_name[r.value], r.time, graph, position)
+        transfers[n] = _pipelined(t, r, graph, plan.mesh, axes) if axes else t
+    return simulate_graph(graph, times, list(transfers.values()), options)
+
+
+def shared_reshards(reshards: Sequence) -> list[int | None]:  # type: ignore[type-arg]
+    """Per reshard, the index of an earlier one whose result it reuses, or None.
+
+    Two reshards share when they move the same value from the same layout to the same layout
+    into an op or a graph output: the gathered (or reduced) buffer is made once and every reader
+    reads it, as XLA's CSE merges identical resharding chains and Megatron all-gathers the norm
+    output once for its q, k and v (fused QKV) GEMM. Producer-side reshards (``pin:``,
+    ``reduce:``) are already once per value; ``alias:`` round trips are carried into the next
+    step and stay apart. The plan keeps one ``Reshard`` per edge (emitters place each at its
+    reader); the cost is counted once."""
+    first: dict[tuple, int] = {}
+    out: list[int | None] = []
+    for n, r in enumerate(reshards):
+        if not r.consumer.startswith(("op:", "output:")):
+            out.append(None)
+            continue
+        key = (r.value, r.src, r.dst)
+        out.append(first.get(key))
+        first.setdefault(key, n)
+    return out
 
 
 def _is_gemm(op: Op | None) -> bool:
@@ -373,6 +408,7 @@ def _pipelined(t: Transfer, reshard, graph: Graph, mesh, axes: tuple[str, ...]) 
 def plan_op_times(plan: Plan) -> list[float]:
     """Roofline seconds of each op under the plan's layouts (as ``solver.costs.op_cost``)."""
     cluster = get_cluster(plan.mesh.cluster)
+    fused = fusion(plan.graph)
     produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith(_AT_PRODUCER)}
     seen: dict[tuple, float] = {}  # the layers of a stack repeat the same op at the same layouts
     times = []
@@ -380,22 +416,34 @@ def plan_op_times(plan: Plan) -> list[float]:
         operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
         results = tuple(produced.get(r.name, plan.shardings[r.name]) for r in op.results)
         key = (op.kind, op.rule, operands, results, *(v.type for v in op.operands + op.results))
+        key += (fused.of(op),)
         if key not in seen:
-            seen[key] = _op_time(op, operands, results, plan.mesh, cluster)
+            seen[key] = _op_time(op, operands, results, plan.mesh, cluster, fused.of(op))
         times.append(seen[key] * op.repeat)  # a scan body's op: every iteration
+    by_name = {v.name: v for v in plan.graph.values()}
+    for r in plan.reshards:  # a reshard inside a fused chain makes it go through HBM after all
+        kind, _, rest = r.consumer.partition(":")
+        i, _, j = rest.partition(":")
+        if kind == "op" and (int(i), int(j)) in fused.edges:
+            times[int(i)] += r.count * unfused_penalty(
+                by_name[r.value].type, r.src, r.dst, plan.mesh, cluster
+            )
     return times
 
 
-def _op_time(op: Op, operands, results, mesh, cluster: Cluster) -> float:  # type: ignore[no-untyped-def]
+def _op_time(op: Op, operands, results, mesh, cluster: Cluster, fused: OpFusion | None) -> float:  # type: ignore[no-untyped-def]
     """Local FLOPs are the global ones over the product of every mesh axis the op's layouts use
-    (each axis splits one factor, so that product is the strategy's split)."""
+    (each axis splits one factor, so that product is the strategy's split). Operands and
+    results a fused kernel keeps on chip (``costmodel.fusion``) move no HBM bytes."""
     axes = set().union(*(s.used_axes for s in operands + results))
     split = math.prod(mesh.axis_size(a) for a in axes)
     ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs) / split
     counts = [s.shard_count(mesh) for s in operands], [s.shard_count(mesh) for s in results]
-    nbytes = op_bytes(op.kind, ins, outs, *counts)
-    return compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster)
+    on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
+    nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip)
+    launches = fused is None or fused.launches
+    return compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster, launches=launches)
 
 
 def _transfer(
@@ -494,6 +542,7 @@ __all__ = [
     "op_phases",
     "plan_op_times",
     "serial_result",
+    "shared_reshards",
     "simulate",
     "simulate_graph",
     "weight_edges",

@@ -106,16 +106,30 @@ reshapes and transposes into bitcasts or fuses them into their consumer. A loop'
 its buffer from one iteration to the next (``scan_carry``, ``scan_loop``)."""
 
 
-def op_bytes(kind: str, ins: Types, outs: Types, in_shards, out_shards) -> float:  # type: ignore[no-untyped-def]
+def op_bytes(  # type: ignore[no-untyped-def]
+    kind: str,
+    ins: Types,
+    outs: Types,
+    in_shards,
+    out_shards,
+    on_chip_ins: Sequence[bool] = (),
+    on_chip_outs: Sequence[bool] = (),
+) -> float:
     """HBM bytes one device moves for an op: its local operands and results; 0 for views.
 
-    ``in_shards``/``out_shards``: the number of shards of each operand/result (layouts)."""
+    ``in_shards``/``out_shards``: the number of shards of each operand/result (layouts).
+    ``on_chip_ins``/``on_chip_outs``: operands read and results kept on chip by a fused kernel
+    (``costmodel.fusion``); they move no HBM bytes. Empty: none."""
     if kind in VIEW_KINDS:
         return 0.0
     if kind in ("scan_index", "scan_stack"):  # slices read and written: scan_index runs once
         return 2.0 * (ins[0].nbytes // in_shards[0])  # for all of them, scan_stack per iteration
-    total = sum(t.nbytes // n for t, n in zip(ins, in_shards, strict=True))
-    return total + sum(t.nbytes // n for t, n in zip(outs, out_shards, strict=True))
+    skip_in = on_chip_ins or (False,) * len(ins)
+    skip_out = on_chip_outs or (False,) * len(outs)
+    total = sum(t.nbytes // n for t, n, s in zip(ins, in_shards, skip_in, strict=True) if not s)
+    return total + sum(
+        t.nbytes // n for t, n, s in zip(outs, out_shards, skip_out, strict=True) if not s
+    )
 
 
 def op_flops(kind: str, rule: ShardingRule, ins: Types, outs: Types) -> float:

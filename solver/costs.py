@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from functools import partial
 
 import numpy as np
 
 from ..costmodel import compute_time, reshard_time
 from ..costmodel.cluster import Cluster
+from ..costmodel.fusion import Fusion, OpFusion, fusion, unfused_penalty
 from ..ir import (
     Graph,
     Mesh,
@@ -61,6 +62,8 @@ class Space:
     """``passes.repeated_layers.RepeatedLayers`` once computed (shared by solver variants)."""
     reduce_once: frozenset[Value] = frozenset()
     """Multi-use values whose pending sums are reduced once at the producer."""
+    fusion: Fusion = field(default_factory=lambda: Fusion({}, frozenset()))
+    """Elementwise chains kept on chip (``costmodel.fusion``): op prices skip their bytes."""
 
     @property
     def num_inputs(self) -> int:
@@ -114,7 +117,7 @@ def build_space(graph: Graph, mesh: Mesh, semantics: PartialSemantics | None = N
         strategies.append(cache[key])
         for k, r in enumerate(op.results):
             producer[r] = (node, k)
-    return Space(graph, mesh, strategies, producer, reduce_once=once)
+    return Space(graph, mesh, strategies, producer, reduce_once=once, fusion=fusion(graph))
 
 
 def reduced_layouts(produced: Sharding, type_: TensorType, mesh: Mesh) -> list[Sharding]:
@@ -168,20 +171,25 @@ def _multi_use(graph: Graph) -> list[Value]:
     ]
 
 
-def op_cost(op: Op, strategy: Strategy, mesh: Mesh, cluster: Cluster) -> float:
-    """Roofline time of the op on one device under a strategy."""
+def op_cost(
+    op: Op, strategy: Strategy, mesh: Mesh, cluster: Cluster, fused: OpFusion | None = None
+) -> float:
+    """Roofline time of the op on one device under a strategy (``fused``: its operands read
+    and results kept on chip by a fused kernel, ``Space.fusion``)."""
     ins = [v.type for v in op.operands]
     outs = [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs) / strategy.split
+    on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(
         op.kind,
         ins,
         outs,
         [s.shard_count(mesh) for s in strategy.operands],
         [s.shard_count(mesh) for s in strategy.results],
+        *on_chip,
     )
     dtype = (outs or ins)[0].dtype
-    return compute_time(flops, nbytes, dtype, cluster)
+    return compute_time(flops, nbytes, dtype, cluster, launches=fused is None or fused.launches)
 
 
 def _local_bytes(type_: TensorType, sharding: Sharding, mesh: Mesh) -> int:
@@ -196,9 +204,10 @@ def input_cost(memory_bytes: float, cluster: Cluster) -> float:
 def op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster, cache: dict):
     """Roofline time of ``op`` under each strategy, cached by op signature (repeated layers)."""
     key = (op.kind, op.rule, tuple(v.type for v in op.operands), tuple(r.type for r in op.results))
-    key += (id(strategies),)
+    fused = space.fusion.of(op)
+    key += (id(strategies), fused)
     if key not in cache:
-        cache[key] = np.array([op_cost(op, s, space.mesh, cluster) for s in strategies])
+        cache[key] = np.array([op_cost(op, s, space.mesh, cluster, fused) for s in strategies])
     repeat = op.repeat
     return cache[key] * repeat if repeat != 1 else cache[key]
 
@@ -217,39 +226,50 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
 
     seen: dict[tuple, float] = {}  # repeated layers ask the same (from, to, type) many times
 
-    def price(type_: TensorType):
+    def price(type_: TensorType, fused: bool = False):
+        """Reshard seconds; on a fused edge also the HBM round trip the reshard forces."""
+
         def time(a: Sharding, b: Sharding) -> float:
-            key = (a, b, type_)
+            key = (a, b, type_, fused)
             if key not in seen:
                 seen[key] = reshard_time(a, b, type_, mesh, cluster)
+                if fused:
+                    seen[key] += unfused_penalty(type_, a, b, mesh, cluster)
             return seen[key]
 
         return time
 
     for i, op in enumerate(graph.ops):
         v = space.op_node(i)
-        for k, result in enumerate(op.results):
-            if (pin := pinned_result(result)) is not None:  # the producer pays to meet its pin
-                cost = [price(result.type)(s.results[k], pin) for s in space.strategies[v]]
-                problem.node_costs[v] = problem.node_costs[v] + op.repeat * np.array(cost)
-            elif result in space.reduce_once:  # ... or to reduce its pending sum, once
-                reduce = price(result.type)
-                cost = [reduce(s.results[k], seen_layout(s, k)) for s in space.strategies[v]]
-                problem.node_costs[v] = problem.node_costs[v] + op.repeat * np.array(cost)
+        _add_producer_costs(problem, space, op, v, price)
         for j, value in enumerate(op.operands):
             u, k = space.producer[value]
             pin = pinned_result(value)
             once = value in space.reduce_once
+            fused = (i, j) in space.fusion.edges
             key = ("edge", id(space.strategies[u]), k, pin, once, id(space.strategies[v]), j)
-            key += (value.type,)
+            key += (value.type, fused)
             layouts = partial(_operand_layouts, space, u, k, pin, once, v, j)
-            u_group, v_group, matrix = _edge(cache, key, layouts, price(value.type))
+            u_group, v_group, matrix = _edge(cache, key, layouts, price(value.type, fused))
             if op.repeat != 1:  # an edge into a scan body's op reshards every iteration
                 matrix = matrix * op.repeat
             problem.add_grouped_edge(u, v, u_group, v_group, matrix)
     for j, value in enumerate(graph.outputs):
         _add_output_edge(problem, space, j, value, price(value.type), cache)
     return problem
+
+
+def _add_producer_costs(problem: Problem, space: Space, op: Op, v: int, price) -> None:  # type: ignore[no-untyped-def]
+    """The producer pays to meet a pinned result's layout, or to reduce a pending sum once."""
+    for k, result in enumerate(op.results):
+        if (pin := pinned_result(result)) is not None:
+            cost = [price(result.type)(s.results[k], pin) for s in space.strategies[v]]
+        elif result in space.reduce_once:
+            reduce = price(result.type)
+            cost = [reduce(s.results[k], seen_layout(s, k)) for s in space.strategies[v]]
+        else:
+            continue
+        problem.node_costs[v] = problem.node_costs[v] + op.repeat * np.array(cost)
 
 
 def _add_output_edge(

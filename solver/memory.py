@@ -446,11 +446,12 @@ def _recompute_costs(space: Space, cluster: Cluster, live: Liveness) -> dict:
             entries = []
             for i in ops:
                 op, node = space.graph.ops[i], space.op_node(i)
-                key = (op.kind, op.rule, id(space.strategies[node]))
+                fused = space.fusion.of(op)
+                key = (op.kind, op.rule, id(space.strategies[node]), fused)
                 key += (tuple(v.type for v in op.operands),)
                 if key not in cache:
                     cache[key] = np.array(
-                        [op_cost(op, s, space.mesh, cluster) for s in space.strategies[node]]
+                        [op_cost(op, s, space.mesh, cluster, fused) for s in space.strategies[node]]
                     )
                 entries.append((node, cache[key] * op.repeat if op.repeat != 1 else cache[key]))
             out[(name, mode)] = entries

@@ -14,6 +14,7 @@ from dataclasses import dataclass, field
 
 from ..costmodel import get_cluster, group_link
 from ..costmodel.cluster import Cluster
+from ..costmodel.fusion import fusion, unfused_penalty
 from ..costmodel.simulate import edge_exposure
 from ..ir import Graph, InfeasiblePlanError, Mesh, Op, Role, ShardplanError, Value, op_flops
 from ..passes.liveness import liveness
@@ -322,6 +323,7 @@ def _op_times(plan: Plan, cluster: Cluster) -> list[float]:
     from ..passes.enumerate_strategies import Strategy
 
     graph = plan.graph
+    fused = fusion(graph)
     by_name = {v.name: v for v in graph.values()}
     incoming = [0.0] * len(graph.ops)
     for r in plan.reshards:
@@ -330,6 +332,8 @@ def _op_times(plan: Plan, cluster: Cluster) -> list[float]:
             index = int(rest[0])
             value = by_name[r.value]
             incoming[index] += r.time * edge_exposure(value, graph.ops[index], graph)
+            if (index, int(rest[1])) in fused.edges:  # the reshard breaks a fused chain
+                incoming[index] += unfused_penalty(value.type, r.src, r.dst, plan.mesh, cluster)
     times = []
     for i, op in enumerate(plan.graph.ops):
         operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
@@ -340,6 +344,7 @@ def _op_times(plan: Plan, cluster: Cluster) -> list[float]:
                 Strategy(operands, results, (), _split(op, operands, results, plan)),
                 plan.mesh,
                 cluster,
+                fused.of(op),
             )
             + incoming[i]
         )

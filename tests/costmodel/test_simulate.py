@@ -13,12 +13,14 @@ from shardplan.costmodel.simulate import (
     edge_exposure,
     layer_blocks,
     op_phases,
+    plan_op_times,
     serial_result,
+    shared_reshards,
     simulate,
     simulate_graph,
     weight_edges,
 )
-from shardplan.ir import Graph, Mesh, Origin, Role, TensorType
+from shardplan.ir import Graph, Mesh, Origin, Role, Sharding, TensorType
 from shardplan.solver.costs import build_problem, build_space
 from shardplan.solver.ilp import solve
 from shardplan.solver.planner import build_plan, plan_graph
@@ -225,3 +227,67 @@ def test_simulate_overlap_aware_objective_changes_the_plan():
     assert serial.shardings != aware.shardings
     assert simulate(aware).step_time < 0.95 * simulate(serial).step_time
     assert serial.step_time < aware.step_time  # the serial objective would have refused it
+
+
+def two_readers() -> Graph:
+    """``x`` split by rows feeds two column-parallel GEMMs (like a norm output feeding q and k):
+    both want it whole, so the plan lists the same all-gather on two edges."""
+    mesh = Mesh({"tp": 4}, cluster="h100-sxm")
+    g = Graph(name="two_readers")
+    rows = Sharding((("tp",), ()))
+    columns = Sharding(((), ("tp",)))
+    x = g.add_input("x", TensorType((256, 1024), "bf16"), Role.INPUT, sharding=rows, pinned=True)
+    ws = [
+        g.add_input(name, TensorType((1024, 4096), "bf16"), Role.PARAMETER, sharding=columns,
+                    pinned=True)
+        for name in ("wq", "wk")
+    ]  # fmt: skip
+    out = TensorType((256, 4096), "bf16")
+    q, k = (g.add_op("dot", [x, w], [out], names=[n]).result for w, n in zip(ws, "qk", strict=True))
+    y = g.add_op("add", [q, k], [out], names=["y"]).result
+    g.set_outputs([y])
+    g.mesh = mesh
+    return g
+
+
+def test_shared_reshards_point_later_readers_at_the_first():
+    from shardplan.solver.plan import Reshard
+
+    a, b = Sharding((("tp",), ())), Sharding(((), ()))
+    reshards = [
+        Reshard("x", "op:1:0", a, b, ()),
+        Reshard("x", "op:2:0", a, b, ()),
+        Reshard("x", "op:3:0", a, Sharding(((), ("tp",))), ()),
+        Reshard("y", "op:3:1", a, b, ()),
+        Reshard("x", "output:0", a, b, ()),
+        Reshard("x", "alias:1", a, b, ()),
+    ]
+    assert shared_reshards(reshards) == [None, 0, None, None, 0, None]
+
+
+def test_simulate_charges_one_gather_for_two_readers():
+    """Two readers of one value in one layout share the all-gather: one transfer runs, and the
+    plan's communication counts it once, though ``plan.reshards`` lists both edges."""
+    g = two_readers()
+    plan = plan_graph(g, g.mesh, overlap=False)
+    gathers = [r for r in plan.reshards if r.value == "x"]
+    assert len(gathers) == 2  # the setup: one all-gather listed per reader
+    assert gathers[0].dst == gathers[1].dst
+    result = simulate(plan)
+    assert result.comm_time == pytest.approx(gathers[0].time)
+    assert plan.comm_time == pytest.approx(gathers[0].time)
+    compute = sum(plan_op_times(plan))
+    assert result.step_time == pytest.approx(compute + gathers[0].time)
+
+
+def test_simulate_shared_transfer_releases_every_reader():
+    """``Transfer.also``: the second reader waits for the first reader's transfer."""
+    g = deep_linear(layers=2)
+    h1 = g.value("h1")
+    readers = [g.ops.index(u.op) for u in h1.uses]
+    first, later = readers[0], readers[1:]
+    times = [1.0] * len(g.ops)
+    transfers = [Transfer(h1, first, 2.5, also=tuple(later))]
+    result = simulate_graph(g, times, transfers)
+    assert result.comm_time == pytest.approx(2.5)
+    assert result.step_time == pytest.approx(len(g.ops) + 2.5)
