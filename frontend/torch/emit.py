@@ -24,6 +24,7 @@ from torch.distributed.tensor import (
 )
 from torch.distributed.tensor.experimental import implicit_replication
 from torch.nn.attention import SDPBackend, sdpa_kernel
+from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
@@ -122,11 +123,12 @@ def check_mesh(plan: Plan, device_mesh: DeviceMesh) -> None:
 
 
 def redistribute(x: Any, placements: Placements) -> Any:
-    """Move a DTensor to ``placements`` when DTensor can (S->P is not a layout change it has)."""
+    """Move a DTensor to ``placements`` when DTensor can: S->P and R->P are not layout changes
+    it makes (the logical tensor is the same), so such a dim keeps its layout."""
     if not isinstance(x, DTensor) or tuple(x.placements) == placements:
         return x
     fixed = tuple(
-        old if isinstance(new, Partial) and not isinstance(old, (Partial, Replicate)) else new
+        old if isinstance(new, Partial) and not isinstance(old, Partial) else new
         for old, new in zip(x.placements, placements, strict=True)
     )
     if tuple(x.placements) == fixed:
@@ -199,16 +201,36 @@ def _install_root_hooks(
         return out
 
     model.register_forward_pre_hook(pre, with_kwargs=True)
-    model.register_forward_hook(post)
+    model.register_forward_hook(post, always_call=True)  # also when forward raises
 
 
 def _forward_contexts(mesh: DeviceMesh) -> list[Any]:
     """Contexts around the root forward: plain tensors made inside act as replicated, and on
     CPU attention takes the math path (DTensor has no strategy for the CPU flash kernel)."""
-    contexts: list[Any] = [implicit_replication(), _replicate_saved_tensors(mesh)]
+    contexts: list[Any] = [implicit_replication(), _replicate_saved_tensors(mesh), _EmptyCat()]
     if mesh.device_type == "cpu" and not follow.following():  # the follower runs the kernel
         contexts.append(sdpa_kernel([SDPBackend.MATH]))
     return contexts
+
+
+class _EmptyCat(TorchFunctionMode):
+    """``torch.cat`` skips 1-D empty operands when DTensors take part, as eager ``cat`` does.
+
+    Eager ``cat`` ignores a legacy ``torch.tensor([])`` whatever the other operands' rank;
+    DTensor's rule instead redistributes it, as a replicated operand, to the others' layout and
+    fails when they are split on a dimension it lacks. Hugging Face's ``DynamicCache`` starts
+    every layer from such a tensor and concatenates the new keys and values onto it, so any
+    plan that splits attention by heads or sequence would crash in ``apply`` without this."""
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if func in _CATS and args and any(isinstance(t, DTensor) for t in args[0]):
+            kept = [t for t in args[0] if t.shape != (0,)]
+            args = (kept or args[0][:1], *args[1:])
+        return func(*args, **kwargs)
+
+
+_CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
 
 
 def _replicate_saved_tensors(mesh: DeviceMesh) -> Any:

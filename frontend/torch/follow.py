@@ -172,11 +172,13 @@ class PlanFollower(TorchDispatchMode):
         inplace = func._schema.is_mutable
         moved = [
             t
-            if (inplace and i == 0) or name is None
+            if (inplace and i == 0) or name is None or _legacy_empty(t)
             else self._to(self._through_identities(t, name, step), self._want(step, i), step)
             for i, (t, name) in enumerate(zip(tensors, step.operands, strict=True))
         ]
         args, kwargs = _replace((args, kwargs), iter(moved))
+        if step.target == "aten.cat.default" and not all(map(_legacy_empty, args[0])):
+            args = ([t for t in args[0] if not _legacy_empty(t)], *args[1:])  # as eager cat
         if step.target.rsplit(".", 1)[0].removesuffix("_backward") in _ATTENTION:
             qkv = moved[1:4] if "backward" in step.target else moved[:3]
             out = self._attention(func, args, kwargs, qkv)
@@ -337,6 +339,13 @@ def _identity(target: str, args: tuple) -> bool:
         known = math.prod(d for d in shape if d != -1)
         shape[shape.index(-1)] = args[0].numel() // max(known, 1)
     return is_identity(target, tuple(args[0].shape), tuple(shape))
+
+
+def _legacy_empty(t: torch.Tensor) -> bool:
+    """A ``torch.tensor([])`` (plain, or made replicated on the way): ``cat`` ignores it beside
+    operands of any rank (Hugging Face's ``DynamicCache`` starts from one), so it has no layout
+    to follow."""
+    return t.shape == (0,)
 
 
 def _replace(tree: Any, new: Iterator[Any]) -> Any:

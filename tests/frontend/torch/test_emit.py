@@ -204,3 +204,53 @@ def test_apply_rejects_a_mismatched_mesh(examples) -> None:  # type: ignore[no-u
     mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
     with pytest.raises(sp.ShardplanError, match="does not match the plan mesh"):
         plan.apply(copy.deepcopy(model), mesh)
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["apply", "follow_plan"])
+def test_apply_llama_with_attention_split_by_heads(examples, follow) -> None:  # type: ignore[no-untyped-def]
+    """Megatron attention on an HF Llama: q/k/v column-, o row-parallel over tp. The keys and
+    values are DTensors split by heads when HF's ``DynamicCache`` concatenates them onto its
+    empty ``torch.tensor([])``, which DTensor's ``cat`` cannot reshard; eager ``cat`` skips it,
+    and so do ``apply`` and the follower."""
+    model, inputs = examples["hf_llama"].make(batch=4, layers=1)
+    attention = "model.layers.0.self_attn"
+    pins = {f"{attention}.{n}_proj.weight": sp.Sharding.of("tp", None) for n in "qkv"}
+    pins[f"{attention}.o_proj.weight"] = sp.Sharding.of(None, "tp")
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), pins=pins, time_limit=10)
+    assert plan.to_placements()[f"{attention}.k_proj.weight"][1] == Shard(0)
+    _check_numerics(plan, model, inputs, follow=follow)
+
+
+def test_a_forward_that_raises_leaves_no_mode_behind(examples) -> None:  # type: ignore[no-untyped-def]
+    """``apply`` enters its contexts (implicit replication, saved-tensor hooks) around the root
+    forward; a forward that raises must leave them too, or every later torch call runs in them."""
+    model, inputs = examples["torch_mlp"].make(batch=8, dim=8, hidden=16)
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}))
+    with simulate.local_ranks(plan.mesh.size):
+        sharded = plan.apply(copy.deepcopy(model), _mesh(plan))
+        with pytest.raises(RuntimeError):
+            sharded(torch.ones(8, 5))  # wrong feature size
+    plain = torch.ones(2, 2)
+    simulate.simulated_world(4)
+    mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
+    with simulate.local_ranks(4):
+        replicated = torch.distributed.tensor.distribute_tensor(plain, mesh, src_data_rank=None)
+        with pytest.raises(RuntimeError, match=r"mixed torch\.Tensor and DTensor"):
+            replicated * plain  # implicit replication is off again
+
+
+def test_redistribute_keeps_a_replicated_dim_where_the_plan_has_a_pending_sum() -> None:
+    """DTensor cannot move R (or S) to P (the logical tensor would not change), so the emitter's
+    boundary reshard keeps that dim as it is instead of raising."""
+    from shardplan.frontend.torch.emit import redistribute
+    from torch.distributed.tensor import Partial, Replicate
+
+    simulate.simulated_world(4)
+    mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
+    with simulate.local_ranks(4):
+        x = torch.distributed.tensor.distribute_tensor(
+            torch.ones(4, 4), mesh, [Replicate(), Shard(0)], src_data_rank=None
+        )
+        moved = redistribute(x, (Partial(), Replicate()))
+        assert tuple(moved.placements) == (Replicate(), Replicate())
+        torch.testing.assert_close(simulate.rank0(moved.full_tensor()), torch.ones(4, 4))
