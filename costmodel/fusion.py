@@ -33,6 +33,7 @@ from shardplan.ir.mesh import Mesh
 from shardplan.ir.registry import ELEMENTWISE, ELEMENTWISE_LINEAR
 
 from .cluster import Cluster
+from .per_graph import PerGraph
 
 ELEMENTWISE_KINDS: frozenset[str] = frozenset(ELEMENTWISE + ELEMENTWISE_LINEAR) | {
     "constant",
@@ -77,19 +78,9 @@ class Fusion:
         return self.ops.get(op)
 
 
-_CACHE: dict[int, tuple[Graph, int, Fusion]] = {}
-
-
 def fusion(graph: Graph) -> Fusion:
-    """The fused edges of ``graph`` (cached per graph while its op count is unchanged)."""
-    hit = _CACHE.get(id(graph))
-    if hit is not None and hit[0] is graph and hit[1] == len(graph.ops):
-        return hit[2]
-    if len(_CACHE) >= 16:
-        _CACHE.clear()
-    result = _analyse(graph)
-    _CACHE[id(graph)] = (graph, len(graph.ops), result)
-    return result
+    """The fused edges of ``graph`` (analysed once per graph, ``PerGraph``)."""
+    return _FUSION(graph)
 
 
 def _analyse(graph: Graph) -> Fusion:
@@ -162,5 +153,7 @@ def unfused_penalty(
     write = type_.nbytes / src.shard_count(mesh) / bandwidth
     return max(write, cluster.kernel_floor) + type_.nbytes / dst.shard_count(mesh) / bandwidth
 
+
+_FUSION: PerGraph[Fusion] = PerGraph(_analyse)
 
 __all__ = ["ELEMENTWISE_KINDS", "ROW_KINDS", "Fusion", "OpFusion", "fusion", "unfused_penalty"]

@@ -34,6 +34,7 @@ from shardplan.ir.registry import op_bytes, op_flops, op_info
 from .cluster import Cluster, get_cluster
 from .compute import compute_time
 from .fusion import OpFusion, fusion, unfused_penalty
+from .per_graph import PerGraph
 
 if TYPE_CHECKING:
     from shardplan.solver.plan import Plan
@@ -474,8 +475,6 @@ PREFETCH_EXPOSURE = 0.2
 """Fraction of a parameter / optimizer-state collective that stays exposed: with a one-layer
 prefetch it hides behind the previous layer's compute except for the first layer."""
 
-_PHASE_CACHE: dict[int, tuple[Graph, int, dict[Op, Phase]]] = {}
-
 
 def edge_exposure(value: Value, consumer: Op | None, graph: Graph) -> float:
     """Fraction in [0, 1] of the reshard cost on ``value -> consumer`` that lengthens the step.
@@ -493,7 +492,7 @@ def edge_exposure(value: Value, consumer: Op | None, graph: Graph) -> float:
         return PREFETCH_EXPOSURE if value.role in (Role.PARAMETER, Role.OPTIMIZER_STATE) else 1.0
     if consumer is None:
         return PREFETCH_EXPOSURE
-    phases = _phases_cached(graph)
+    phases = _PHASES(graph)
     producer, user = phases.get(value.producer), phases.get(consumer)
     if user is Phase.UPDATE and producer is Phase.BACKWARD:
         return GRADIENT_EXPOSURE
@@ -519,16 +518,8 @@ def weight_edges(problem, space) -> None:
         edge.cost = edge.cost * max(edge_exposure(v, consumer, graph) for v in values)
 
 
-def _phases_cached(graph: Graph) -> dict[Op, Phase]:
-    hit = _PHASE_CACHE.get(id(graph))
-    if hit is not None and hit[0] is graph and hit[1] == len(graph.ops):
-        return hit[2]
-    if len(_PHASE_CACHE) >= 16:
-        _PHASE_CACHE.clear()
-    phases = op_phases(graph)
-    _PHASE_CACHE[id(graph)] = (graph, len(graph.ops), phases)
-    return phases
-
+_PHASES: PerGraph[dict[Op, Phase]] = PerGraph(op_phases)
+"""Each op's phase, found once per graph (the planner weights every edge with it)."""
 
 __all__ = [
     "GRADIENT_EXPOSURE",
