@@ -12,6 +12,7 @@ import copy
 import importlib.util
 import os
 import socket
+import sys
 import tempfile
 from pathlib import Path
 from typing import Any
@@ -59,8 +60,23 @@ def _worker(rank: int, world: int, port: int, parallel, factory, kwargs, out) ->
         grads = {n: p.grad.full_tensor() for n, p in sharded.named_parameters()}
         if rank == 0:
             torch.save({"loss": total / world, "grads": grads}, out)
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    _finish()
+
+
+def _finish() -> None:
+    """End a rank whose work succeeded: wait for the others, tear the group down and leave
+    without interpreter finalization. About one run in six to twenty, a child that finalized
+    normally died in ``std::terminate`` ("terminate called without an active exception", a
+    native thread still joinable at teardown) after its results were written, and ``mp.spawn``
+    reported the whole run failed."""
+    dist.barrier()
+    dist.destroy_process_group()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(0)
 
 
 def run_on_gloo(parallel: Any, factory: str, world: int, **kwargs: Any) -> dict[str, Any]:
@@ -92,8 +108,10 @@ def _pipeline_worker(rank: int, world: int, port: int, spec, factory, kwargs, ou
             schedule.step()
         grads = {n: p.grad for n, p in stage.submod.named_parameters() if p.grad is not None}
         torch.save({"grads": grads, "losses": losses}, Path(out) / f"rank{rank}.pt")
-    finally:
+    except BaseException:
         dist.destroy_process_group()
+        raise
+    _finish()
 
 
 def run_pipeline_on_gloo(spec: Any, factory: str, **kwargs: Any) -> dict[str, Any]:
