@@ -225,8 +225,7 @@ class _EmptyCat(TorchFunctionMode):
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if func in _CATS and args and any(isinstance(t, DTensor) for t in args[0]):
-            kept = [t for t in args[0] if t.shape != (0,)]
-            args = (kept or args[0][:1], *args[1:])
+            args = (follow.without_legacy_empty(args[0]), *args[1:])
         return func(*args, **kwargs)
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import contextlib
 import math
-from collections.abc import Iterator
+from collections.abc import Iterator, Sequence
 from typing import Any
 
 import torch
@@ -177,8 +177,8 @@ class PlanFollower(TorchDispatchMode):
             for i, (t, name) in enumerate(zip(tensors, step.operands, strict=True))
         ]
         args, kwargs = _replace((args, kwargs), iter(moved))
-        if step.target == "aten.cat.default" and not all(map(_legacy_empty, args[0])):
-            args = ([t for t in args[0] if not _legacy_empty(t)], *args[1:])  # as eager cat
+        if step.target == "aten.cat.default":
+            args = (without_legacy_empty(args[0]), *args[1:])
         if step.target.rsplit(".", 1)[0].removesuffix("_backward") in _ATTENTION:
             qkv = moved[1:4] if "backward" in step.target else moved[:3]
             out = self._attention(func, args, kwargs, qkv)
@@ -346,6 +346,13 @@ def _legacy_empty(t: torch.Tensor) -> bool:
     operands of any rank (Hugging Face's ``DynamicCache`` starts from one), so it has no layout
     to follow."""
     return t.shape == (0,)
+
+
+def without_legacy_empty(tensors: Sequence[torch.Tensor]) -> list[torch.Tensor]:
+    """``cat``'s operands as eager ``cat`` uses them: 1-D empty ones skipped (all of them
+    empty: the first is kept). DTensor's ``cat`` would reshard them to the others' layout."""
+    kept = [t for t in tensors if not _legacy_empty(t)]
+    return kept or list(tensors[:1])
 
 
 def _replace(tree: Any, new: Iterator[Any]) -> Any:
