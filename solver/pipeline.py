@@ -91,6 +91,7 @@ def _plan_stages(
         raise error or InfeasiblePlanError("no pipeline plan")
     inner, split, assignment = best
     inner.pipeline = _pipeline_plan(axis, split, assignment)
+    inner.mesh = mesh  # the whole mesh; the layouts use only the stage mesh's axes
     return inner
 
 

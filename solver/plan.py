@@ -8,7 +8,9 @@ from pathlib import Path
 from ..costmodel.collective import Collective
 from ..ir import Graph, Mesh, Role, Sharding, ShardplanError
 
-PLAN_FORMAT_VERSION = 1
+PLAN_FORMAT_VERSION = 2
+"""2: the full mesh (pipeline axis included), the pipeline, exposed communication, recomputation,
+the memory budget and the mesh-search table. Version 1 files still load (without those)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -116,9 +118,10 @@ class Plan:
     exposed_comm_time: float | None = None
     """Communication the two-stream simulator could not hide behind compute (None: all)."""
     candidates: list = field(default_factory=list)
+    """Mesh-shape search: every (pp, dp, tp) tried (``solver/mesh_search.py``); saved without
+    their wall-clock planning seconds."""
     timings: dict[str, float] = field(default_factory=dict)
     """Wall seconds per planning phase (capture, enumerate, price, shrink, solve...)."""
-    """Mesh-shape search: every (pp, dp, tp) tried (``solver/mesh_search.py``); never serialised."""
 
     def memory_breakdown(self):
         """The modelled peak: bytes by kind and the largest values live at it (memory model)."""
@@ -136,6 +139,15 @@ class Plan:
             return self.pipeline.step_time
         exposed = self.comm_time if self.exposed_comm_time is None else self.exposed_comm_time
         return self.compute_time + exposed
+
+    @property
+    def stage_mesh(self) -> Mesh:
+        """The mesh one pipeline stage runs on (``mesh`` without the pipeline axis): the
+        layouts in ``shardings`` use only its axes. ``mesh`` itself when not pipelined."""
+        if self.pipeline is None:
+            return self.mesh
+        axes = [(n, s) for n, s in self.mesh.axes if n != self.pipeline.axis]
+        return Mesh(axes, cluster=self.mesh.cluster)
 
     @property
     def stages(self) -> list[StageSpec]:

@@ -15,7 +15,7 @@ from typing import Any
 from shardplan.costmodel.collective import Collective
 from shardplan.ir import Graph, Mesh, Sharding, ShardplanError
 
-from .plan import PLAN_FORMAT_VERSION, Plan, Reshard, SolverStats
+from .plan import PLAN_FORMAT_VERSION, PipelinePlan, Plan, Reshard, SolverStats, StageSpec
 
 PLAN_FORMAT = "shardplan-plan"
 
@@ -40,12 +40,58 @@ def plan_to_json(plan: Plan) -> str:
         ],
         "output_shardings": [_sharding(s) for s in plan.output_shardings],
         "reshards": [_reshard(r) for r in plan.reshards],
-        "costs": {"compute_time": _float(plan.compute_time), "comm_time": _float(plan.comm_time)},
+        "costs": _costs(plan),
         "peak_memory_bytes": int(plan.peak_memory_bytes),
         "memory": {kind: int(n) for kind, n in plan.memory.items()},
         "solver": _solver(plan.solver),
+        "pipeline": _pipeline(plan.pipeline) if plan.pipeline is not None else None,
+        "recompute": {layer: mode for layer, mode in sorted(plan.recompute.items())},
+        "memory_limit": None if plan.memory_limit is None else _float(plan.memory_limit),
+        "candidates": [_candidate(c) for c in plan.candidates],
     }
     return _dump(document) + "\n"
+
+
+def _costs(plan: Plan) -> dict[str, Any]:
+    """Compute, communication and (when simulated) the exposed part: what ``step_time`` sums."""
+    costs: dict[str, Any] = {
+        "compute_time": _float(plan.compute_time),
+        "comm_time": _float(plan.comm_time),
+    }
+    if plan.exposed_comm_time is not None:
+        costs["exposed_comm_time"] = _float(plan.exposed_comm_time)
+    return costs
+
+
+def _pipeline(p: PipelinePlan) -> dict[str, Any]:
+    return {
+        "axis": p.axis,
+        "microbatches": p.microbatches,
+        "schedule": p.schedule,
+        "step_time": _float(p.step_time),
+        "bubble_fraction": _float(p.bubble_fraction),
+        "stages": [
+            {
+                "index": s.index,
+                "layers": list(s.layers),
+                "stack": s.stack,
+                "first_stage_extras": s.first_stage_extras,
+                "time": _float(s.time),
+                "memory_bytes": _float(s.memory_bytes),
+            }
+            for s in p.stages
+        ],
+    }
+
+
+def _candidate(c: Any) -> dict[str, Any]:
+    """One mesh-search row; its wall-clock planning seconds are left out (byte identity)."""
+    return {
+        "mesh": dict(c.mesh),
+        "step_time": None if c.step_time is None else _float(c.step_time),
+        "peak_memory_bytes": None if c.peak_memory_bytes is None else _float(c.peak_memory_bytes),
+        "rejected": c.rejected,
+    }
 
 
 def _dump(document: dict[str, Any]) -> str:
@@ -167,6 +213,8 @@ def plan_from_json(data: Mapping[str, Any] | str) -> Plan:
     }
     _check_shardings(graph, mesh, shardings)
     costs = _Reader(top.get("costs", dict), "costs")
+    pipeline = top.get("pipeline", (dict, type(None)), None)
+    memory_limit = top.get("memory_limit", (int, float, str, type(None)), None)
     return Plan(
         graph=graph,
         mesh=mesh,
@@ -183,6 +231,16 @@ def plan_from_json(data: Mapping[str, Any] | str) -> Plan:
         output_shardings=[
             _read_sharding(s, f"output_shardings[{i}]")
             for i, s in enumerate(top.get("output_shardings", list, []))
+        ],
+        recompute=_read_recompute(_Reader(top.get("recompute", dict, {}), "recompute")),
+        memory_limit=None if memory_limit is None else top.number("memory_limit"),
+        pipeline=_read_pipeline(_Reader(pipeline, "pipeline"), mesh) if pipeline else None,
+        exposed_comm_time=(
+            costs.number("exposed_comm_time") if "exposed_comm_time" in costs.data else None
+        ),
+        candidates=[
+            _read_candidate(_Reader(c, f"candidates[{i}]"))
+            for i, c in enumerate(top.get("candidates", list, []))
         ],
     )
 
@@ -293,6 +351,55 @@ def _read_reshard(data: object, where: str) -> Reshard:
         dst=_read_sharding(r.get("dst", dict), f"{where}.dst"),
         collectives=tuple(collectives),
         count=r.get("count", int, 1),
+    )
+
+
+def _read_pipeline(r: _Reader, mesh: Mesh) -> PipelinePlan:
+    axis = r.get("axis", str)
+    if axis not in mesh.axis_names:
+        raise _bad("pipeline.axis", f"the mesh {mesh} has no axis {axis!r}")
+    stages = []
+    for i, data in enumerate(r.get("stages", list)):
+        s = _Reader(data, f"pipeline.stages[{i}]")
+        layers = s.get("layers", list)
+        if not layers or not all(_is_int(x) for x in layers):
+            raise _bad(f"{s.where}.layers", f"expected layer indices, got {layers!r:.60}")
+        stages.append(
+            StageSpec(
+                s.get("index", int),
+                tuple(layers),
+                s.get("stack", str),
+                s.get("first_stage_extras", bool),
+                s.number("time"),
+                s.number("memory_bytes"),
+            )
+        )
+    if len(stages) != mesh.axis_size(axis):
+        raise _bad("pipeline.stages", f"{len(stages)} stages on {axis}={mesh.axis_size(axis)}")
+    return PipelinePlan(
+        axis, tuple(stages), r.get("microbatches", int), r.get("schedule", str),
+        r.number("step_time"), r.number("bubble_fraction"),
+    )  # fmt: skip
+
+
+def _read_recompute(r: _Reader) -> dict[str, str]:
+    return {layer: r.get(layer, str) for layer in r.data}
+
+
+def _read_candidate(r: _Reader):
+    from .mesh_search import Candidate
+
+    mesh = r.get("mesh", dict)
+    if not all(isinstance(k, str) and _is_int(n) for k, n in mesh.items()):
+        raise _bad(f"{r.where}.mesh", f"expected axis sizes, got {mesh!r:.60}")
+    step = r.get("step_time", (int, float, str, type(None)))
+    peak = r.get("peak_memory_bytes", (int, float, str, type(None)))
+    return Candidate(
+        dict(mesh),
+        None if step is None else r.number("step_time"),
+        None if peak is None else r.number("peak_memory_bytes"),
+        0.0,  # planning seconds are not saved
+        r.get("rejected", str),
     )
 
 

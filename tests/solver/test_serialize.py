@@ -59,7 +59,7 @@ def test_plan_json_is_versioned_and_sorted():
     text = plan_to_json(make_plan())
     data = json.loads(text)
     assert data["format"] == "shardplan-plan"
-    assert data["version"] == 1
+    assert data["version"] == 2
     assert list(data) == sorted(data)
     assert "wall_time" not in text
     assert text.endswith("\n")
