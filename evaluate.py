@@ -2,11 +2,14 @@
 
 The strategy's pins fix every graph input's layout and its recomputation policy; the solver
 chooses only what the strategy leaves open (activation layouts inside), so the numbers are
-directly comparable with ``shardplan.plan`` on the same graph, mesh and budget.
+directly comparable with ``shardplan.plan`` on the same graph, mesh and budget. A pipelined
+strategy (``pp > 1``) goes through ``plan_pipeline``'s stage model with Megatron's equal
+stages and its micro-batch count fixed, so it is priced exactly as a pipeline plan is.
 """
 
 from __future__ import annotations
 
+import functools
 import math
 from dataclasses import dataclass
 from typing import Any
@@ -14,7 +17,7 @@ from typing import Any
 from .costmodel import get_cluster
 from .ir import Graph, InfeasiblePlanError, Mesh, Role, op_flops
 from .solver.plan import Plan
-from .strategies import ParallelStrategy
+from .strategies import ParallelStrategy, StrategyError
 
 
 @dataclass(frozen=True, slots=True)
@@ -47,24 +50,31 @@ def evaluate(
     time_limit: float = 30.0,
     **options: Any,
 ) -> Evaluation:
-    """Evaluate ``strategy`` on a graph (or a torch module / JAX callable with example inputs)."""
-    if strategy.pp > 1:
-        raise NotImplementedError(
-            f"{strategy.name}: pipeline parallelism (pp={strategy.pp}) is not evaluated yet; "
-            "use pp=1 (the pipeline schedule cost lives in costmodel/pipeline.py)"
+    """Evaluate ``strategy`` on a graph (or a torch module / JAX callable with example inputs).
+
+    The returned ``Evaluation.plan`` keeps the capture context, so a torch module's plan can
+    be applied (``plan.apply``) and a JAX function's jitted (``plan.jit``) like ``sp.plan``'s.
+    """
+    strategy.check(mesh)
+    if strategy.tp_comm_overlap and strategy.pp > 1:
+        raise StrategyError(
+            f"{strategy.name}: tp_comm_overlap is not modelled inside pipeline stages yet; "
+            "evaluate it with pp=1 or without tp_comm_overlap"
         )
-    graph = _graph(model_or_graph, example_args, options)
+    graph, context = _graph(model_or_graph, example_args, options, strategy)
     limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
-    pins = strategy.pins(graph, mesh)
-    recompute = strategy.recompute_decisions(graph)
+    semantics = getattr(context, "partial_semantics", None)
+    solve = functools.partial(_solve, graph, mesh, strategy, time_limit=time_limit,
+                              semantics=semantics)  # fmt: skip
     fits = True
     try:
-        plan = _solve(graph, mesh, pins, limit, recompute, time_limit)
+        plan = solve(limit)
     except InfeasiblePlanError:
         fits = False
-        plan = _solve(graph, mesh, pins, math.inf, recompute, time_limit)
+        plan = solve(math.inf)
     if strategy.tp_comm_overlap and strategy.tp:
         _simulate_tp_overlap(plan, strategy.tp)
+    plan.frontend_context = context
     return _evaluation(
         strategy.name, graph, mesh, plan, fits and plan.peak_memory_bytes <= limit, limit
     )
@@ -79,34 +89,60 @@ def _simulate_tp_overlap(plan: Plan, axis: str) -> None:
     plan.exposed_comm_time = result.exposed_comm_time
 
 
-def _graph(model_or_graph: Any, example_args: tuple, options: dict) -> Graph:
+def _graph(
+    model_or_graph: Any, example_args: tuple, options: dict, strategy: ParallelStrategy
+) -> tuple[Graph, object | None]:
+    """The graph and the frontend's capture context (None for an IR graph)."""
     if isinstance(model_or_graph, Graph):
-        return model_or_graph
+        return model_or_graph, None
     from .api import _is_torch_module
 
     if _is_torch_module(model_or_graph):
         from .frontend.torch.capture import capture
     else:
         from .frontend.jax.capture import capture  # type: ignore[no-redef]
-    graph, _ = capture(model_or_graph, *example_args, **options)
-    return graph
+
+        if strategy.pp > 1:
+            options.setdefault("unroll_scans", True)  # stages split the layers of a scan
+    return capture(model_or_graph, *example_args, **options)
 
 
-def _solve(graph: Graph, mesh: Mesh, pins, limit: float, recompute, time_limit: float) -> Plan:
+def _solve(
+    graph: Graph,
+    mesh: Mesh,
+    strategy: ParallelStrategy,
+    limit: float,
+    time_limit: float,
+    semantics: object | None,
+) -> Plan:
     """Plan under the pins, then restore the graph's own annotations (it is reused).
 
     Followers are always merged (``merge_followers=True``): a follower of a pinned op takes
     its leader's layout, as the hand-written strategy runs it. The planner's extra exact solve
     of small graphs could trade the strategy away (on a tiny model it gathers Megatron's
-    weights and runs every op replicated), which is not the configuration asked about."""
+    weights and runs every op replicated), which is not the configuration asked about.
+    A pipelined strategy fixes the stages (equal layer counts) and the micro-batch count."""
+    from .solver.pipeline import plan_pipeline, uniform_stage_bounds
     from .solver.planner import plan_graph
 
     saved = [(v, v.sharding, v.pinned) for v in graph.values()]
+    stage_mesh = Mesh(
+        [(n, s) for n, s in mesh.axes if n != strategy.pipeline_axis], cluster=mesh.cluster
+    )
+    options = {
+        "pins": strategy.pins(graph, stage_mesh),
+        "recompute": strategy.recompute_decisions(graph),
+        "merge_followers": True,
+        "semantics": semantics,
+    }
     try:
-        return plan_graph(
-            graph, mesh, pins=pins, memory_limit=limit, time_limit=time_limit,
-            recompute=recompute, merge_followers=True,
-        )  # fmt: skip
+        if strategy.pp > 1:
+            return plan_pipeline(
+                graph, mesh, strategy.pipeline_axis, memory_limit=limit,
+                microbatches=strategy.microbatches, time_limit=time_limit,
+                stage_bounds=uniform_stage_bounds(graph, strategy.pp), **options,
+            )  # fmt: skip
+        return plan_graph(graph, mesh, memory_limit=limit, time_limit=time_limit, **options)
     finally:
         for v, sharding, pinned in saved:
             v.sharding, v.pinned = sharding, pinned

@@ -18,7 +18,12 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .ir import Graph, Mesh, Role, Sharding, Value, op_info
+from .ir import Graph, Mesh, Role, Sharding, ShardplanError, Value, op_info
+
+
+class StrategyError(ShardplanError, ValueError):
+    """A strategy's arguments are malformed or do not match the mesh (a ``ValueError`` too)."""
+
 
 COLUMN = re.compile(
     r"(^|[._])(q|k|v|wq|wk|wv|q_proj|k_proj|v_proj|gate|up|gate_proj|up_proj|c_attn|c_fc|fc1|w1|w3|query|key|value)([._#]|$)"
@@ -47,6 +52,61 @@ class ParallelStrategy:
     """Tensor-parallel communication overlap (Megatron-Core ``--tp-comm-overlap``): the step
     simulator pipelines the ``tp`` axis's all-gathers and reduce-scatters with their GEMMs
     (``costmodel.simulate.SimulationOptions.tp_overlap_axes``)."""
+    tp_size: int | None = None
+    """The tensor-parallel degree the user asked for (``megatron(tp=8)``); the mesh must agree."""
+    pipeline_axis: str = "pp"
+    """Mesh axis the stages are laid along when ``pp > 1``."""
+
+    def __post_init__(self) -> None:
+        if isinstance(self.dp, str):
+            object.__setattr__(self, "dp", (self.dp,))
+        elif isinstance(self.dp, list):
+            object.__setattr__(self, "dp", tuple(self.dp))
+        if self.dp is not None and not (
+            isinstance(self.dp, tuple) and all(isinstance(a, str) for a in self.dp)
+        ):
+            raise StrategyError(
+                f"{self.name}: dp takes mesh axis names, e.g. dp=('dp',), not {self.dp!r}; "
+                "the degree is the mesh's (sp.Mesh({'dp': 4, ...}))"
+            )
+        if self.tp is not None and not isinstance(self.tp, str):
+            raise StrategyError(f"{self.name}: tp takes a mesh axis name, not {self.tp!r}")
+        for field_name in ("pp", "microbatches"):
+            value = getattr(self, field_name)
+            if not isinstance(value, int) or isinstance(value, bool) or value < 1:
+                raise StrategyError(
+                    f"{self.name}: {field_name} must be a positive integer, not {value!r}"
+                )
+
+    def check(self, mesh: Mesh) -> None:
+        """Raise a StrategyError naming the mismatch when the strategy does not fit ``mesh``."""
+        sizes = dict(mesh.axes)
+        named = [("tp", self.tp)] if self.tp is not None else []
+        named += [("dp", a) for a in self.dp or ()]
+        for role, axis in named:
+            if axis not in sizes:
+                raise StrategyError(
+                    f"{self.name}: {role} axis {axis!r} is not an axis of the mesh {mesh} "
+                    f"(axes {list(mesh.axis_names)}); name one of them or add it to the mesh"
+                )
+        if self.tp is not None and self.tp_size is not None and sizes[self.tp] != self.tp_size:
+            raise StrategyError(
+                f"{self.name}: tp={self.tp_size} but the mesh's {self.tp!r} axis has size "
+                f"{sizes[self.tp]}; build the mesh with {self.tp!r}: {self.tp_size} or pass "
+                f"tp={self.tp!r} to take the mesh's size"
+            )
+        mesh_pp = sizes.get(self.pipeline_axis, 1)
+        if self.pp != mesh_pp:
+            raise StrategyError(
+                f"{self.name}: pp={self.pp} but the mesh {mesh} has {self.pipeline_axis!r}="
+                f"{mesh_pp}; the pipeline degree must be the mesh's {self.pipeline_axis!r} axis "
+                f"(sp.Mesh({{{self.pipeline_axis!r}: {self.pp}, ...}}) or pp={mesh_pp})"
+            )
+        if self.tp == self.pipeline_axis or self.pipeline_axis in (self.dp or ()):
+            raise StrategyError(
+                f"{self.name}: the pipeline axis {self.pipeline_axis!r} cannot also be a "
+                "tensor- or data-parallel axis"
+            )
 
     def data_axes(self, mesh: Mesh) -> tuple[str, ...]:
         if self.dp is not None:
@@ -170,7 +230,7 @@ def dp(recompute: str | None = None) -> ParallelStrategy:
 def zero(stage: int, recompute: str | None = None) -> ParallelStrategy:
     """ZeRO-1/2 (optimizer states sharded over the data axes) or ZeRO-3 (= FSDP)."""
     if stage not in (1, 2, 3):
-        raise ValueError(f"ZeRO stage must be 1, 2 or 3, not {stage!r}")
+        raise StrategyError(f"ZeRO stage must be 1, 2 or 3, not {stage!r}")
     return ParallelStrategy(
         f"zero{stage}" + _suffix(recompute),
         shard_states=True,
@@ -204,9 +264,11 @@ def megatron(
     exposes only ``max(0, comm - gemm)`` plus one chunk (``costmodel/simulate.py``).
     """
     if tp_comm_overlap and not sequence_parallel:
-        raise ValueError("tp_comm_overlap needs sequence_parallel (Megatron-Core requires it)")
+        raise StrategyError("tp_comm_overlap needs sequence_parallel (Megatron-Core requires it)")
     if recompute not in (None, "selective", "full"):
-        raise ValueError(f"recompute must be None, 'selective' or 'full', not {recompute!r}")
+        raise StrategyError(f"recompute must be None, 'selective' or 'full', not {recompute!r}")
+    if isinstance(tp, bool) or not isinstance(tp, (int, str)) or (isinstance(tp, int) and tp < 1):
+        raise StrategyError(f"megatron: tp takes a mesh axis name or a degree, not {tp!r}")
     axis = tp if isinstance(tp, str) else "tp"
     name = f"megatron{'-sp' if sequence_parallel else ''}{'-zero1' if zero1 else ''}"
     name += "-tpoverlap" if tp_comm_overlap else ""
@@ -220,6 +282,7 @@ def megatron(
         pp=pp,
         microbatches=microbatches,
         tp_comm_overlap=tp_comm_overlap,
+        tp_size=None if isinstance(tp, str) else tp,
     )
 
 

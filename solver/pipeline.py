@@ -95,6 +95,21 @@ def _plan_stages(
     return inner
 
 
+def uniform_stage_bounds(graph: Graph, stages: int) -> tuple[int, ...]:
+    """First layer (position in the layer stack) of each of ``stages`` equal stages, as
+    Megatron-LM splits a model; with a remainder the last stages take one layer more (the
+    first stage also runs the embedding)."""
+    _, layer_ids, _ = _stack(graph)
+    n = len(layer_ids)
+    if n < stages:
+        raise ShardplanError(
+            f"cannot pipeline {n} repeated layers over {stages} stages; use fewer stages"
+        )
+    small, extra = divmod(n, stages)
+    sizes = [small] * (stages - extra) + [small + 1] * extra
+    return tuple(sum(sizes[:s]) for s in range(stages))
+
+
 def _compute_floor(graph: Graph, sub_mesh: Mesh, cluster: Cluster) -> float:
     """Seconds of the step's arithmetic with every op split over the whole sub-mesh at the
     roofline's math rate: no sub-mesh plan's stage times (plus per-step work) sum to less."""
@@ -359,4 +374,4 @@ def _split(op: Op, operands, results, plan: Plan) -> int:
     return plan.mesh.group_size(sorted(axes)) if axes else 1
 
 
-__all__ = ["LayerSplit", "attribute_layer_costs", "plan_pipeline"]
+__all__ = ["LayerSplit", "attribute_layer_costs", "plan_pipeline", "uniform_stage_bounds"]

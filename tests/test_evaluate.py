@@ -5,6 +5,8 @@ from __future__ import annotations
 import pytest
 import shardplan as sp
 import shardplan.costmodel.simulate as simulate_module
+from shardplan.costmodel import get_cluster
+from shardplan.evaluate import model_flops
 from shardplan.models import TransformerConfig, training_step
 from shardplan.solver.planner import plan_graph
 
@@ -66,3 +68,66 @@ def test_tp_comm_overlap_hides_pipelined_collectives_only(monkeypatch) -> None:
     assert overlapped.step_time >= overlapped.plan.compute_time
     with pytest.raises(ValueError, match="sequence_parallel"):
         sp.strategies.megatron(4, tp_comm_overlap=True)
+
+
+# -- pipelines (issue 14 point 5) ---------------------------------------------------------------
+PIPE = TransformerConfig("tiny-pipe", 4, 256, 4, 1024, 512, 64)
+PIPE_MESH = sp.Mesh({"pp": 2, "dp": 2, "tp": 2}, cluster="h100-sxm")
+
+
+def test_evaluate_prices_a_pipelined_strategy_with_plan_pipelines_stage_model() -> None:
+    """megatron(tp, pp, microbatches) is priced by plan_pipeline with equal stages and the
+    strategy's micro-batch count: the same number as calling plan_pipeline by hand."""
+    from shardplan.solver.pipeline import plan_pipeline
+
+    graph = training_step(PIPE, batch=8)
+    strategy = sp.strategies.megatron(tp=2, pp=2, microbatches=4, recompute="selective")
+    ev = sp.evaluate(graph, mesh=PIPE_MESH, strategy=strategy)
+    pipe = ev.plan.pipeline
+    assert pipe is not None
+    assert [s.layers for s in pipe.stages] == [(0, 1), (2, 3)]
+    assert pipe.microbatches == 4
+    assert ev.step_time == ev.plan.step_time == pipe.step_time
+    assert ev.plan.mesh == PIPE_MESH
+    stage_mesh = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")
+    by_hand = plan_pipeline(
+        training_step(PIPE, batch=8), PIPE_MESH, microbatches=4, stage_bounds=(0, 2),
+        pins=strategy.pins(graph, stage_mesh), recompute=strategy.recompute_decisions(graph),
+        merge_followers=True,
+    )  # fmt: skip
+    assert ev.step_time == by_hand.step_time
+    # more micro-batches shrink the bubble of the same stages
+    one = sp.evaluate(graph, mesh=PIPE_MESH, strategy=sp.strategies.megatron(tp=2, pp=2))
+    assert one.plan.pipeline.microbatches == 1
+    assert ev.step_time < one.step_time
+    # MFU counts every device of the mesh, pp included
+    peak = 8 * get_cluster("h100-sxm").peak("bf16")
+    assert ev.mfu == pytest.approx(model_flops(graph) / (ev.step_time * peak))
+
+
+def test_free_pipeline_plan_is_never_worse_than_the_evaluated_megatron_pipeline() -> None:
+    graph = training_step(PIPE, batch=8)
+    plan = sp.plan(graph, mesh=PIPE_MESH, time_limit=20)
+    for m in (1, 2, 4, 8):
+        strategy = sp.strategies.megatron(tp=2, pp=2, microbatches=m)
+        ev = sp.evaluate(graph, mesh=PIPE_MESH, strategy=strategy)
+        assert plan.step_time <= ev.step_time * (1 + 1e-9), m
+
+
+@pytest.mark.parametrize(
+    ("make", "message"),
+    [
+        (lambda: sp.strategies.megatron(tp="tp", dp=4), "dp takes mesh axis names"),
+        (lambda: sp.strategies.megatron(tp=4, pp=2), "tp=4 but the mesh's 'tp' axis has size 2"),
+        (lambda: sp.strategies.megatron(tp="model", pp=2), "'model' is not an axis of the mesh"),
+        (lambda: sp.strategies.megatron(tp=2, pp=4), "pp=4 but the mesh"),
+        (lambda: sp.strategies.megatron(tp=2, pp=2, dp=("data",)), "'data' is not an axis"),
+        (lambda: sp.strategies.fsdp(), "pp=1 but the mesh"),
+        (lambda: sp.strategies.megatron(tp=2, pp=2, microbatches=0), "positive integer"),
+        (lambda: sp.strategies.megatron(tp=2.0, pp=2), "axis name or a degree"),
+    ],
+)
+def test_bad_strategy_arguments_raise_a_clear_error(make, message: str) -> None:
+    graph = training_step(PIPE, batch=8)
+    with pytest.raises(sp.ShardplanError, match=message):
+        sp.evaluate(graph, mesh=PIPE_MESH, strategy=make())
