@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import math
 
+import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from shardplan.costmodel import get_cluster, reshard, reshard_time
@@ -98,10 +100,64 @@ def test_reshard_dropped_partial_axes_are_reduced_exactly_once(case) -> None:
     assert sorted(reduced) == sorted(src.partial - dst.partial)
 
 
+# -- times against the alpha-beta formula, written out by hand ------------------------------------
+ONE_NODE = dataclasses.replace(CPU, name="cpu-test-node64", devices_per_node=64)
+"""cpu-test with 64 devices per node: every group here is intra-node, alpha 1 us, 100 GB/s."""
+ALPHA, BANDWIDTH = 1e-6, 100e9
+
+
+def alpha_beta(kind: str, nbytes: int, n: int) -> float:
+    """Ring formulas (bytes are per-device results; reduce-scatter reads n of them)."""
+    ring = (n - 1) / n
+    volume = {
+        "all-gather": ring * nbytes,
+        "reduce-scatter": ring * n * nbytes,
+        "all-reduce": 2 * ring * nbytes,
+        "all-to-all": ring * nbytes,
+        "collective-permute": nbytes,
+    }[kind]
+    return ALPHA + volume / BANDWIDTH
+
+
 @settings(max_examples=200, deadline=None)
 @given(reshard_case())
-def test_reshard_is_deterministic_and_cached(case) -> None:
+def test_reshard_time_is_the_alpha_beta_sum_of_its_collectives(case) -> None:
+    """Inside one node every collective costs alpha + its ring volume / bandwidth, and the
+    reshard costs the sum; each collective moves at most the whole tensor."""
     src, dst, type_, mesh = case
-    first = reshard_time(src, dst, type_, mesh, CPU)
-    again = reshard_time(src, dst, type_, Mesh(mesh.axes), "cpu-test")
-    assert first == again
+    if not dst.partial <= src.partial:
+        return
+    total = 0.0
+    for op in reshard(src, dst, type_, mesh, ONE_NODE):
+        n = math.prod(mesh.axis_size(a) for a in op.axes)
+        assert 0 < op.bytes <= type_.nbytes
+        assert type_.nbytes % op.bytes == 0  # an even piece of the tensor
+        assert op.time == pytest.approx(alpha_beta(op.kind, op.bytes, n), rel=1e-12)
+        total += op.time
+    assert reshard_time(src, dst, type_, mesh, ONE_NODE) == pytest.approx(total, rel=1e-12)
+
+
+MESH_3D = Mesh({"a": 2, "b": 2, "c": 2})
+F32 = TensorType((64, 128), "f32")  # 32,768 bytes
+S = Sharding.of
+
+
+@pytest.mark.parametrize(
+    ("src", "dst", "expected"),
+    [
+        # [64/4, 128/2] -> whole: gather c on dim 1 (8 KiB out of 16x128x4), then a+b on dim 0
+        # (32 KiB): 2 alpha + (1/2 * 8192 + 3/4 * 32768) / bw; the other order costs the same
+        (S(("a", "b"), "c"), S(None, None), 2 * ALPHA + (0.5 * 8192 + 0.75 * 32768) / BANDWIDTH),
+        # pending over all three axes -> replicated: one all-reduce of 8 devices
+        (S(None, None, partial="abc"), S(None, None), ALPHA + 2 * 7 / 8 * 32768 / BANDWIDTH),
+        # pending over a -> dim 1 split over a: one reduce-scatter, 16 KiB out, 32 KiB in
+        (S(None, None, partial="a"), S(None, "a"), ALPHA + 0.5 * 32768 / BANDWIDTH),
+        # dim 0 on a -> dim 1 on a: one all-to-all of the 16 KiB local piece
+        (S("a", None), S(None, "a"), ALPHA + 0.5 * 16384 / BANDWIDTH),
+        # a refinement (slicing more) and the same layout are free
+        (S("a", None), S(("a", "b"), "c"), 0.0),
+        (S("a", "b", partial="c"), S("a", "b", partial="c"), 0.0),
+    ],
+)
+def test_reshard_time_by_hand_on_a_3d_mesh(src, dst, expected: float) -> None:
+    assert reshard_time(src, dst, F32, MESH_3D, ONE_NODE) == pytest.approx(expected, rel=1e-12)

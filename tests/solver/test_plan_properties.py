@@ -21,6 +21,7 @@ import itertools
 import math
 import os
 
+import pytest
 from hypothesis import HealthCheck, event, given, settings
 from hypothesis import strategies as st
 from shardplan.costmodel import get_cluster, reshard
@@ -51,9 +52,21 @@ def meshes(draw: st.DrawFn) -> Mesh:
 
 
 @st.composite
-def graphs(draw: st.DrawFn):
-    """A small random graph: 1-3 inputs, 1-6 ops, a scalar loss and maybe another output."""
-    b = GraphBuilder("random")
+def _pins(draw: st.DrawFn, shape: tuple[int, ...], mesh: Mesh) -> Sharding | None:
+    """Sometimes a user pin (GSPMD-style) on an input: one mesh axis on one dim, if it fits."""
+    if draw(st.integers(0, 4)) != 0:
+        return None
+    dim = draw(st.integers(0, len(shape) - 1))
+    axis = draw(st.sampled_from(mesh.axis_names))
+    if shape[dim] % mesh.axis_size(axis):
+        return None
+    return Sharding(tuple((axis,) if d == dim else () for d in range(len(shape))))
+
+
+@st.composite
+def graphs(draw: st.DrawFn, mesh: Mesh):
+    """A small random graph: 1-3 inputs, 2-7 ops, a scalar loss and maybe another output."""
+    b = GraphBuilder("random", mesh)
     values = []
     for i in range(draw(st.integers(1, 3))):
         rank = draw(st.integers(1, 3))
@@ -61,7 +74,8 @@ def graphs(draw: st.DrawFn):
         while math.prod(shape) > MAX_ELEMENTS:  # every tensor fits a device many times over
             shape[shape.index(max(shape))] = 64
         role = draw(st.sampled_from([Role.INPUT, Role.PARAMETER]))
-        values.append(b.input(f"in{i}", shape, "bf16", role))
+        pin = draw(_pins(tuple(shape), mesh))
+        values.append(b.input(f"in{i}", shape, "bf16", role, sharding=pin, pinned=pin is not None))
     for _ in range(draw(st.integers(2, 7))):
         values.append(_random_op(draw, b, values))
     loss = b.reduce_sum(values[-1], axes=tuple(range(values[-1].type.rank)))
@@ -72,11 +86,22 @@ def graphs(draw: st.DrawFn):
     return b.build()
 
 
+@st.composite
+def cases(draw: st.DrawFn):
+    mesh = draw(meshes())
+    return draw(graphs(mesh)), mesh
+
+
 def _random_op(draw: st.DrawFn, b: GraphBuilder, values: list):
     x = draw(st.sampled_from(values))
     shape = x.type.shape
     kind = draw(st.sampled_from(["dot", "add", "mul", "relu", "exp", "reduce", "reshape",
-                                 "transpose", "softmax"]))  # fmt: skip
+                                 "transpose", "softmax", "norm"]))  # fmt: skip
+    if kind == "dot" and x.type.rank == 3:  # a batched activation times a weight
+        n = draw(st.sampled_from(SIZES))
+        return b.matmul(x, b.param(f"w{len(values)}", (shape[2], n), "bf16"))
+    if kind == "norm":
+        return b.layer_norm(x, b.param(f"g{len(values)}", shape[-1:], "bf16"))
     if kind == "dot" and x.type.rank == 2:
         n = draw(st.sampled_from(SIZES))
         other = [v for v in values if v.type.shape == (shape[1], n)]
@@ -185,11 +210,14 @@ def check_plan(plan) -> None:
         assert r.collectives == tuple(reshard(r.src, r.dst, types[r.value], mesh, cluster))
 
 
+@pytest.mark.slow
 @settings(max_examples=EXAMPLES, deadline=None, derandomize=True,
           suppress_health_check=[HealthCheck.too_slow])  # fmt: skip
-@given(graph=graphs(), mesh=meshes())
-def test_random_plans_verify_round_trip_and_re_evaluate(graph, mesh) -> None:
+@given(case=cases())
+def test_random_plans_verify_round_trip_and_re_evaluate(case) -> None:
+    graph, mesh = case
     plan = plan_graph(graph, mesh, time_limit=5.0)
+    event("pinned" if any(v.pinned for v in graph.inputs) else "no pin")
     event(f"mesh rank {len(mesh.axes)}")
     event(f"{len(graph.ops)} ops")
     event("reshards" if plan.reshards else "no reshard")
@@ -221,8 +249,6 @@ def _mlp_plan():
 
 def test_the_check_rejects_broken_plans() -> None:
     """The legality check is not vacuous: each kind of corruption is caught."""
-    import pytest
-
     check_plan(_mlp_plan())
     broken = _mlp_plan()  # an operand layout no factor assignment explains with the result
     dot = next(i for i, op in enumerate(broken.graph.ops) if op.kind == "dot")
