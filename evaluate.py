@@ -75,9 +75,15 @@ def evaluate(
     if strategy.tp_comm_overlap and strategy.tp:
         _simulate_tp_overlap(plan, strategy.tp)
     plan.frontend_context = context
-    return _evaluation(
-        strategy.name, graph, mesh, plan, fits and plan.peak_memory_bytes <= limit, limit
-    )
+    return _evaluation(strategy.name, graph, mesh, plan, fits and _peak(plan) <= limit, limit)
+
+
+def _peak(plan: Plan) -> int:
+    """Per-device peak: the fullest stage of a pipeline (each holds its own layers and
+    in-flight micro-batches), else the plan's modelled peak."""
+    if plan.pipeline is not None:
+        return int(max(s.memory_bytes for s in plan.pipeline.stages))
+    return plan.peak_memory_bytes
 
 
 def _simulate_tp_overlap(plan: Plan, axis: str) -> None:
@@ -177,7 +183,7 @@ def _evaluation(name: str, graph: Graph, mesh: Mesh, plan: Plan, fits: bool, lim
         step,
         tokens_per_step(graph) / step if step > 0 else math.inf,
         flops / (step * peak) if step > 0 else 0.0,
-        plan.peak_memory_bytes,
+        _peak(plan),
         dict(plan.memory),
         fits,
         limit,

@@ -45,25 +45,40 @@ def gpt175b_free_plan() -> sp.Plan:
     return sp.plan(training_step(GPT_175B, batch=64), mesh=A100_PP8_TP8)
 
 
+@functools.cache
+def gpt175b_megatron() -> sp.Evaluation:
+    """Megatron's published configuration (Korthikanti'22 Table 5: TP 8, PP 8, 64 micro-batches,
+    sequence parallel, selective recompute) through ``sp.evaluate``: the same cost model and
+    stage model as the free plan."""
+    strategy = strategies.megatron(
+        tp=8, pp=8, microbatches=64, sequence_parallel=True, recompute="selective"
+    )
+    return sp.evaluate(training_step(GPT_175B, batch=64), mesh=A100_PP8_TP8, strategy=strategy)
+
+
 def gpt175b_megatron_plan() -> sp.Plan:
-    """Megatron's published configuration (Korthikanti'22 Table 5) under the same cost model."""
-    graph = training_step(GPT_175B, batch=64)
-    megatron = strategies.megatron(pp=8, sequence_parallel=True, recompute="selective")
-    sub_mesh = sp.Mesh({"tp": 8}, cluster="a100-80gb")
-    return plan_pipeline(
-        graph, A100_PP8_TP8, microbatches=64, stage_bounds=tuple(range(0, 96, 12)),
-        pins=megatron.pins(graph, sub_mesh), recompute=megatron.recompute_decisions(graph),
-    )  # fmt: skip
+    return gpt175b_megatron().plan
 
 
 @pytest.mark.slow
-def test_gpt175b_megatron_configuration_evaluates_near_the_published_step() -> None:
-    # Korthikanti'22 Table 5: 175B, TP 8, PP 8, 64 A100-80GB, global batch 64, seq 2048,
-    # sequence parallel + selective recompute: 13.75 s per iteration.
-    plan = gpt175b_megatron_plan()
-    assert [len(s.layers) for s in plan.pipeline.stages] == [12] * 8
-    assert max(s.memory_bytes for s in plan.pipeline.stages) <= 80 * 2**30 * 0.95
-    assert plan.step_time == pytest.approx(13.75, rel=0.25)
+def test_gpt175b_megatron_configuration_evaluates_to_the_readme_figure() -> None:
+    # README: 12.69 s modelled for Korthikanti'22 Table 5's configuration (13.75 s measured,
+    # -7.7%: the model leaves out what docs/costmodel.md lists). Equal stages of 12 layers.
+    ev = gpt175b_megatron()
+    assert [len(s.layers) for s in ev.plan.pipeline.stages] == [12] * 8
+    assert ev.plan.pipeline.microbatches == 64
+    assert ev.fits
+    assert ev.peak_memory_bytes <= 80 * 2**30 * 0.95
+    assert ev.step_time == pytest.approx(12.69, abs=0.005)
+    # the same configuration through plan_pipeline by hand gives the same number
+    graph = training_step(GPT_175B, batch=64)
+    strategy = strategies.megatron(pp=8, sequence_parallel=True, recompute="selective")
+    by_hand = plan_pipeline(
+        graph, A100_PP8_TP8, microbatches=64, stage_bounds=tuple(range(0, 96, 12)),
+        pins=strategy.pins(graph, sp.Mesh({"tp": 8}, cluster="a100-80gb")),
+        recompute=strategy.recompute_decisions(graph),
+    )  # fmt: skip
+    assert by_hand.step_time == ev.step_time
 
 
 @pytest.mark.slow
@@ -72,6 +87,15 @@ def test_gpt175b_free_plan_fits_and_is_no_slower_than_megatrons_configuration() 
     # sequence parallel, selective recompute) evaluated by the same code path and cost model.
     free, megatron = gpt175b_free_plan(), gpt175b_megatron_plan()
     assert free.pipeline is not None
+    # README: "12 layers per stage with 64 micro-batches at 12.43 s modelled (55.8 GiB peak
+    # stage) ... against 12.69 s for Megatron's published configuration"
+    assert free.step_time == pytest.approx(12.43, abs=0.005)
+    assert megatron.step_time == pytest.approx(12.69, abs=0.005)
+    assert free.pipeline.microbatches == 64
+    assert [len(s.layers) for s in free.pipeline.stages] == [12] * 8
+    assert max(s.memory_bytes for s in free.pipeline.stages) / 2**30 == pytest.approx(
+        55.8, abs=0.05
+    )
     assert len(free.pipeline.stages) == 8
     assert [layer for s in free.pipeline.stages for layer in s.layers] == list(range(96))
     assert max(s.memory_bytes for s in free.pipeline.stages) <= A100_MEMORY
