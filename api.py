@@ -88,9 +88,14 @@ def plan(
             pins=pins, semantics=semantics,
         )  # fmt: skip
     else:
+        from .evaluate import best_baseline
+
+        def fallback():  # the best fitting hand-written strategy, if CP-SAT finds nothing in time
+            return best_baseline(graph, mesh, pins, memory_limit, time_limit, semantics)
+
         result = plan_graph(
             graph, mesh, pins=pins, memory_limit=memory_limit, time_limit=time_limit,
-            semantics=semantics,
+            semantics=semantics, fallback=fallback,
         )  # fmt: skip
     result.frontend_context = context
     if not isinstance(model_or_fn, Graph):

@@ -86,6 +86,34 @@ def _peak(plan: Plan) -> int:
     return plan.peak_memory_bytes
 
 
+def best_baseline(
+    graph: Graph,
+    mesh: Mesh,
+    pins=None,
+    memory_limit: float | None = None,
+    time_limit: float = 30.0,
+    semantics: object | None = None,
+) -> tuple[str, Plan] | None:
+    """The fastest hand-written strategy (``strategies.baselines``) that fits ``memory_limit``,
+    priced as ``evaluate`` prices it, user ``pins`` kept; None if none fits.
+
+    ``sp.plan``'s fallback when the solver finds no plan in time (``solver/planner.py``)."""
+    from .strategies import baselines
+
+    limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
+    best: tuple[str, Plan] | None = None
+    for strategy in baselines(mesh):
+        try:
+            plan = _solve(graph, mesh, strategy, limit, time_limit, semantics, pins)
+        except InfeasiblePlanError:
+            continue  # does not fit (or not solved in time either)
+        if _peak(plan) > limit:
+            continue
+        if best is None or plan.step_time < best[1].step_time:
+            best = (strategy.name, plan)
+    return best
+
+
 def _simulate_tp_overlap(plan: Plan, axis: str) -> None:
     """Re-simulate the step with ``axis``'s all-gathers / reduce-scatters pipelined with their
     GEMMs (the strategy's ``tp_comm_overlap``); the layouts do not change."""
@@ -117,9 +145,10 @@ def _solve(
     graph: Graph,
     mesh: Mesh,
     strategy: ParallelStrategy,
-    limit: float,
+    limit: float | None,
     time_limit: float,
     semantics: object | None,
+    user_pins=None,
 ) -> Plan:
     """Plan under the pins, then restore the graph's own annotations (it is reused).
 
@@ -136,7 +165,7 @@ def _solve(
         [(n, s) for n, s in mesh.axes if n != strategy.pipeline_axis], cluster=mesh.cluster
     )
     options = {
-        "pins": strategy.pins(graph, stage_mesh),
+        "pins": {**strategy.pins(graph, stage_mesh), **(user_pins or {})},
         "recompute": strategy.recompute_decisions(graph),
         "merge_followers": True,
         "semantics": semantics,

@@ -67,7 +67,8 @@ class Reshard:
 @dataclass(frozen=True, slots=True)
 class SolverStats:
     status: str
-    """``OPTIMAL``, ``FEASIBLE`` (time limit hit), or ``TRIVIAL`` (one choice everywhere)."""
+    """``OPTIMAL``, ``FEASIBLE`` (time limit hit), ``TRIVIAL`` (one choice everywhere), or
+    ``FALLBACK`` (no solution in time: the best fitting hand-written strategy, see ``fallback``)."""
     objective: float
     """Modelled seconds the solver minimised."""
     bound: float
@@ -76,6 +77,9 @@ class SolverStats:
     num_variables: int
     num_choices: int
     """Decision points after follower merging and dedup."""
+    fallback: str = ""
+    """With status ``FALLBACK``: the hand-written strategy returned because the solver found
+    no plan in time (``solver/planner.py``); its layouts are that strategy's."""
 
     @property
     def gap(self) -> float:

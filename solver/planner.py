@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Mapping
+import warnings
+from collections.abc import Callable, Mapping
 
 import numpy as np
 
@@ -52,6 +54,7 @@ def plan_graph(
     semantics: PartialSemantics | None = None,
     activation_scale: float = 1.0,
     batch_split_limit: int | None = None,
+    fallback: Callable[[], tuple[str, Plan] | None] | None = None,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
@@ -67,6 +70,9 @@ def plan_graph(
     ``merge_followers``: True or False: solve with or without follower merging
     (``passes/merge_followers.py``); None (default): merged, and graphs of at most
     ``MERGE_FOLLOWERS_ABOVE`` ops are also solved exactly; the simulator picks among them.
+    ``fallback``: called when the solver finds no plan in time (not when none fits); it
+    returns ``(name, plan)`` of the best fitting hand-written strategy (``sp.plan`` passes
+    ``evaluate.best_baseline``), which is returned with a warning and status ``FALLBACK``.
     """
     graph.mesh = mesh
     if pins:
@@ -103,6 +109,10 @@ def plan_graph(
         if not solution.choice:
             if solution.status == "INFEASIBLE":  # memory hook: say what the minimum is
                 raise infeasible_error(memory, candidate, limit)
+            if fallback is not None and not plans:
+                found = _fall_back(fallback, solution, time_limit)
+                if found is not None:
+                    return found
             raise InfeasiblePlanError(
                 f"the solver found no plan ({solution.status}) within {time_limit:.0f} s; "
                 "raise time_limit or the memory limit"
@@ -115,6 +125,29 @@ def plan_graph(
     best = min(plans, key=lambda p: p.step_time)  # ties keep the plain objective's plan
     best.timings = dict(clock.seconds)
     return best
+
+
+class FallbackWarning(UserWarning):
+    """The solver found no plan in time; the plan is the best fitting hand-written strategy."""
+
+
+def _fall_back(fallback, solution, time_limit: float) -> Plan | None:
+    """The fallback's plan, flagged (status ``FALLBACK``, no proven bound), with a warning."""
+    found = fallback()
+    if found is None:
+        return None
+    name, plan = found
+    warnings.warn(
+        f"the solver found no plan ({solution.status}) within {time_limit:.0f} s; returning the "
+        f"best fitting hand-written strategy {name!r} ({plan.step_time * 1e3:.1f} ms modelled) "
+        "instead; raise time_limit for a solved plan",
+        FallbackWarning,
+        stacklevel=3,
+    )
+    plan.solver = dataclasses.replace(
+        plan.solver, status="FALLBACK", objective=plan.step_time, bound=0.0, fallback=name
+    )
+    return plan
 
 
 class _Clock:

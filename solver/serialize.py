@@ -153,6 +153,7 @@ def _solver(s: SolverStats) -> dict[str, Any]:
         "bound": _float(s.bound),
         "num_variables": int(s.num_variables),
         "num_choices": int(s.num_choices),
+        **({"fallback": s.fallback} if s.fallback else {}),
     }
 
 
@@ -415,4 +416,5 @@ def _read_solver(r: _Reader) -> SolverStats:
         wall_time=0.0,  # not saved: it would make equal plans differ byte for byte
         num_variables=r.get("num_variables", int),
         num_choices=r.get("num_choices", int),
+        fallback=r.get("fallback", str, ""),
     )

@@ -1,0 +1,61 @@
+"""Never "no plan" when a plan fits (issue 15 point 1): when the solver finds no plan in time,
+``sp.plan`` returns the best fitting hand-written strategy, flagged and with a warning."""
+
+from __future__ import annotations
+
+import pytest
+import shardplan as sp
+import shardplan.solver.planner as planner
+from shardplan.models import TransformerConfig, training_step
+from shardplan.solver.ilp import Solution
+from shardplan.solver.planner import FallbackWarning
+from shardplan.solver.serialize import plan_from_json, plan_to_json
+
+TINY = TransformerConfig("tiny", 2, 256, 4, 1024, 512, 64)
+MESH = sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")
+LIMIT = 12 * 2**20  # replicated weights (dp, zero1, megatron without recompute) do not fit
+
+
+def _times_out_once(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
+    """The planner's first CP-SAT call ends without a solution, as at a too-short time limit
+    (the LP path cannot be cut short deterministically); later calls (the baselines') solve."""
+    real, calls = planner.solve, []
+
+    def solve(problem, time_limit, *args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append("solve")
+        if len(calls) == 1:
+            return Solution([], float("inf"), float("inf"), "UNKNOWN", time_limit, 0)
+        return real(problem, time_limit, *args, **kwargs)
+
+    monkeypatch.setattr(planner, "solve", solve)
+    return calls
+
+
+def test_no_solution_in_time_returns_the_best_fitting_baseline(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    graph = training_step(TINY, batch=8)
+    fitting = []
+    for strategy in sp.strategies.baselines(MESH):
+        ev = sp.evaluate(graph, mesh=MESH, strategy=strategy, memory_limit=LIMIT)
+        if ev.fits:
+            fitting.append((ev.step_time, strategy.name))
+    best_time, best_name = min(fitting)
+    assert best_name == "fsdp"  # dp and megatron are faster but do not fit 12 MiB
+
+    _times_out_once(monkeypatch)
+    with pytest.warns(FallbackWarning, match="best fitting hand-written strategy 'fsdp'"):
+        plan = sp.plan(graph, mesh=MESH, memory_limit=LIMIT, time_limit=5)
+    assert plan.solver.status == "FALLBACK"
+    assert plan.solver.fallback == "fsdp"
+    assert plan.solver.bound == 0.0  # nothing proven: the gap says so
+    assert plan.solver.gap == 1.0
+    assert plan.step_time == best_time
+    assert plan.peak_memory_bytes <= LIMIT
+    loaded = plan_from_json(plan_to_json(plan))  # the flag survives a save
+    assert (loaded.solver.status, loaded.solver.fallback) == ("FALLBACK", "fsdp")
+
+
+def test_without_a_fitting_baseline_the_error_stands(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    graph = training_step(TINY, batch=8)
+    _times_out_once(monkeypatch)
+    with pytest.raises(sp.InfeasiblePlanError, match="no plan \\(UNKNOWN\\)"):
+        sp.plan(graph, mesh=MESH, memory_limit=5 * 2**20, time_limit=5)
