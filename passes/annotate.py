@@ -35,9 +35,11 @@ def annotate_pass(graph: Graph, options: AnnotateOptions) -> Graph:
     if options.pins and graph.mesh is None:
         raise ShardingError(f"graph @{graph.name} has no mesh; set graph.mesh before pinning")
     values = list(graph.values())
+    exact = _exact_index(values)  # a strategy pins every input: no scan of the graph per pin
     ordered = sorted(enumerate(options.pins), key=lambda item: (not _is_glob(item[1][0]), item[0]))
     for _, (key, sharding) in ordered:
-        matched = match_values(values, key)
+        plain = key.removeprefix("%")
+        matched = exact.get(plain, []) if not _is_glob(plain) else match_values(values, key)
         if not matched:
             raise ShardingError(_no_match_message(key, values))
         for value in matched:
@@ -57,6 +59,16 @@ def match_values(values: list[Value], key: str) -> list[Value]:
         pattern = key.replace("[", "[[]")  # brackets are pytree subscripts, not char classes
         return [v for v in values if fnmatchcase(v.name, pattern) or _path_matches(v, pattern)]
     return [v for v in values if v.name == key or v.origin.path == key]
+
+
+def _exact_index(values: list[Value]) -> dict[str, list[Value]]:
+    """Name or origin path -> the values it names exactly, in graph order (``match_values``
+    for a key without glob characters)."""
+    index: dict[str, list[Value]] = {}
+    for v in values:
+        for key in dict.fromkeys((v.name, v.origin.path)):
+            index.setdefault(key, []).append(v)
+    return index
 
 
 def _path_matches(value: Value, pattern: str) -> bool:
