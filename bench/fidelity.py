@@ -1,6 +1,12 @@
 """Fidelity benchmark: predicted vs published iteration time of real training runs.
 
-    .venv/bin/python bench/fidelity.py [--json out.json] [--capture]
+    .venv/bin/python bench/fidelity.py [--json out.json] [--capture] [--product]
+
+``--product`` predicts every row end to end through the product (``fidelity_product.py``):
+the whole model captured by the torch frontend on ``meta`` at the row's global batch, priced by
+``sp.evaluate`` under ``sp.strategies.megatron(tp, pp, microbatches, ...)`` on the row's
+``{"pp", "dp", "tp"}`` mesh: pipeline, data-parallel reduction, embedding, logits head and
+optimizer all from the product's cost model. The analytic columns below stay as a cross-check.
 
 Rows are the reference sheet's measured runs (``reference/ground_truth_and_hardware.md`` §2):
 Korthikanti'22 Table 5 (A100, both recompute modes), Megatron-Core weak scaling (H100) and
@@ -167,13 +173,14 @@ def kendall_tau(xs: list[float], ys: list[float]) -> float:
     return score / len(pairs)
 
 
-def evaluate(rows: list[Row], capture: bool = False) -> list[dict]:
+def evaluate(rows: list[Row], capture: bool = False, product: bool = False) -> list[dict]:
     out = []
     for row in rows:
         est = estimate(row.model, row.config, row.cluster)
         measured = row.measured_time()
         flops_per_gpu = row.flops() / row.gpus
         extra = _captured(row, est, measured) if capture else {}
+        extra |= _product(row, measured) if product else {}
         out.append({
             "source": row.source, "row": row.label, "cluster": row.cluster,
             "tp": row.config.tp, "pp": row.config.pp, "dp": row.config.dp,
@@ -207,6 +214,43 @@ def _captured(row: Row, est, measured: float) -> dict:
     }
 
 
+def _product(row: Row, measured: float) -> dict:
+    """The row predicted end to end by ``sp.evaluate`` on the whole captured model."""
+    from fidelity_product import product_prediction
+
+    p = product_prediction(row.model, row.config, row.cluster)
+    return {
+        "product_s": p.step_time,
+        "product_error": p.step_time / measured - 1,
+        "product_bubble": p.bubble,
+        "product_peak_gib": p.peak_memory_bytes / 2**30,
+        "product_seconds": p.seconds,
+    }
+
+
+def _product_report(results: list[dict]) -> list[str]:
+    lines = [
+        "product (whole model captured on meta -> sp.evaluate; analytic as cross-check):",
+        f"  {'source':<19} {'row':<14} {'pub s':>8} {'product':>8} {'error':>7} {'analytic':>8} "
+        f"{'error':>7} {'bubble':>7} {'peak GiB':>9}",
+    ]
+    for r in results:
+        lines.append(
+            f"  {r['source']:<19} {r['row']:<14} {r['published_s']:>8.2f} {r['product_s']:>8.2f} "
+            f"{r['product_error']:>+7.1%} {r['predicted_s']:>8.2f} {r['error']:>+7.1%} "
+            f"{r['product_bubble']:>7.1%} {r['product_peak_gib']:>9.1f}"
+        )
+    median, worst = _errors(results, "product_error")
+    lines.append(
+        f"  product: median |error| {median:.1%}; worst {worst['source']} {worst['row']} "
+        f"{worst['product_error']:+.1%}"
+    )
+    for source, rs in _by_source(results):
+        tau_t = kendall_tau([r["published_s"] for r in rs], [r["product_s"] for r in rs])
+        lines.append(f"  product Kendall tau {source}: iteration time {tau_t:+.2f}")
+    return lines
+
+
 def report(results: list[dict]) -> str:
     head = (
         f"{'source':<19} {'row':<14} {'TP':>2} {'PP':>3} {'DP':>4} {'m':>4} {'V':>2} "
@@ -226,6 +270,8 @@ def report(results: list[dict]) -> str:
     lines.append(f"worst: {worst['source']} {worst['row']} {worst['error']:+.1%}")
     if "captured_error" in results[0]:
         lines += _captured_report(results)
+    if "product_error" in results[0]:
+        lines += _product_report(results)
     for source, rs in _by_source(results):
         tau = kendall_tau([r["published_tflops"] for r in rs], [r["predicted_tflops"] for r in rs])
         tau_t = kendall_tau([r["published_s"] for r in rs], [r["predicted_s"] for r in rs])
@@ -316,9 +362,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--capture", action="store_true", help="also price each layer from a torch-captured graph"
     )
+    parser.add_argument(
+        "--product", action="store_true",
+        help="also predict each row end to end with sp.evaluate on the whole captured model",
+    )  # fmt: skip
     args = parser.parse_args(argv)
     rows = all_rows()
-    results = evaluate(rows, capture=args.capture)
+    results = evaluate(rows, capture=args.capture, product=args.product)
     print(report(results))
     if not args.capture:
         print(ir_layer_check(rows))
