@@ -174,7 +174,8 @@ def _solve(
         if strategy.pp > 1:
             return plan_pipeline(
                 graph, mesh, strategy.pipeline_axis, memory_limit=limit,
-                microbatches=strategy.microbatches, time_limit=time_limit,
+                schedule="interleaved" if strategy.chunks > 1 else "1f1b",
+                chunks=strategy.chunks, microbatches=strategy.microbatches, time_limit=time_limit,
                 stage_bounds=uniform_stage_bounds(graph, strategy.pp), **options,
             )  # fmt: skip
         return plan_graph(graph, mesh, memory_limit=limit, time_limit=time_limit, **options)

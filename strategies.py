@@ -56,6 +56,8 @@ class ParallelStrategy:
     """The tensor-parallel degree the user asked for (``megatron(tp=8)``); the mesh must agree."""
     pipeline_axis: str = "pp"
     """Mesh axis the stages are laid along when ``pp > 1``."""
+    chunks: int = 1
+    """Model chunks per pipeline device (Megatron's virtual pipeline): > 1 is interleaved 1F1B."""
 
     def __post_init__(self) -> None:
         if isinstance(self.dp, str):
@@ -71,7 +73,7 @@ class ParallelStrategy:
             )
         if self.tp is not None and not isinstance(self.tp, str):
             raise StrategyError(f"{self.name}: tp takes a mesh axis name, not {self.tp!r}")
-        for field_name in ("pp", "microbatches"):
+        for field_name in ("pp", "microbatches", "chunks"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise StrategyError(
@@ -80,6 +82,11 @@ class ParallelStrategy:
 
     def check(self, mesh: Mesh) -> None:
         """Raise a StrategyError naming the mismatch when the strategy does not fit ``mesh``."""
+        if self.chunks > 1 and (self.pp == 1 or self.microbatches % self.pp):
+            raise StrategyError(
+                f"{self.name}: chunks={self.chunks} (interleaved 1F1B) needs pp > 1 and "
+                f"micro-batches ({self.microbatches}) divisible by pp ({self.pp})"
+            )
         sizes = dict(mesh.axes)
         named = [("tp", self.tp)] if self.tp is not None else []
         named += [("dp", a) for a in self.dp or ()]
@@ -253,15 +260,17 @@ def megatron(
     microbatches: int = 1,
     zero1: bool = False,
     tp_comm_overlap: bool = False,
+    chunks: int = 1,
 ) -> ParallelStrategy:
     """Megatron-LM: column/row tensor parallelism on the ``tp`` axis, data parallel elsewhere.
 
     ``tp`` is the mesh axis name (an int means the axis called ``"tp"``; its size is the
     mesh's). ``zero1`` shards optimizer states over the data axes (Megatron's distributed
-    optimizer). ``tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, Transformer Engine
-    userbuffers; it needs ``sequence_parallel``) chunks each all-gather into a GEMM and each
-    reduce-scatter out of one and pipelines the chunks with the GEMM: the step simulator
-    exposes only ``max(0, comm - gemm)`` plus one chunk (``costmodel/simulate.py``).
+    optimizer). ``chunks`` > 1 runs interleaved 1F1B with that many model chunks per device.
+    ``tp_comm_overlap`` (Megatron-Core ``--tp-comm-overlap``, Transformer Engine userbuffers;
+    it needs ``sequence_parallel``) chunks each all-gather into a GEMM and each reduce-scatter
+    out of one and pipelines the chunks with the GEMM: the step simulator exposes only
+    ``max(0, comm - gemm)`` plus one chunk (``costmodel/simulate.py``).
     """
     if tp_comm_overlap and not sequence_parallel:
         raise StrategyError("tp_comm_overlap needs sequence_parallel (Megatron-Core requires it)")
@@ -283,6 +292,7 @@ def megatron(
         microbatches=microbatches,
         tp_comm_overlap=tp_comm_overlap,
         tp_size=None if isinstance(tp, str) else tp,
+        chunks=chunks,
     )
 
 

@@ -37,15 +37,19 @@ def plan_pipeline(
     microbatches: int | None = None,
     time_limit: float = 30.0,
     stage_bounds: tuple[int, ...] | None = None,
+    chunks: int = 1,
     **planner_options,
 ) -> Plan:
     """Plan ``graph`` on ``mesh`` with pipeline stages along ``axis``.
 
     ``stage_bounds`` (first layer of each stage) fixes the split instead of searching it, to
     evaluate a hand-written configuration (e.g. Megatron's uniform stages) under the same model.
+    ``schedule="interleaved"`` with ``chunks`` model chunks per device (Megatron's virtual
+    pipeline) is priced for a fixed split only (``stage_bounds``; ``sp.evaluate`` gives one).
     """
     from .planner import plan_graph
 
+    _check_schedule(schedule, chunks, stage_bounds, microbatches, mesh.axis_size(axis))
     stages = mesh.axis_size(axis)
     sub_mesh = Mesh([(n, s) for n, s in mesh.axes if n != axis], cluster=mesh.cluster)
     limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
@@ -55,13 +59,31 @@ def plan_pipeline(
         )
     return _plan_stages(
         graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-        stage_bounds, planner_options,
+        stage_bounds, planner_options, chunks,
     )  # fmt: skip
+
+
+def _check_schedule(schedule: str, chunks: int, bounds, microbatches, stages: int) -> None:
+    if schedule not in ("1f1b", "gpipe", "interleaved"):
+        raise ShardplanError(f"unknown pipeline schedule {schedule!r}: 1f1b, gpipe or interleaved")
+    if schedule != "interleaved" and chunks != 1:
+        raise ShardplanError(f"chunks={chunks} needs schedule='interleaved'")
+    if schedule == "interleaved" and bounds is None:
+        raise ShardplanError(
+            "interleaved 1F1B is priced for a given split only (stage_bounds, or "
+            "sp.evaluate(strategy=sp.strategies.megatron(..., chunks=v))); the planner chooses "
+            "1F1B or GPipe splits"
+        )
+    if schedule == "interleaved" and microbatches and microbatches % stages:
+        raise ShardplanError(
+            f"interleaved 1F1B needs micro-batches ({microbatches}) divisible by the stage "
+            f"count ({stages}), as Megatron-LM does"
+        )
 
 
 def _plan_stages(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, planner_options,
+    stage_bounds, planner_options, chunks=1,
 ) -> Plan:  # fmt: skip
     """The best of one sub-mesh plan per batch-split cap, each with its best stages.
 
@@ -81,7 +103,7 @@ def _plan_stages(
             continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
         try:
             found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches,
-                              time_limit, stage_bounds, planner_options, cap)  # fmt: skip
+                              time_limit, stage_bounds, planner_options, cap, chunks)  # fmt: skip
         except InfeasiblePlanError as exc:
             error = exc
             continue
@@ -141,7 +163,7 @@ def _batch_caps(sub_mesh: Mesh, batch: int, microbatches: int | None) -> list[in
 
 def _plan_cap(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, planner_options, cap,
+    stage_bounds, planner_options, cap, chunks=1,
 ) -> tuple[Plan, LayerSplit, StageAssignment]:  # fmt: skip
     """Sub-mesh plan with the batch split at most ``cap``, and its best stages."""
     from .planner import plan_graph
@@ -162,7 +184,9 @@ def _plan_cap(
     option_list = [microbatches] if microbatches else _microbatch_options(inner, m_max)
     link = group_link((axis,), mesh, get_cluster(mesh.cluster))
     if stage_bounds is not None:
-        best = _fixed_split(split.costs, tuple(stage_bounds), option_list, limit, schedule, link)
+        best = _fixed_split(
+            split.costs, tuple(stage_bounds), option_list, limit, schedule, link, chunks
+        )
     else:
         best = assign_stages(
             split.costs, stages, option_list, limit, schedule, link.p2p_bandwidth, link.latency
@@ -176,14 +200,16 @@ def _plan_cap(
     return inner, split, best
 
 
-def _fixed_split(costs, bounds, options, limit, schedule, link) -> StageAssignment | None:
+def _fixed_split(costs, bounds, options, limit, schedule, link, chunks=1):  # type: ignore[no-untyped-def]
     """The best micro-batch count for a given split (None if it never fits)."""
     best = None
     for m in options:
+        if schedule == "interleaved" and m % len(bounds):
+            continue
         p2p = link.latency + costs.boundary_bytes / m / link.p2p_bandwidth
-        step, times, memory = evaluate_split(costs, bounds, m, schedule, p2p)
+        step, times, memory = evaluate_split(costs, bounds, m, schedule, p2p, chunks)
         if max(memory) <= limit and (best is None or step < best.step_time):
-            best = StageAssignment(bounds, m, schedule, step, times, memory)
+            best = StageAssignment(bounds, m, schedule, step, times, memory, chunks)
     return best
 
 
@@ -195,8 +221,9 @@ def _pipeline_plan(axis: str, split: LayerSplit, best: StageAssignment) -> Pipel
         for s, r in enumerate(ranges)
     )  # fmt: skip
     p, m = best.stages, best.microbatches
-    bubble = (p - 1) / (m + p - 1) if best.schedule != "interleaved" else 0.0
-    return PipelinePlan(axis, specs, m, best.schedule, best.step_time, bubble)
+    v = best.chunks if best.schedule == "interleaved" else 1
+    bubble = (p - 1) / (v * m + p - 1)
+    return PipelinePlan(axis, specs, m, best.schedule, best.step_time, bubble, best.chunks)
 
 
 def _batch_bound(graph: Graph) -> int:

@@ -42,6 +42,8 @@ class PipelinePlan:
     schedule: str
     step_time: float
     bubble_fraction: float
+    chunks: int = 1
+    """Model chunks per device (virtual stages) when ``schedule`` is ``"interleaved"``."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -70,6 +70,7 @@ def _pipeline(p: PipelinePlan) -> dict[str, Any]:
         "schedule": p.schedule,
         "step_time": _float(p.step_time),
         "bubble_fraction": _float(p.bubble_fraction),
+        **({"chunks": p.chunks} if p.chunks != 1 else {}),
         "stages": [
             {
                 "index": s.index,
@@ -379,7 +380,7 @@ def _read_pipeline(r: _Reader, mesh: Mesh) -> PipelinePlan:
         raise _bad("pipeline.stages", f"{len(stages)} stages on {axis}={mesh.axis_size(axis)}")
     return PipelinePlan(
         axis, tuple(stages), r.get("microbatches", int), r.get("schedule", str),
-        r.number("step_time"), r.number("bubble_fraction"),
+        r.number("step_time"), r.number("bubble_fraction"), r.get("chunks", int, 1),
     )  # fmt: skip
 
 

@@ -61,6 +61,8 @@ class StageAssignment:
     """Modelled seconds (objective formula, hand-offs and per-step work included)."""
     stage_times: tuple[float, ...]
     stage_memory: tuple[float, ...]
+    chunks: int = 1
+    """Model chunks per device (virtual stages) of an interleaved 1F1B schedule."""
 
     @property
     def stages(self) -> int:
@@ -71,17 +73,25 @@ class StageAssignment:
         return [range(a, b) for a, b in zip(self.bounds, ends, strict=True)]
 
 
-def in_flight(schedule: str, stage: int, stages: int, microbatches: int) -> int:
-    """Micro-batches of activations stage ``stage`` holds at its peak."""
+def in_flight(schedule: str, stage: int, stages: int, microbatches: int, chunks: int = 1) -> float:
+    """Micro-batches of activations stage ``stage`` holds at its peak. Interleaved 1F1B warms
+    up ``(p - 1) / v`` more (Narayanan'21 §2.2: the first stage's ``p`` grows by ``1 + (p - 1) /
+    (p v)``)."""
     if schedule == "gpipe":
         return microbatches
+    if schedule == "interleaved" and chunks > 1:
+        return min(stages - stage + (stages - 1) / chunks, microbatches)
     return min(stages - stage, microbatches)
 
 
 def evaluate_split(
-    costs: LayerCosts, bounds: tuple[int, ...], m: int, schedule: str, p2p: float
+    costs: LayerCosts, bounds: tuple[int, ...], m: int, schedule: str, p2p: float, chunks: int = 1
 ) -> tuple[float, tuple[float, ...], tuple[float, ...]]:
-    """(step time, per-stage times, per-stage memory) of one split; p2p per micro-batch hand-off."""
+    """(step time, per-stage times, per-stage memory) of one split; p2p per micro-batch hand-off.
+
+    Interleaved 1F1B with ``v = chunks`` model chunks per device fills and drains through
+    chunks ``v`` times shorter: ``(sum_s t_s / v + (m - 1 / v) max_s t_s) / m``, which for equal
+    stages is Narayanan'21's bubble ``(p - 1) / v`` micro-batch times."""
     p = len(bounds)
     ends = [*bounds[1:], costs.num_layers]
     times, memory = [], []
@@ -93,10 +103,11 @@ def evaluate_split(
         )
         state = sum(costs.state_bytes[a:b]) + (costs.pre_bytes if s == 0 else 0)
         state += costs.post_bytes if s == p - 1 else 0
-        act = sum(costs.activation_bytes[a:b]) / m * in_flight(schedule, s, p, m)
+        act = sum(costs.activation_bytes[a:b]) / m * in_flight(schedule, s, p, m, chunks)
         times.append(t)
         memory.append(state + act)
-    step = (sum(times) + (m - 1) * max(times)) / m + 2 * (p - 1) * p2p + costs.step_time
+    v = chunks if schedule == "interleaved" else 1
+    step = (sum(times) / v + (m - 1 / v) * max(times)) / m + 2 * (p - 1) * p2p + costs.step_time
     return step, tuple(times), tuple(memory)
 
 

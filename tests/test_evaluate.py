@@ -9,6 +9,7 @@ from shardplan.costmodel import get_cluster
 from shardplan.evaluate import model_flops
 from shardplan.models import TransformerConfig, training_step
 from shardplan.solver.planner import plan_graph
+from shardplan.solver.serialize import plan_from_json
 
 TINY = TransformerConfig("tiny", 2, 256, 4, 1024, 512, 64)
 MESH = sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")
@@ -131,3 +132,28 @@ def test_bad_strategy_arguments_raise_a_clear_error(make, message: str) -> None:
     graph = training_step(PIPE, batch=8)
     with pytest.raises(sp.ShardplanError, match=message):
         sp.evaluate(graph, mesh=PIPE_MESH, strategy=make())
+
+
+def test_interleaved_pipeline_shrinks_the_bubble_by_the_chunk_count() -> None:
+    """megatron(..., chunks=v): interleaved 1F1B's bubble is (p - 1) / (v m + p - 1) and the
+    step drops by (1 - 1/v) of the fill/drain time of equal stages, nothing else changes."""
+    graph = training_step(PIPE, batch=8)
+    plain = sp.evaluate(
+        graph, mesh=PIPE_MESH, strategy=sp.strategies.megatron(2, pp=2, microbatches=4)
+    )
+    inter = sp.evaluate(
+        graph, mesh=PIPE_MESH, strategy=sp.strategies.megatron(2, pp=2, microbatches=4, chunks=2)
+    )
+    assert inter.plan.pipeline.schedule == "interleaved"
+    assert inter.plan.pipeline.chunks == 2
+    assert plain.plan.pipeline.bubble_fraction == pytest.approx(1 / 5)
+    assert inter.plan.pipeline.bubble_fraction == pytest.approx(1 / 9)
+    times = [s.time for s in plain.plan.pipeline.stages]
+    saved = (sum(times) - max(times)) / 4 * (1 - 1 / 2)  # (sum t - max t) / m, halved
+    assert inter.step_time == pytest.approx(plain.step_time - saved, rel=1e-9)
+    loaded = plan_from_json(inter.plan.to_json())
+    assert loaded.pipeline.chunks == 2
+    assert loaded.step_time == inter.step_time
+    with pytest.raises(sp.ShardplanError, match="divisible by pp"):
+        sp.evaluate(graph, mesh=PIPE_MESH,
+                    strategy=sp.strategies.megatron(2, pp=2, microbatches=3, chunks=2))  # fmt: skip
