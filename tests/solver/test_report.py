@@ -1,4 +1,5 @@
-"""``print(plan)``: deterministic tables and the ASCII picture of parameter layouts."""
+"""``plan.report(full=True)``: deterministic tables and the ASCII picture of parameter layouts;
+the one-screen summary ``print(plan)`` is tested in test_summary.py."""
 
 from __future__ import annotations
 
@@ -20,14 +21,14 @@ def _make_plan():
 
 def test_format_plan_is_deterministic_plain_text():
     """Same plan, same text; no ANSI escapes; the fixed width holds."""
-    text = format_plan(_make_plan())
-    assert text == format_plan(_make_plan())
+    text = format_plan(_make_plan(), full=True)
+    assert text == format_plan(_make_plan(), full=True)
     assert "\x1b[" not in text
     assert max(len(line) for line in text.splitlines()) <= 110
 
 
-def test_format_plan_has_every_section():
-    text = str(_make_plan())
+def test_full_report_has_every_section():
+    text = _make_plan().report(full=True)
     assert '<["dp"=2, "tp"=4]> = 8 devices, cluster h100-sxm' in text
     assert "42.5 µs modelled (compute 30 µs, communication 12.5 µs)" in text
     assert "80 KiB peak (activations 64 KiB, parameters 16 KiB)" in text
