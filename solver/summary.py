@@ -145,20 +145,42 @@ class LayoutRow:
         return folded + (f" ×{len(self.indices)}" if len(self.indices) > 1 else "")
 
 
-def _state_owner(path: str) -> str:
-    """``model.w#exp_avg`` -> ``model.w`` (torch); paths without ``#`` have no known owner."""
-    return path.partition("#")[0] if "#" in path else ""
+def _tail(path: str) -> str:
+    """``params['layers'][0]['wq']`` -> ``['layers'][0]['wq']``: the pytree path below the
+    argument, which a JAX optimizer state (``opt_state['mu']['layers'][0]['wq']``) ends with."""
+    start = path.find("[")
+    return path[start:] if start > 0 else ""
+
+
+def _state_owners(plan: Plan) -> dict[str, str]:
+    """Optimizer state value name -> the parameter path it belongs to, where one is known:
+    ``model.w#exp_avg`` (torch) or the same pytree path under another argument (JAX)."""
+    params = [v for v in plan.graph.inputs if v.role is Role.PARAMETER]
+    by_path = {v.origin.path: v for v in params}
+    by_tail = {_tail(v.origin.path): v for v in params if _tail(v.origin.path)}
+    owners = {}
+    for value in plan.graph.inputs:
+        if value.role is not Role.OPTIMIZER_STATE:
+            continue
+        path = value.origin.path
+        owner = by_path.get(path.partition("#")[0]) if "#" in path else None
+        if owner is None:
+            tails = [t for t in by_tail if path.endswith(t) and path != by_tail[t].origin.path]
+            owner = by_tail[max(tails, key=len)] if tails else None
+        if owner is not None and owner.type.shape == value.type.shape:
+            owners[value.name] = owner.origin.path
+    return owners
 
 
 def layout_rows(plan: Plan) -> list[LayoutRow]:
     """Parameters (and unowned optimizer states), alike layers folded into one row each."""
+    owners = _state_owners(plan)
     states: dict[str, set[str]] = defaultdict(set)
     unowned = []
     for value in plan.graph.inputs:
         if value.role is Role.OPTIMIZER_STATE and value.name in plan.shardings:
-            owner = _state_owner(value.origin.path)
-            if owner:
-                states[owner].add(str(plan.shardings[value.name]))
+            if value.name in owners:
+                states[owners[value.name]].add(str(plan.shardings[value.name]))
             else:
                 unowned.append(value)
     rows: dict[tuple[str, str, str, str], LayoutRow] = {}
