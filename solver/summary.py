@@ -68,6 +68,27 @@ def _sharded_bytes(plan: Plan, role: Role) -> tuple[dict[str, float], float]:
     return per_axis, total
 
 
+def _zero_axes(plan: Plan) -> tuple[list[str], float, float]:
+    """Axes optimizer states are split over where their parameter is not (a sharded update),
+    the bytes of such states, and all optimizer-state bytes."""
+    owners = _state_owners(plan)
+    params = {v.origin.path: v for v in plan.graph.inputs if v.role is Role.PARAMETER}
+    axes: set[str] = set()
+    sharded = total = 0.0
+    for value in plan.graph.inputs:
+        layout = plan.shardings.get(value.name)
+        if value.role is not Role.OPTIMIZER_STATE or layout is None:
+            continue
+        total += value.type.nbytes
+        owner = params.get(owners.get(value.name, ""))
+        owner_layout = plan.shardings.get(owner.name) if owner is not None else None
+        extra = layout.used_axes - (owner_layout.used_axes if owner_layout else set())
+        if extra:
+            axes |= extra
+            sharded += value.type.nbytes
+    return _ordered(plan.mesh, axes), sharded, total
+
+
 def strategy_words(plan: Plan) -> str:
     """``batch over dp×tp, parameters replicated, ZeRO-style sharded update over dp×tp, ...``."""
     mesh = plan.mesh
@@ -88,11 +109,12 @@ def strategy_words(plan: Plan) -> str:
     if tensor:
         share = max(params[a] for a in tensor) / param_total
         parts.append(f"tensor parallel over {_axes_text(tensor)} ({share:.0%} of parameter bytes)")
-    states, state_total = _sharded_bytes(plan, Role.OPTIMIZER_STATE)
-    zero = [a for a in _ordered(mesh, set(states)) if a not in params]
+    zero, zero_bytes, state_total = _zero_axes(plan)
     if zero:
-        parts.append(f"ZeRO-style sharded update over {_axes_text(zero)}")
-    elif state_total and not states:
+        share = zero_bytes / state_total
+        note = f" ({share:.0%} of optimizer-state bytes)" if share < 0.995 else ""
+        parts.append(f"ZeRO-style sharded update over {_axes_text(zero)}{note}")
+    elif state_total and not _sharded_bytes(plan, Role.OPTIMIZER_STATE)[0]:
         parts.append("optimizer states replicated")
     if plan.pipeline is not None:
         pipe = plan.pipeline

@@ -118,3 +118,13 @@ def test_summary_of_the_megatron_plan():
     assert "12.5 µs ×1    all-reduce[tp] 512 B: %out -> output 0" in text
     assert "Inputs" not in text
     assert "+---+" not in text
+
+
+def test_mixed_fsdp_and_zero_give_their_shares():
+    """One weight split like its state (FSDP), one replicated with a split state (ZeRO)."""
+    dp, whole = Sharding.of("dp", None), Sharding.of(None, None)
+    plan = _layered_plan({0: dp, 1: whole}, dp, dp)
+    assert strategy_words(plan) == (
+        "batch over dp, parameters sharded over dp (FSDP-style, 50% of bytes), "
+        "ZeRO-style sharded update over dp (50% of optimizer-state bytes), recompute none"
+    )
