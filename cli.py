@@ -107,11 +107,17 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument("--out", type=Path, help="also save the plan as JSON here")
     plan.add_argument("--print-ir", action="store_true", help="print the graph's text form first")
+    plan.add_argument(
+        "--full", action="store_true", help="print every input, op and reshard, not the summary"
+    )
 
     show = commands.add_parser(
         "show", aliases=["explain"], help="print a saved plan", description="Print a plan file."
     )
     show.add_argument("plan_file", metavar="PLAN.json", type=Path)
+    show.add_argument(
+        "--full", action="store_true", help="print every input, op and reshard, not the summary"
+    )
 
     commands.add_parser("passes", help="list the registered graph passes")
     _add_costmodel_commands(commands)
@@ -234,16 +240,17 @@ def _progress(message: str) -> Iterator[None]:
         status.stop()
 
 
-def _print_plan(plan: Any) -> None:
-    """Colour tables on a terminal; deterministic fixed-width text when piped."""
+def _print_plan(plan: Any, full: bool = False) -> None:
+    """The one-screen summary, or with ``full`` every table (in colour on a terminal);
+    deterministic fixed-width text when piped."""
     from .solver.report import format_plan, plan_renderable
 
-    if sys.stdout.isatty():
+    if full and sys.stdout.isatty():
         from rich.console import Console
 
         Console().print(plan_renderable(plan))
     else:
-        sys.stdout.write(format_plan(plan))
+        sys.stdout.write(format_plan(plan, full=full))
 
 
 def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
@@ -264,7 +271,7 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         )
     if args.print_ir and not isinstance(model, Graph):
         sys.stdout.write(str(plan.graph) + "\n")
-    _print_plan(plan)
+    _print_plan(plan, args.full)
     if args.out is not None:
         plan.save(args.out)
         print(f"saved {args.out} ({time.perf_counter() - start:.1f} s to plan)", file=sys.stderr)
@@ -278,7 +285,7 @@ def cmd_show(args: argparse.Namespace) -> int:
         text = args.plan_file.read_text()
     except OSError as exc:
         raise CliError(f"cannot read {args.plan_file}: {exc.strerror or exc}") from None
-    _print_plan(plan_from_json(text))
+    _print_plan(plan_from_json(text), args.full)
     return 0
 
 

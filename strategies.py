@@ -25,10 +25,13 @@ class StrategyError(ShardplanError, ValueError):
     """A strategy's arguments are malformed or do not match the mesh (a ``ValueError`` too)."""
 
 
+# Names are separated by "." or "_" (torch FQNs) or by pytree brackets (JAX: params['wq']).
 COLUMN = re.compile(
-    r"(^|[._])(q|k|v|wq|wk|wv|q_proj|k_proj|v_proj|gate|up|gate_proj|up_proj|c_attn|c_fc|fc1|w1|w3|query|key|value)([._#]|$)"
+    r"(^|[._'\[])(q|k|v|wq|wk|wv|q_proj|k_proj|v_proj|gate|up|gate_proj|up_proj|c_attn|c_fc|fc1|w1|w3|query|key|value)([._#'\]]|$)"
 )
-ROW = re.compile(r"(^|[._])(o|wo|o_proj|out_proj|down|down_proj|c_proj|fc2|w2|dense)([._#]|$)")
+ROW = re.compile(
+    r"(^|[._'\[])(o|wo|o_proj|out_proj|down|down_proj|c_proj|fc2|w2|dense)([._#'\]]|$)"
+)
 VOCAB = re.compile(r"(embed|wte|tok_embeddings|lm_head|output\.weight)")
 
 

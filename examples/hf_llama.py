@@ -40,15 +40,13 @@ def make(
 
 def main() -> None:
     import shardplan as sp
-    from shardplan.frontend.torch.train import train_simulated
+    from checks import print_placements, torch_check
 
     model, inputs = make()
     plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}))
     print(plan)
-    for fqn, placements in plan.to_placements().items():
-        print(f"{fqn:48s} {placements}")
-    losses = train_simulated(plan, model, inputs, steps=3)
-    print("losses on simulated ranks:", [f"{x:.5f}" for x in losses])
+    print_placements(plan)
+    torch_check(plan, model, inputs)
 
 
 if __name__ == "__main__":

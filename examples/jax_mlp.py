@@ -75,17 +75,13 @@ def make(config: MLPConfig | None = None, abstract: bool = False):
 
 def main() -> None:
     import shardplan as sp
-    from shardplan.frontend.jax.emit import make_jax_mesh
+    from checks import jax_check
 
     step, args = make()
     mesh = sp.Mesh({"dp": 2, "tp": 4})
     plan = sp.plan(step, *args, mesh=mesh)
     print(plan)
-    jitted = plan.jit(step, make_jax_mesh(plan))
-    for i in range(3):
-        params, opt_state, loss = jitted(*args)
-        args = (params, opt_state, args[2])
-        print(f"step {i}: loss {float(loss):.5f}")
+    jax_check(plan, step, args, steps=3)
 
 
 if __name__ == "__main__":

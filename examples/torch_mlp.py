@@ -34,15 +34,15 @@ def make(
 
 def main() -> None:
     import shardplan as sp
-    from shardplan.frontend.torch.train import train_simulated
+    from checks import torch_check
 
     model, inputs = make()
     plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}))
     print(plan)
+    print("DTensor placements on the (dp, tp) device mesh:")
     for fqn, placements in plan.to_placements().items():
-        print(f"{fqn:12s} {placements}")
-    losses = train_simulated(plan, model, inputs, steps=3)
-    print("losses on simulated ranks:", [f"{x:.5f}" for x in losses])
+        print(f"  {fqn:12s} {placements}")
+    torch_check(plan, model, inputs)
 
 
 if __name__ == "__main__":

@@ -195,10 +195,15 @@ class Plan:
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json())
 
-    def __str__(self) -> str:
+    def report(self, full: bool = False) -> str:
+        """The one-screen summary ``print(plan)`` shows; ``full=True`` adds every input, the
+        heaviest ops, the reshards and a picture of each parameter's layout."""
         from .report import format_plan
 
-        return format_plan(self)
+        return format_plan(self, full=full)
+
+    def __str__(self) -> str:
+        return self.report()
 
 
 def load_plan(path: str | Path) -> Plan:

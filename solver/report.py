@@ -1,4 +1,6 @@
-"""``print(plan)``: the plan as readable tables, plus a small ASCII picture of parameter layouts.
+"""The plan as text: ``print(plan)`` shows the one-screen summary (``summary.py``);
+``plan.report(full=True)`` adds every input, the heaviest ops, the reshards and a small ASCII
+picture of each parameter's layout.
 
 Rendered with rich into a string of fixed width and no colour codes, so the same plan always
 prints the same text (logs, golden tests, the README). The CLI prints the same renderables with
@@ -45,8 +47,13 @@ def format_seconds(t: float) -> str:
 
 
 # -- the report ---------------------------------------------------------------------------------
-def format_plan(plan: Plan, width: int = REPORT_WIDTH) -> str:
-    """The whole report as plain text (deterministic for a given plan and width)."""
+def format_plan(plan: Plan, width: int = REPORT_WIDTH, full: bool = False) -> str:
+    """The summary, or with ``full`` the whole report, as plain text (deterministic for a given
+    plan and width)."""
+    if not full:
+        from .summary import format_summary
+
+        return format_summary(plan, width)
     buffer = StringIO()
     console = Console(
         file=buffer, width=width, color_system=None, force_terminal=False, no_color=True

@@ -133,3 +133,17 @@ def test_console_script_runs_as_a_process():
     )
     assert result.returncode == 2
     assert "usage: shardplan plan" in result.stderr
+
+
+def test_plan_prints_the_summary_and_full_every_table(capsys):
+    """The default is one screen; --full adds the inputs, ops, reshards and layout pictures."""
+    args = ["plan", EXAMPLE, "--mesh", "dp=2,tp=4", "--cluster", "h100-sxm"]
+    assert main(args) == 0
+    summary = capsys.readouterr().out
+    assert len(summary.splitlines()) <= 40
+    assert "strategy" in summary
+    assert "Parameter layouts" not in summary
+    assert main([*args, "--full"]) == 0
+    full = capsys.readouterr().out
+    assert "Parameter layouts" in full
+    assert "Inputs" in full

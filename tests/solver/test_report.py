@@ -1,4 +1,5 @@
-"""``print(plan)``: deterministic tables and the ASCII picture of parameter layouts."""
+"""``plan.report(full=True)``: deterministic tables and the ASCII picture of parameter layouts;
+the one-screen summary ``print(plan)`` is tested in test_summary.py."""
 
 from __future__ import annotations
 
@@ -28,7 +29,7 @@ def _text_in_subprocess(hash_seed: str) -> str:
         "import importlib.util, sys\n"
         f"spec = importlib.util.spec_from_file_location('c', {str(Path(__file__)).__repr__()})\n"
         "m = importlib.util.module_from_spec(spec); spec.loader.exec_module(m)\n"
-        "sys.stdout.write(m.format_plan(m._make_plan()))\n"
+        "sys.stdout.write(m.format_plan(m._make_plan(), full=True))\n"
     )
     env = {**os.environ, "PYTHONHASHSEED": hash_seed}
     done = subprocess.run(
@@ -41,20 +42,20 @@ def test_format_plan_is_deterministic_plain_text():
     """The same plan gives the same text whatever the insertion order of its tables and the
     interpreter's hash seed; no ANSI escapes; the fixed width holds."""
     plan = _make_plan()
-    text = format_plan(plan)
+    text = format_plan(plan, full=True)
     shuffled = _make_plan()
     shuffled.shardings = dict(reversed(list(shuffled.shardings.items())))
     shuffled.operand_shardings = dict(reversed(list(shuffled.operand_shardings.items())))
     shuffled.memory = dict(reversed(list(shuffled.memory.items())))
-    assert format_plan(shuffled) == text
+    assert format_plan(shuffled, full=True) == text
     assert _text_in_subprocess("1") == text
     assert _text_in_subprocess("2") == text
     assert "\x1b[" not in text
     assert max(len(line) for line in text.splitlines()) <= 110
 
 
-def test_format_plan_has_every_section():
-    text = str(_make_plan())
+def test_full_report_has_every_section():
+    text = _make_plan().report(full=True)
     assert '<["dp"=2, "tp"=4]> = 8 devices, cluster h100-sxm' in text
     assert "42.5 µs modelled (compute 30 µs, communication 12.5 µs)" in text
     assert "80 KiB peak (activations 64 KiB, parameters 16 KiB)" in text
