@@ -118,7 +118,7 @@ def model_flops(graph: Graph) -> float:
     for op in graph.ops:
         ins = [v.type for v in op.operands]
         outs = [v.type for v in op.results]
-        total += op_flops(op.kind, op.rule, ins, outs)
+        total += op_flops(op.kind, op.rule, ins, outs, op.attrs)
     return total
 
 

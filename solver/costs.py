@@ -10,6 +10,7 @@ import numpy as np
 
 from ..costmodel import compute_time, reshard_time
 from ..costmodel.cluster import Cluster
+from ..costmodel.context_parallel import attention_work_factor
 from ..costmodel.fusion import Fusion, OpFusion, fusion, unfused_penalty
 from ..ir import (
     Graph,
@@ -178,7 +179,8 @@ def op_cost(
     and results kept on chip by a fused kernel, ``Space.fusion``)."""
     ins = [v.type for v in op.operands]
     outs = [v.type for v in op.results]
-    flops = op_flops(op.kind, op.rule, ins, outs) / strategy.split
+    flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / strategy.split
+    flops *= attention_work_factor(op, strategy.operands, mesh)
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(
         op.kind,
