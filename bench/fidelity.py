@@ -55,7 +55,7 @@ class Row:
     @property
     def gpus(self) -> int:
         c = self.config
-        return c.tp * c.pp * c.dp
+        return c.tp * c.pp * c.dp * c.cp
 
     def flops(self) -> float:
         c = self.config
@@ -146,6 +146,19 @@ def llama3_rows() -> list[Row]:
 
 
 LLAMA3_INTERLEAVES = (2, 4, 8)
+
+
+def llama3_context_parallel_rows() -> list[Row]:
+    """Llama 3 405B at 131,072 tokens (Table 4's last row): TP 8, CP 16, PP 16, DP 8, 16
+    sequences per data-parallel rank (16M tokens), 380 TF/GPU. All-gather context parallelism
+    (§3.3.2: K/V all-gathered, load-balanced chunks); otherwise as ``llama3_rows``."""
+    model = Model("405B", 126, 16384, 128, 53248, 128256, 8, gated_mlp=True, dropout=False)
+    config = Config(
+        8, 16, 8, 8 * 16, 131072, 1, 1, True, "none",
+        flash_attention=True, tp_overlap=False, dp_overlap=True, cp=16,
+    )  # fmt: skip
+    config = fastest_interleave(model, config, H100, LLAMA3_INTERLEAVES)
+    return [Row("Llama 3 405B", "16384 GPUs 128K", model, config, H100, 0.0, 380.0)]
 
 
 def fastest_interleave(model: Model, config: Config, cluster: str, choices) -> Config:

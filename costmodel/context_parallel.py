@@ -7,7 +7,7 @@ device does ``(2n - 1) / n`` times the average and every other one waits for it.
 ``torch.distributed.tensor.experimental.context_parallel`` cut the sequence into ``2n`` chunks
 and give device ``i`` chunks ``i`` and ``2n - 1 - i`` (head-tail): every device then does the
 average. An attention op says which one its emitter does with the ``load_balance`` attribute
-(absent: balanced).
+(absent: balanced). The kernel itself runs at ``Cluster.attention_efficiency`` of peak.
 """
 
 from __future__ import annotations
@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..ir import Mesh, Op, Sharding
+from .cluster import Cluster, get_cluster
 
 ATTENTION_KINDS = ("attention", "attention_backward")
 
@@ -36,9 +37,17 @@ def query_ranks(op: Op, operands: Sequence[Sharding], mesh: Mesh) -> int:
     return mesh.group_size(q.dims[2])
 
 
-def attention_work_factor(op: Op, operands: Sequence[Sharding], mesh: Mesh) -> float:
-    """Multiplier on the op's even per-device FLOPs: the causal imbalance of its query split."""
-    if op.kind not in ATTENTION_KINDS or not op.attrs.get("causal"):
+def attention_work_factor(
+    op: Op, operands: Sequence[Sharding], mesh: Mesh, cluster: Cluster | str
+) -> float:
+    """Multiplier on the op's even per-device FLOPs, for a roofline at GEMM efficiency: the
+    fused kernel's own efficiency (``Cluster.attention_efficiency``) and the causal imbalance
+    of its query split."""
+    if op.kind not in ATTENTION_KINDS:
         return 1.0
+    cluster = get_cluster(cluster)
+    kernel = cluster.compute_efficiency / cluster.fused_attention_efficiency
+    if not op.attrs.get("causal"):
+        return kernel
     balanced = bool(op.attrs.get("load_balance", True))
-    return causal_imbalance(query_ranks(op, operands, mesh), balanced)
+    return kernel * causal_imbalance(query_ranks(op, operands, mesh), balanced)

@@ -441,7 +441,7 @@ def _op_time(op: Op, operands, results, mesh, cluster: Cluster, fused: OpFusion 
     split = math.prod(mesh.axis_size(a) for a in axes)
     ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / split
-    flops *= attention_work_factor(op, operands, mesh)
+    flops *= attention_work_factor(op, operands, mesh, cluster)
     counts = [s.shard_count(mesh) for s in operands], [s.shard_count(mesh) for s in results]
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip)

@@ -180,7 +180,7 @@ def op_cost(
     ins = [v.type for v in op.operands]
     outs = [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / strategy.split
-    flops *= attention_work_factor(op, strategy.operands, mesh)
+    flops *= attention_work_factor(op, strategy.operands, mesh, cluster)
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(
         op.kind,

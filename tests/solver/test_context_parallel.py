@@ -6,8 +6,12 @@ price, and the planner choosing it for one long sequence and not for many short 
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 import shardplan as sp
+from shardplan.costmodel import get_cluster
+from shardplan.costmodel.calibration import apply, default_calibration
 from shardplan.costmodel.context_parallel import attention_work_factor, causal_imbalance
 from shardplan.ir import Graph, Mesh, Sharding, parse_graph, print_graph
 from shardplan.ir.builder import GraphBuilder
@@ -16,6 +20,7 @@ from shardplan.ir.rules import ShardingRule
 from shardplan.models import TransformerConfig, training_step
 from shardplan.passes.enumerate_strategies import op_strategies
 
+CPU = "cpu-test"  # compute and attention efficiency 1: the factor is the imbalance alone
 TINY = TransformerConfig("tiny-long", 2, 128, 2, 256, 512, 16384)
 """Two heads: a head split covers at most two devices, so eight need the sequence."""
 
@@ -76,10 +81,14 @@ def test_causal_imbalance_is_the_last_chunks_share() -> None:
     op = graph.ops[-1]
     mesh = Mesh({"cp": 4})
     q_split = [Sharding(((), (), ("cp",), ()))] * 2 + [Sharding.replicated(4)] * 3
-    assert attention_work_factor(op, q_split, mesh) == 1.0
+    assert attention_work_factor(op, q_split, mesh, CPU) == 1.0
     op.attrs["load_balance"] = False
-    assert attention_work_factor(op, q_split, mesh) == pytest.approx(7 / 4)
-    assert attention_work_factor(op, [Sharding.replicated(4)] * 5, mesh) == 1.0
+    assert attention_work_factor(op, q_split, mesh, CPU) == pytest.approx(7 / 4)
+    assert attention_work_factor(op, [Sharding.replicated(4)] * 5, mesh, CPU) == 1.0
+    fa2 = replace(get_cluster("h100-sxm"), attention_efficiency=0.35)  # FA2 on H100: half a GEMM
+    assert attention_work_factor(op, q_split, mesh, fa2) == pytest.approx(0.70 / 0.35 * 7 / 4)
+    calibrated = apply(default_calibration("h100-sxm"), "h100-sxm")
+    assert calibrated.attention_efficiency == 0.35
 
 
 def query_split_axes(plan: sp.Plan, kind: str) -> set[str]:
