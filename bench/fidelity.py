@@ -319,6 +319,27 @@ def ir_layer_check(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def context_parallel_report(capture: bool = False) -> str:
+    """The 128K context-parallel row, apart from the 19 (its FLOP convention is unknown: the
+    paper does not say whether its TF/GPU counts causal attention dense, as the bench's
+    ``6NT + 12lshT`` does, or halved; both implied times are shown)."""
+    lines = ["context parallelism (Llama 3 405B, 131,072 tokens, TP 8 CP 16 PP 16 DP 8):"]
+    for row, r in zip(llama3_context_parallel_rows(), evaluate(llama3_context_parallel_rows(),
+                      capture), strict=True):  # fmt: skip
+        m, c = row.model, row.config
+        dense = row.flops()
+        causal = dense - 6 * m.layers * c.seq * m.hidden * c.global_batch * c.seq
+        predicted = r["captured_predicted_s"] if capture else r["predicted_s"]
+        for name, flops in (("dense attention", dense), ("causal attention", causal)):
+            measured = flops / (row.published_tflops * 1e12 * row.gpus)
+            lines.append(
+                f"  {row.label} V={c.chunks} {name:16}: published {measured:6.2f} s, "
+                f"predicted {predicted:6.2f} s ({'captured' if capture else 'analytic'}), "
+                f"error {predicted / measured - 1:+.1%}"
+            )
+    return "\n".join(lines)
+
+
 def all_rows() -> list[Row]:
     return korthikanti_rows() + megatron_core_rows() + llama3_rows()
 
@@ -333,6 +354,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = all_rows()
     results = evaluate(rows, capture=args.capture)
     print(report(results))
+    print(context_parallel_report(args.capture))
     if not args.capture:
         print(ir_layer_check(rows))
     if args.json:

@@ -118,14 +118,16 @@ def captured_layer(m: Model, c: Config, cluster: str) -> CapturedLayer:
     ops = len(two.plan.graph.ops) - len(one.plan.graph.ops)
     plans = (one.plan, two.plan)
     if c.cp > 1:  # gradients are reduced over cp once per step (analytic, with dp), not per layer
-        plans = tuple(_without_gradient_reduction(p) for p in plans)
+        plans = tuple(_without_once_per_step_comm(p) for p in plans)
     time = _without_update(plans[1]) - _without_update(plans[0])
     return CapturedLayer(flops, time, ops)
 
 
-def _without_gradient_reduction(plan):  # type: ignore[no-untyped-def]
-    """A copy of ``plan`` re-simulated without the reshards into its update ops (the gradient
-    reductions over the context-parallel axis: the analytic model prices them per step)."""
+def _without_once_per_step_comm(plan):  # type: ignore[no-untyped-def]
+    """A copy of ``plan`` re-simulated without the reshards into its update ops and into the
+    state carried to the next step (gradient reductions over the context-parallel axis, and
+    gathers of what the update left sharded over it): they run once per step, not once per
+    layer and micro-batch, and the analytic model prices them per step (``_dp_exposed``)."""
     import copy
 
     from shardplan.costmodel.simulate import simulate
@@ -135,9 +137,10 @@ def _without_gradient_reduction(plan):  # type: ignore[no-untyped-def]
     kept = copy.copy(plan)
     kept.reshards = [
         r for r in plan.reshards
-        if not (r.consumer.startswith("op:") and int(r.consumer.split(":")[1]) in update)
+        if not r.consumer.startswith("alias:")
+        and not (r.consumer.startswith("op:") and int(r.consumer.split(":")[1]) in update)
     ]  # fmt: skip
-    kept.step_time = simulate(kept).step_time
+    kept.exposed_comm_time = simulate(kept).exposed_comm_time
     return kept
 
 
