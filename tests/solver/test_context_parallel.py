@@ -19,6 +19,9 @@ from shardplan.ir.errors import IRVerifyError
 from shardplan.ir.rules import ShardingRule
 from shardplan.models import TransformerConfig, training_step
 from shardplan.passes.enumerate_strategies import op_strategies
+from shardplan.solver.brute_force import brute_force
+from shardplan.solver.costs import build_problem, build_space
+from shardplan.solver.ilp import solve
 
 CPU = "cpu-test"  # compute and attention efficiency 1: the factor is the imbalance alone
 TINY = TransformerConfig("tiny-long", 2, 128, 2, 256, 512, 16384)
@@ -131,3 +134,19 @@ def test_many_short_sequences_do_not_split_the_sequence() -> None:
     plan = sp.plan(training_step(config, batch=16), mesh=mesh)
     assert query_split_axes(plan, "attention") == set()
     assert query_split_axes(plan, "attention_backward") == set()
+
+
+def test_ilp_equals_brute_force_with_query_split_strategies() -> None:
+    """The layout ILP stays exact on attention with its summed query factor (1-D mesh)."""
+    mesh = Mesh({"x": 4}, cluster="cpu-test")
+    graph = attention_backward_graph(s=64, t=64)
+    graph.mesh = mesh
+    space = build_space(graph, mesh)
+    backward = space.strategies[space.op_node(len(graph.ops) - 1)]
+    assert any(s.results[1].partial == frozenset({"x"}) for s in backward)
+    cluster = get_cluster(mesh.cluster)
+    problem = build_problem(space, cluster, memory_limit=None)
+    _, best = brute_force(problem, max_combinations=400_000)
+    solution = solve(problem, time_limit=20)
+    assert solution.status == "OPTIMAL"
+    assert solution.objective == pytest.approx(best, rel=1e-6, abs=1e-12)
