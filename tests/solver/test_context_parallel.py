@@ -19,6 +19,7 @@ from shardplan.ir.errors import IRVerifyError
 from shardplan.ir.rules import ShardingRule
 from shardplan.models import TransformerConfig, training_step
 from shardplan.passes.enumerate_strategies import op_strategies
+from shardplan.passes.propagate import propagate
 from shardplan.solver.brute_force import brute_force
 from shardplan.solver.costs import build_problem, build_space
 from shardplan.solver.ilp import solve
@@ -150,3 +151,20 @@ def test_ilp_equals_brute_force_with_query_split_strategies() -> None:
     solution = solve(problem, time_limit=20)
     assert solution.status == "OPTIMAL"
     assert solution.objective == pytest.approx(best, rel=1e-6, abs=1e-12)
+
+
+def test_propagation_makes_only_dk_dv_partial() -> None:
+    """GSPMD mode: queries pinned split along the sequence give dQ split, dK/dV pending sums."""
+    b = GraphBuilder("prop", Mesh({"x": 4}))
+    seq = Sharding(((), (), ("x",), ()))
+    q = b.input("q", (1, 2, 16, 8), "bf16", sharding=seq, pinned=True)
+    g = b.input("g", (1, 2, 16, 8), "bf16", sharding=seq, pinned=True)
+    k = b.input("k", (1, 2, 16, 8), "bf16", sharding=Sharding.replicated(4), pinned=True)
+    v = b.input("v", (1, 2, 16, 8), "bf16", sharding=Sharding.replicated(4), pinned=True)
+    o = b.input("o", (1, 2, 16, 8), "bf16", sharding=seq, pinned=True)
+    d_q, d_k, d_v = b.op_results("attention_backward", [g, q, k, v, o], [q.type] * 3)
+    b.output(d_q, d_k, d_v)
+    propagate(b.build())
+    assert d_q.sharding == seq
+    assert d_k.sharding == Sharding.of(None, None, None, None, partial={"x"})
+    assert d_v.sharding.partial == frozenset({"x"})
