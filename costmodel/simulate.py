@@ -418,7 +418,7 @@ def plan_op_times(plan: Plan) -> list[float]:
         operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
         results = tuple(produced.get(r.name, plan.shardings[r.name]) for r in op.results)
         key = (op.kind, op.rule, operands, results, *(v.type for v in op.operands + op.results))
-        key += (fused.of(op),)
+        key += (fused.of(op), op.attrs.get("causal"), op.attrs.get("load_balance"))
         if key not in seen:
             seen[key] = _op_time(op, operands, results, plan.mesh, cluster, fused.of(op))
         times.append(seen[key] * op.repeat)  # a scan body's op: every iteration

@@ -207,7 +207,7 @@ def op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster,
     """Roofline time of ``op`` under each strategy, cached by op signature (repeated layers)."""
     key = (op.kind, op.rule, tuple(v.type for v in op.operands), tuple(r.type for r in op.results))
     fused = space.fusion.of(op)
-    key += (id(strategies), fused)
+    key += (id(strategies), fused, op.attrs.get("causal"), op.attrs.get("load_balance"))
     if key not in cache:
         cache[key] = np.array([op_cost(op, s, space.mesh, cluster, fused) for s in strategies])
     repeat = op.repeat
