@@ -60,9 +60,13 @@ def _query_axes(plan: sp.Plan) -> set[str]:
     return axes
 
 
-@pytest.mark.parametrize("follow", [False, True], ids=["apply", "follow_plan"])
-def test_hf_llama_cp2_matches_plain_model(examples, follow) -> None:  # type: ignore[no-untyped-def]
-    plan, model, inputs = _plan(examples, {"cp": 2})
+@pytest.mark.parametrize(
+    ("cp", "follow"),
+    [(2, False), (2, True), (4, True)],
+    ids=["cp2-apply", "cp2-follow", "cp4-follow"],
+)
+def test_hf_llama_context_parallel_matches_plain_model(examples, cp, follow) -> None:  # type: ignore[no-untyped-def]
+    plan, model, inputs = _plan(examples, {"cp": cp})
     assert _query_axes(plan) == {"cp"}
     _check_numerics(plan, model, inputs, follow=follow)
 
