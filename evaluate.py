@@ -185,7 +185,9 @@ def _solve(
 
 
 def model_flops(graph: Graph) -> float:
-    """Global FLOPs of forward and backward (and update), without recomputation."""
+    """Global FLOPs of forward and backward (and update), without recomputation. Causal
+    attention counts dense, as model-FLOPs conventions do (PaLM's ``6NT + 12 l s h T``), though
+    the cost model prices the half a causal kernel computes."""
     total = 0.0
     for op in graph.ops:
         ins = [v.type for v in op.operands]

@@ -224,7 +224,8 @@ class _Step:
         heads = (self.batch, c.seq, c.heads, c.hidden // c.heads)
         d_o = b.transpose(b.reshape(d_flat, heads), (0, 2, 1, 3))
         types = [s["q"].type, s["k"].type, s["v"].type]
-        grads = b.op_results("attention_backward", [d_o, s["q"], s["k"], s["v"], s["o"]], types)
+        operands = [d_o, s["q"], s["k"], s["v"], s["o"]]
+        grads = b.op_results("attention_backward", operands, types, causal=True)
         d_n1 = None
         for key, g in zip("qkv", grads, strict=True):
             proj = self.unheads(g, s[f"w{key}"][1].type.shape[1])

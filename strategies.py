@@ -51,6 +51,11 @@ class ParallelStrategy:
     """None, ``"selective"`` or ``"full"`` for every layer."""
     pp: int = 1
     microbatches: int = 1
+    cp: str | None = None
+    """Mesh axis for context parallelism: the batch's sequence dim is split over it (attention
+    then splits its queries and all-gathers K/V, ``ir.registry.attention_backward``);
+    parameters are replicated over it like a data axis, and sharded over it with the data axes
+    when sharded (torchtitan's FSDP mesh is ``dp_shard x cp``)."""
     tp_comm_overlap: bool = False
     """Tensor-parallel communication overlap (Megatron-Core ``--tp-comm-overlap``): the step
     simulator pipelines the ``tp`` axis's all-gathers and reduce-scatters with their GEMMs
@@ -121,27 +126,45 @@ class ParallelStrategy:
     def data_axes(self, mesh: Mesh) -> tuple[str, ...]:
         if self.dp is not None:
             return self.dp
-        return tuple(a for a, n in mesh.axes if a not in (self.tp, "pp") and n > 1)
+        return tuple(a for a, n in mesh.axes if a not in (self.tp, self.cp, "pp") and n > 1)
+
+    def shard_axes(self, mesh: Mesh) -> tuple[str, ...]:
+        """Axes sharded parameters and states are split over: the data axes, then ``cp``."""
+        cp = (self.cp,) if self.cp and mesh.axis_size(self.cp) > 1 else ()
+        return self.data_axes(mesh) + cp
 
     def pins(self, graph: Graph, mesh: Mesh) -> dict[str, Sharding]:
         """Value name -> layout for every graph input."""
         dp = self.data_axes(mesh)
+        shard_axes = self.shard_axes(mesh)
         pins: dict[str, Sharding] = {}
         by_path = {v.origin.path: v for v in graph.inputs if v.role is Role.PARAMETER}
         for v in graph.inputs:
             if v.role is Role.PARAMETER:
-                pins[v.name] = self._param(v, mesh, dp, self.shard_params)
+                pins[v.name] = self._param(v, mesh, shard_axes, self.shard_params)
             elif v.role is Role.OPTIMIZER_STATE:
                 param = by_path.get(v.origin.path.split("#")[0])
                 shard = self.shard_params or self.shard_states
                 pins[v.name] = (
-                    self._param(param, mesh, dp, shard)
+                    self._param(param, mesh, shard_axes, shard)
                     if param is not None and param.type.shape == v.type.shape
-                    else _split_largest(v, mesh, dp if shard else ())
+                    else _split_largest(v, mesh, shard_axes if shard else ())
                 )
             elif v.role is Role.INPUT and v.type.rank >= 1:
-                pins[v.name] = _on_dim(v, 0, dp, mesh)
+                pins[v.name] = self._batch(v, mesh, dp)
         return pins
+
+    def _batch(self, v: Value, mesh: Mesh, dp: tuple[str, ...]) -> Sharding:
+        """A batch input: its batch dim over the data axes, its sequence dim over ``cp``."""
+        layout = _on_dim(v, 0, dp, mesh)
+        if not self.cp or v.type.rank < 2 or mesh.axis_size(self.cp) == 1:
+            return layout
+        if v.type.shape[1] % mesh.axis_size(self.cp):
+            raise ValueError(
+                f"{self.name}: input {v.name} has sequence length {v.type.shape[1]}, not a "
+                f"multiple of the cp axis {self.cp!r} (size {mesh.axis_size(self.cp)})"
+            )
+        return Sharding((layout.dims[0], (self.cp,), *layout.dims[2:]))
 
     def _param(self, v: Value, mesh: Mesh, dp: tuple[str, ...], shard: bool) -> Sharding:
         dims: list[tuple[str, ...]] = [() for _ in v.type.shape]
@@ -264,9 +287,12 @@ def megatron(
     zero1: bool = False,
     tp_comm_overlap: bool = False,
     chunks: int = 1,
+    cp: str | None = None,
 ) -> ParallelStrategy:
     """Megatron-LM: column/row tensor parallelism on the ``tp`` axis, data parallel elsewhere.
 
+    ``cp`` names a context-parallel axis (Megatron-Core ``--context-parallel-size``, Llama 3's
+    long-context runs): the sequence is split over it and attention all-gathers K/V.
     ``tp`` is the mesh axis name (an int means the axis called ``"tp"``; its size is the
     mesh's). ``zero1`` shards optimizer states over the data axes (Megatron's distributed
     optimizer). ``chunks`` > 1 runs interleaved 1F1B with that many model chunks per device.
@@ -284,6 +310,9 @@ def megatron(
     axis = tp if isinstance(tp, str) else "tp"
     name = f"megatron{'-sp' if sequence_parallel else ''}{'-zero1' if zero1 else ''}"
     name += "-tpoverlap" if tp_comm_overlap else ""
+    name += f"-cp[{cp}]" if cp else ""
+    if cp is not None and cp == axis:
+        raise StrategyError(f"cp and tp must be different mesh axes, both are {cp!r}")
     return ParallelStrategy(
         name + _suffix(recompute),
         tp=axis,
@@ -296,14 +325,19 @@ def megatron(
         tp_comm_overlap=tp_comm_overlap,
         tp_size=None if isinstance(tp, str) else tp,
         chunks=chunks,
+        cp=cp,
     )
 
 
-def tp_fsdp(tp: str = "tp", dp: tuple[str, ...] | None = None, recompute: str | None = None):
-    """2-D: Megatron TP on ``tp`` and FSDP over the data axes."""
-    return ParallelStrategy(
-        "tp-fsdp" + _suffix(recompute), tp=tp, dp=dp, shard_params=True, recompute=recompute
-    )
+def tp_fsdp(
+    tp: str = "tp",
+    dp: tuple[str, ...] | None = None,
+    recompute: str | None = None,
+    cp: str | None = None,
+) -> ParallelStrategy:
+    """2-D: Megatron TP on ``tp`` and FSDP over the data axes (and ``cp``, the context axis)."""
+    name = "tp-fsdp" + (f"-cp[{cp}]" if cp else "") + _suffix(recompute)
+    return ParallelStrategy(name, tp=tp, dp=dp, shard_params=True, recompute=recompute, cp=cp)
 
 
 def _suffix(recompute: str | None) -> str:

@@ -61,7 +61,7 @@ class Row:
     @property
     def gpus(self) -> int:
         c = self.config
-        return c.tp * c.pp * c.dp
+        return c.tp * c.pp * c.dp * c.cp
 
     def flops(self) -> float:
         c = self.config
@@ -152,6 +152,19 @@ def llama3_rows() -> list[Row]:
 
 
 LLAMA3_INTERLEAVES = (2, 4, 8)
+
+
+def llama3_context_parallel_rows() -> list[Row]:
+    """Llama 3 405B at 131,072 tokens (Table 4's last row): TP 8, CP 16, PP 16, DP 8, 16
+    sequences per data-parallel rank (16M tokens), 380 TF/GPU. All-gather context parallelism
+    (§3.3.2: K/V all-gathered, load-balanced chunks); otherwise as ``llama3_rows``."""
+    model = Model("405B", 126, 16384, 128, 53248, 128256, 8, gated_mlp=True, dropout=False)
+    config = Config(
+        8, 16, 8, 8 * 16, 131072, 1, 1, True, "none",
+        flash_attention=True, tp_overlap=False, dp_overlap=True, cp=16,
+    )  # fmt: skip
+    config = fastest_interleave(model, config, H100, LLAMA3_INTERLEAVES)
+    return [Row("Llama 3 405B", "16384 GPUs 128K", model, config, H100, 0.0, 380.0)]
 
 
 def fastest_interleave(model: Model, config: Config, cluster: str, choices) -> Config:
@@ -352,6 +365,27 @@ def ir_layer_check(rows: list[Row]) -> str:
     return "\n".join(lines)
 
 
+def context_parallel_report(capture: bool = False) -> str:
+    """The 128K context-parallel row, apart from the 19 (its FLOP convention is unknown: the
+    paper does not say whether its TF/GPU counts causal attention dense, as the bench's
+    ``6NT + 12lshT`` does, or halved; both implied times are shown)."""
+    lines = ["context parallelism (Llama 3 405B, 131,072 tokens, TP 8 CP 16 PP 16 DP 8):"]
+    for row, r in zip(llama3_context_parallel_rows(), evaluate(llama3_context_parallel_rows(),
+                      capture), strict=True):  # fmt: skip
+        m, c = row.model, row.config
+        dense = row.flops()
+        causal = dense - 6 * m.layers * c.seq * m.hidden * c.global_batch * c.seq
+        predicted = r["captured_predicted_s"] if capture else r["predicted_s"]
+        for name, flops in (("dense attention", dense), ("causal attention", causal)):
+            measured = flops / (row.published_tflops * 1e12 * row.gpus)
+            lines.append(
+                f"  {row.label} V={c.chunks} {name:16}: published {measured:6.2f} s, "
+                f"predicted {predicted:6.2f} s ({'captured' if capture else 'analytic'}), "
+                f"error {predicted / measured - 1:+.1%}"
+            )
+    return "\n".join(lines)
+
+
 def all_rows() -> list[Row]:
     return korthikanti_rows() + megatron_core_rows() + llama3_rows()
 
@@ -370,6 +404,7 @@ def main(argv: list[str] | None = None) -> int:
     rows = all_rows()
     results = evaluate(rows, capture=args.capture, product=args.product)
     print(report(results))
+    print(context_parallel_report(args.capture))
     if not args.capture:
         print(ir_layer_check(rows))
     if args.json:

@@ -94,13 +94,16 @@ def _evaluate(m: Model, c: Config, cluster: str, layers: int):
 
     model = _hf_model(m, layers, c.seq, c.flash_attention)
     ids = torch.empty((c.micro_batch, c.seq), dtype=torch.long, device="meta")
-    mesh = sp.Mesh({"tp": c.tp}, cluster=_calibrated_cluster(cluster))
+    axes = {"cp": c.cp, "tp": c.tp} if c.cp > 1 else {"tp": c.tp}  # a context-parallel group
+    mesh = sp.Mesh(axes, cluster=_calibrated_cluster(cluster))
     recompute = None if c.recompute == "none" else c.recompute
     strategy = sp.strategies.megatron(
         tp=c.tp,
         sequence_parallel=c.sequence_parallel,
         recompute=recompute,
         tp_comm_overlap=c.tp_overlap and c.sequence_parallel and c.tp > 1,
+        cp="cp" if c.cp > 1 else None,
+        dp=() if c.cp > 1 else None,
     )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
@@ -113,8 +116,32 @@ def captured_layer(m: Model, c: Config, cluster: str) -> CapturedLayer:
     one, two = (_evaluate(m, c, cluster, n) for n in (1, 2))
     flops = model_flops(two.plan.graph) - model_flops(one.plan.graph)
     ops = len(two.plan.graph.ops) - len(one.plan.graph.ops)
-    time = _without_update(two.plan) - _without_update(one.plan)
+    plans = (one.plan, two.plan)
+    if c.cp > 1:  # gradients are reduced over cp once per step (analytic, with dp), not per layer
+        plans = tuple(_without_once_per_step_comm(p) for p in plans)
+    time = _without_update(plans[1]) - _without_update(plans[0])
     return CapturedLayer(flops, time, ops)
+
+
+def _without_once_per_step_comm(plan):  # type: ignore[no-untyped-def]
+    """A copy of ``plan`` re-simulated without the reshards into its update ops and into the
+    state carried to the next step (gradient reductions over the context-parallel axis, and
+    gathers of what the update left sharded over it): they run once per step, not once per
+    layer and micro-batch, and the analytic model prices them per step (``_dp_exposed``)."""
+    import copy
+
+    from shardplan.costmodel.simulate import simulate
+
+    phases = op_phases(plan.graph)
+    update = {i for i, op in enumerate(plan.graph.ops) if phases[op] is Phase.UPDATE}
+    kept = copy.copy(plan)
+    kept.reshards = [
+        r for r in plan.reshards
+        if not r.consumer.startswith("alias:")
+        and not (r.consumer.startswith("op:") and int(r.consumer.split(":")[1]) in update)
+    ]  # fmt: skip
+    kept.exposed_comm_time = simulate(kept).exposed_comm_time
+    return kept
 
 
 def _without_update(plan) -> float:
@@ -144,4 +171,5 @@ def layer_key(c: Config) -> Config:
         c.recompute,
         c.flash_attention,
         tp_overlap=c.tp_overlap,
+        cp=c.cp,
     )

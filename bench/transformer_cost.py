@@ -100,10 +100,20 @@ class Config:
     """Optimizer states and the Adam step are sharded over data parallelism (ZeRO-1)."""
     loss_scale: bool = False
     """fp16 with dynamic loss scaling (Korthikanti'22 runs are fp16)."""
+    cp: int = 1
+    """Context parallelism (Llama 3's all-gather CP): each GPU holds ``seq / cp`` tokens of
+    every sequence; attention all-gathers K/V over cp (forward, and again in backward) and
+    reduce-scatters dK/dV, exposed (the paper: "the all-gather communication latency is
+    exposed in the critical path"); the causal work is balanced (head-tail chunks)."""
 
     @property
     def microbatches(self) -> int:
         return self.global_batch // (self.dp * self.micro_batch)
+
+    @property
+    def local_tokens(self) -> int:
+        """Tokens of one micro-batch on one GPU of a context-parallel group."""
+        return self.micro_batch * self.seq // self.cp
 
 
 @dataclass(frozen=True, slots=True)
@@ -118,15 +128,16 @@ class Estimate:
 
 
 def _mesh(config: Config, cluster: str) -> Mesh:
-    return Mesh({"dp": config.dp, "pp": config.pp, "tp": config.tp}, cluster=cluster)
+    axes = {"dp": config.dp, "pp": config.pp, "cp": config.cp, "tp": config.tp}
+    return Mesh(axes, cluster=cluster)
 
 
 def _gemms(m: Model, c: Config) -> tuple[list[float], float]:
     """Per-GPU FLOPs of one layer's forward GEMMs (weights) and of the attention core."""
-    t, tokens, h = c.tp, c.micro_batch * c.seq, m.hidden
+    t, tokens, h = c.tp, c.local_tokens, m.hidden
     up = (2 if m.gated_mlp else 1) * m.ffn
     weights = [h * (h + 2 * m.kv_hidden), h * h, h * up, m.ffn * h]
-    core = 4 * c.micro_batch * c.seq * c.seq * h / t  # QK^T and PV
+    core = 4 * c.local_tokens * c.seq * h / t  # QK^T and PV: local queries, all keys
     return [2 * tokens * w / t for w in weights], core
 
 
@@ -137,7 +148,7 @@ def _memory_bytes(m: Model, c: Config) -> tuple[float, float]:
     under sequence parallelism); a non-fused attention core also reads and writes the
     ``b a s^2`` score tensor (mask+softmax, dropout), which flash attention never stores.
     """
-    e = c.micro_batch * c.seq * m.hidden * BYTES
+    e = c.local_tokens * m.hidden * BYTES
     sp = c.tp if c.sequence_parallel else 1
     hidden = (2 * 2 + 2 * 3) * e / sp  # two norms (r+w), two residual adds (2r+w)
     if m.dropout:
@@ -146,7 +157,7 @@ def _memory_bytes(m: Model, c: Config) -> tuple[float, float]:
     hidden += (3 if m.gated_mlp else 2) * ratio * e / c.tp  # activation on the ffn width
     scores = 0.0
     if not c.flash_attention:
-        scores = c.micro_batch * m.heads * c.seq * c.seq * BYTES / c.tp
+        scores = m.heads * c.local_tokens * c.seq * BYTES / c.tp
         scores *= 2 + (2.5 if m.dropout else 0)
     return hidden, scores
 
@@ -167,10 +178,11 @@ def layer_times(m: Model, c: Config, cluster: str, cal: Calibration) -> tuple[fl
     kernels = 8 if m.dropout else 6
     mem_f = cal.memory_time(hidden, cl) + kernels * cal.kernel_floor + cal.memory_time(scores, cl)
     tp_f, tp_b = _tp_comm(m, c, cluster)
+    cp_f, cp_b = _cp_comm(m, c, cluster)
     exposed_f = max(0.0, tp_f - gemm_f) if c.tp_overlap else tp_f
     exposed_b = max(0.0, tp_b - 2 * gemm_f) if c.tp_overlap else tp_b
-    forward = gemm_f + core_f + mem_f + exposed_f
-    backward = 2 * gemm_f + core_b + 2 * mem_f + exposed_b
+    forward = gemm_f + core_f + mem_f + exposed_f + cp_f
+    backward = 2 * gemm_f + core_b + 2 * mem_f + exposed_b + cp_b
     if c.recompute == "full":
         backward += forward
     elif c.recompute == "selective" and not c.flash_attention:
@@ -178,12 +190,24 @@ def layer_times(m: Model, c: Config, cluster: str, cal: Calibration) -> tuple[fl
     return forward, backward, tp_f + tp_b
 
 
+def _cp_comm(m: Model, c: Config, cluster: str) -> tuple[float, float]:
+    """Forward and backward context-parallel collectives of one layer: K and V all-gathered
+    (forward, and again in backward), dK and dV reduce-scattered; bf16, heads split by tp."""
+    if c.cp == 1:
+        return 0.0, 0.0
+    mesh = _mesh(c, cluster)
+    kv = 2 * c.micro_batch * c.seq * m.kv_hidden * BYTES / c.tp  # K and V, gathered
+    gather = collective_time("all-gather", kv, "cp", mesh)
+    scatter = collective_time("reduce-scatter", kv / c.cp, "cp", mesh)
+    return gather, gather + scatter
+
+
 def _tp_comm(m: Model, c: Config, cluster: str) -> tuple[float, float]:
     """Forward and backward tensor-parallel collectives of one layer (Korthikanti'22 §4.2.2)."""
     if c.tp == 1:
         return 0.0, 0.0
     mesh = _mesh(c, cluster)
-    e = c.micro_batch * c.seq * m.hidden * BYTES
+    e = c.local_tokens * m.hidden * BYTES
     if not c.sequence_parallel:  # g/g-bar: one all-reduce per block each way
         ar = collective_time("all-reduce", e, "tp", mesh)
         return 2 * ar, 2 * ar
@@ -196,7 +220,7 @@ def _tp_comm(m: Model, c: Config, cluster: str) -> tuple[float, float]:
 def _ends(m: Model, c: Config, cluster: str, cal: Calibration) -> tuple[float, float, float]:
     """(embedding forward, logits+loss forward, logits+loss backward) of one micro-batch."""
     cl = get_cluster(cluster)
-    tokens = c.micro_batch * c.seq
+    tokens = c.local_tokens
     embed = cal.memory_time(2 * tokens * m.hidden * BYTES, cl)
     logits = cal.matmul_time(2 * tokens * m.hidden * m.vocab / c.tp, 0, "bf16", cl)
     elements = tokens * m.vocab / c.tp
@@ -232,7 +256,7 @@ def estimate(
     backward[-1] += head_b
     mesh = _mesh(c, cluster)
     sp = c.tp if c.sequence_parallel else 1
-    p2p = collective_time("collective-permute", c.micro_batch * c.seq * m.hidden * BYTES / sp,
+    p2p = collective_time("collective-permute", c.local_tokens * m.hidden * BYTES / sp,
                           "pp", mesh) if c.pp > 1 else 0.0  # fmt: skip
     schedule = "interleaved" if c.chunks > 1 else "1f1b"
     pipe = schedule_pipeline(forward, backward, c.microbatches, schedule, c.chunks, p2p)
@@ -253,7 +277,7 @@ def optimizer_time(m: Model, c: Config, cluster: str, cal: Calibration) -> float
     updates (its 1/dp shard under a distributed optimizer)."""
     cl = get_cluster(cluster)
     local = _local_params(m, c)
-    updated = local / c.dp if c.distributed_optimizer else local
+    updated = local / (c.dp * c.cp) if c.distributed_optimizer else local
     per_param = ADAM_BYTES + (LOSS_SCALE_BYTES if c.loss_scale else 0)
     zero = cal.memory_time(c.grad_bytes * local, cl)
     return zero + cal.memory_time(per_param * updated, cl)
@@ -268,12 +292,13 @@ def _dp_exposed(
     parameters once per step. With overlap the reduce-scatter runs under the last micro-batch's
     backward and the all-gather under the next step's first forward (``--overlap-grad-reduce``,
     ``--overlap-param-gather``); only what sticks out is exposed."""
-    if c.dp == 1:
+    if c.dp * c.cp == 1:
         return 0.0
     params = _local_params(m, c)
     mesh = _mesh(c, cluster)
-    rs = collective_time("reduce-scatter", c.grad_bytes * params / c.dp, "dp", mesh)
-    ag = collective_time("all-gather", BYTES * params, "dp", mesh)
+    group = ("dp", "cp")  # context-parallel ranks hold the same parameters: they reduce too
+    rs = collective_time("reduce-scatter", c.grad_bytes * params / (c.dp * c.cp), group, mesh)
+    ag = collective_time("all-gather", BYTES * params, group, mesh)
     if not c.dp_overlap:
         return rs + ag
     return max(0.0, rs - last_backward) + max(0.0, ag - first_forward)

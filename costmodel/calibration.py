@@ -100,6 +100,7 @@ def apply(calibration: Calibration, cluster: Cluster | str) -> Cluster:
         name=f"{base.name}+{calibration.name}",
         compute_efficiency=calibration.matmul_efficiency,
         memory_efficiency=calibration.memory_efficiency,
+        attention_efficiency=calibration.attention_efficiency,
         kernel_floor=calibration.kernel_floor,
         intra_node=LinkLevel(
             intra.name, intra.bandwidth * calibration.intra_busbw_efficiency, intra.latency

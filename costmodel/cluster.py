@@ -74,6 +74,10 @@ class Cluster:
     """NICs per node; 0 means one per device."""
     compute_efficiency: float = 0.70
     memory_efficiency: float = 0.80
+    attention_efficiency: float = 0.0
+    """Fraction of dense peak a fused (flash) attention kernel reaches on its causal FLOPs;
+    0 means ``compute_efficiency`` (a kernel at GEMM efficiency, FlashAttention-3's level on
+    Hopper). Calibrations of older runs set their kernel's (``costmodel.calibration``)."""
     kernel_floor: float = 0.0
     """Seconds: the least any non-empty kernel takes (launch + tail)."""
     source: str = ""
@@ -92,8 +96,18 @@ class Cluster:
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ClusterConfigError(f"cluster {self.name!r}: {name}={value} is not in (0, 1]")
+        if not 0 <= self.attention_efficiency <= 1:
+            raise ClusterConfigError(
+                f"cluster {self.name!r}: attention_efficiency={self.attention_efficiency} is "
+                "not in (0, 1] (or 0 for compute_efficiency)"
+            )
         if not self.peak_flops:
             raise ClusterConfigError(f"cluster {self.name!r}: peak_flops needs one dtype at least")
+
+    @property
+    def fused_attention_efficiency(self) -> float:
+        """``attention_efficiency``, or ``compute_efficiency`` where it is not set."""
+        return self.attention_efficiency or self.compute_efficiency
 
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; unknown dtypes fall back to the slowest listed one."""

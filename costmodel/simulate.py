@@ -28,6 +28,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
+from shardplan.costmodel.context_parallel import attention_work_factor
 from shardplan.ir.graph import Graph, Op, Role, Value
 from shardplan.ir.registry import op_bytes, op_flops, op_info
 
@@ -417,7 +418,7 @@ def plan_op_times(plan: Plan) -> list[float]:
         operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
         results = tuple(produced.get(r.name, plan.shardings[r.name]) for r in op.results)
         key = (op.kind, op.rule, operands, results, *(v.type for v in op.operands + op.results))
-        key += (fused.of(op),)
+        key += (fused.of(op), op.attrs.get("causal"), op.attrs.get("load_balance"))
         if key not in seen:
             seen[key] = _op_time(op, operands, results, plan.mesh, cluster, fused.of(op))
         times.append(seen[key] * op.repeat)  # a scan body's op: every iteration
@@ -439,7 +440,8 @@ def _op_time(op: Op, operands, results, mesh, cluster: Cluster, fused: OpFusion 
     axes = set().union(*(s.used_axes for s in operands + results))
     split = math.prod(mesh.axis_size(a) for a in axes)
     ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
-    flops = op_flops(op.kind, op.rule, ins, outs) / split
+    flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / split
+    flops *= attention_work_factor(op, operands, mesh, cluster)
     counts = [s.shard_count(mesh) for s in operands], [s.shard_count(mesh) for s in results]
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip)

@@ -318,12 +318,12 @@ class Parser:
         operands = self.parse_list(")", self.lookup, "in the operands")
         attrs = self.parse_optional_attrs() or {}
         rule_token = self.parse_keyword("rule", "after the operands and attributes")
-        spec, need, sizes = self.parse_rule_body()
+        spec, need, summed, sizes = self.parse_rule_body()
         origin = self.parse_optional_loc() or Origin()
         self.parse_punct(":", "before the result types")
         results = self.parse_result_annotations(len(names), kind_token)
         types = [t for t, _, _ in results]
-        rule = self.build(rule_token, lambda: _rule(spec, operands, types, need, sizes))
+        rule = self.build(rule_token, lambda: _rule(spec, operands, types, need, sizes, summed))
         op = self.graph.add_op(kind, operands, types, rule, attrs, origin, [n for n, _ in names])
         for value, (name, _), (_, sharding, meta) in zip(op.results, names, results, strict=True):
             self.rename(value, name)
@@ -383,25 +383,39 @@ class Parser:
             return tuple(self.parse_list("]", lambda: self.parse_int("in the list"), "in the list"))
         raise self.error("expected an attribute value (int, float, string, bool or [ints])")
 
-    def parse_rule_body(self) -> tuple[str, list[str], dict[str, int]]:
+    def parse_rule_body(self) -> tuple[str, list[str], list[tuple[str, tuple[int, ...]]], dict]:
         self.parse_punct("<", "after 'rule'")
         spec = self.parse_string("with the rule spec")
         need: list[str] = []
+        summed: list[tuple[str, tuple[int, ...]]] = []
         sizes: dict[str, int] = {}
         if self.parse_optional_punct(",") and self.parse_optional_keyword("need_replication"):
             self.parse_punct("=", "after 'need_replication'")
             self.parse_punct("{", "to open the need_replication factors")
             need = self.parse_list("}", self.parse_factor, "in need_replication")
             self.parse_optional_punct(",")
+        if self.parse_optional_keyword("summed"):
+            self.parse_punct("=", "after 'summed'")
+            self.parse_punct("{", "to open the summed factors")
+            summed = self.parse_list("}", self.parse_summed_factor, "in summed")
+            self.parse_optional_punct(",")
         if self.parse_optional_keyword("sizes"):
             self.parse_punct("=", "after 'sizes'")
             self.parse_punct("{", "to open the factor sizes")
             sizes = dict(self.parse_list("}", self.parse_factor_size, "in the factor sizes"))
         self.parse_punct(">", "to close the rule")
-        return spec, need, sizes
+        return spec, need, summed, sizes
 
     def parse_factor(self) -> str:
         return self.parse_ident("naming a factor").text
+
+    def parse_summed_factor(self) -> tuple[str, tuple[int, ...]]:
+        name = self.parse_factor()
+        self.parse_punct("=", "after the summed factor")
+        self.parse_punct("[", "to open the results it is summed into")
+        return name, tuple(
+            self.parse_list("]", lambda: self.parse_int("a result index"), "in the list")
+        )
 
     def parse_factor_size(self) -> tuple[str, int]:
         name = self.parse_factor()
@@ -453,7 +467,13 @@ def _role(text: str, roles: str) -> Role:
 
 
 def _rule(
-    spec: str, operands: list[Value], types: list[TensorType], need: list[str], sizes: dict
+    spec: str,
+    operands: list[Value],
+    types: list[TensorType],
+    need: list[str],
+    sizes: dict,
+    summed: list[tuple[str, tuple[int, ...]]] = (),  # type: ignore[assignment]
 ) -> ShardingRule:
     shapes = [v.type.shape for v in operands]
-    return ShardingRule.from_spec(spec, shapes, [t.shape for t in types], need, sizes)
+    result_shapes = [t.shape for t in types]
+    return ShardingRule.from_spec(spec, shapes, result_shapes, need, sizes, tuple(summed))

@@ -8,7 +8,8 @@ Grammar (``?`` optional, ``*`` repeated, ``#`` starts a comment)::
     value   ::= TYPE sharding? meta?          # dtype[d0,d1]; meta: role, pinned, origin
     op      ::= results '=' KIND '(' VALUE,* ')' attrs? rule loc? ':' (value,* | '()')
     results ::= VALUE,* | '()'
-    rule    ::= 'rule<' STRING (', need_replication={' f,* '}')? (', sizes={' f=INT,* '}')? '>'
+    rule    ::= 'rule<' STRING (', need_replication={' f,* '}')? (', summed={' f=[INT,*],* '}')?
+                (', sizes={' f=INT,* '}')? '>'
     loc     ::= 'loc(' (('path' | 'module' | 'source') '=' STRING),* ')'
     return  ::= 'return' VALUE,* ('{aliases = {' INT '=' INT,* '}}')?
 
@@ -24,7 +25,7 @@ import re
 
 from .graph import AttrValue, Graph, Op, Origin, Role, Value
 from .mesh import Mesh
-from .rules import ShardingRule
+from .rules import ShardingRule, summed_text
 
 _BARE_NAME = re.compile(r"[A-Za-z0-9_]+\Z")
 _BARE_KIND = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
@@ -66,6 +67,8 @@ def rule_text(rule: ShardingRule) -> str:
     parts = [quote(rule.spec)]
     if rule.need_replication:
         parts.append("need_replication={" + ", ".join(sorted(rule.need_replication)) + "}")
+    if rule.summed:
+        parts.append("summed={" + summed_text(rule.summed) + "}")
     compound = rule.compound_only_sizes()
     if compound:
         parts.append("sizes={" + ", ".join(f"{f}={n}" for f, n in compound.items()) + "}")

@@ -132,15 +132,21 @@ def op_bytes(  # type: ignore[no-untyped-def]
     )
 
 
-def op_flops(kind: str, rule: ShardingRule, ins: Types, outs: Types) -> float:
-    """Global FLOPs of one op, from its factor sizes (sharding divides them evenly)."""
+def op_flops(
+    kind: str, rule: ShardingRule, ins: Types, outs: Types, attrs: Attrs | None = None
+) -> float:
+    """Global FLOPs of one op, from its factor sizes (sharding divides them evenly).
+
+    A causal fused attention (``attrs["causal"]``) does half the dense work: the kernel skips
+    the key blocks above the diagonal (FlashAttention's count)."""
     info = _REGISTRY.get(kind)
     model = info.flops if info else "elementwise"
     if model == "dot":
         return 2.0 * math.prod(rule.size_of.values())
     if model in ("attention", "attention_backward"):
         backward = model == "attention_backward"
-        return _attention_flops(ins, backward) * (2.5 if backward else 1.0)
+        causal = 0.5 if attrs and attrs.get("causal") else 1.0
+        return _attention_flops(ins, backward) * (2.5 if backward else 1.0) * causal
     if model == "none":
         return 0.0
     return float(sum(t.numel for t in outs))
@@ -184,6 +190,7 @@ def _make(
     results: list[list[tuple[str, ...]]],
     sizes: dict[str, int],
     need_replication: set[str] | frozenset[str] = frozenset(),
+    summed: tuple[tuple[str, tuple[int, ...]], ...] = (),
 ) -> ShardingRule:
     order: list[str] = []
     for t in operands + results:
@@ -194,6 +201,7 @@ def _make(
         tuple(tuple(t) for t in results),
         tuple((f, sizes[f]) for f in order),
         frozenset(need_replication) & frozenset(order),
+        summed,
     )
 
 
@@ -548,7 +556,14 @@ def attention(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
 
 
 def attention_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
-    """(grad_o, q, k, v, o, lse) -> (grad_q, grad_k, grad_v): batch and heads split only."""
+    """(grad_o, q, k, v, o, lse) -> (grad_q, grad_k, grad_v).
+
+    Batch and heads split freely. The query sequence ``s`` may split too (context
+    parallelism): each device takes its queries' rows with every key and value (``t`` needs
+    replication, so K/V arrive all-gathered), its dQ rows are final, and its dK/dV are its
+    queries' share of a sum over all queries: ``s`` is *summed* into results 1 and 2, which
+    come out partial over its axes (a reduce-scatter or all-reduce follows).
+    """
     g, q, k = ins[0], ins[1], ins[2]
     heads, qh = _heads(q.shape[1], k.shape[1])
     sizes = dict(b=q.shape[0], s=q.shape[2], d=q.shape[3], t=k.shape[2], e=g.shape[3], **heads)
@@ -560,7 +575,9 @@ def attention_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     order = ["g", "q", "k", "v", "o", "lse"]
     operands = [by_name[order[i]] if i < len(order) else [] for i in range(len(ins))]
     results = [by_name["q"], by_name["k"], by_name["v"]][: len(outs)]
-    return _make(operands, results, sizes, {"d", "t", "s", "e", "r"})
+    summed = (("s", tuple(range(1, len(results)))),) if len(results) > 1 else ()
+    need = {"d", "t", "e", "r"} | (set() if summed else {"s"})
+    return _make(operands, results, sizes, need, summed)
 
 
 def iota(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:

@@ -16,6 +16,8 @@ from .errors import IRVerifyError
 
 TensorFactors = tuple[tuple[str, ...], ...]
 """Per dimension, the factors (major to minor) it is made of; ``()`` is an unmapped size-1 dim."""
+Summed = tuple[tuple[str, tuple[int, ...]], ...]
+"""Factor -> indices of the results it is summed into (``ShardingRule.summed``)."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -24,7 +26,9 @@ class ShardingRule:
 
     Invariants:
       - every factor has a size, and each dimension's size is the product of its factors;
-      - reduction factors appear in operands only; need-replication wins over reduction.
+      - reduction factors appear in operands only; need-replication wins over reduction;
+      - a *summed* factor passes through some results and is absent from the results it is
+        summed into; it is never need-replication.
 
     Text form: ``ik,kj->ij {i=16, j=256, k=64} reduction={k}``.
     """
@@ -34,6 +38,13 @@ class ShardingRule:
     sizes: tuple[tuple[str, int], ...]
     """Factor sizes, in order of first appearance (the canonical factor order)."""
     need_replication: frozenset[str] = frozenset()
+    summed: Summed = ()
+    """Factors that pass through some results and are summed into others, with the indices of
+    those others: splitting one leaves just those results partial over its axes. Attention's
+    backward over a query-sequence split (context parallelism) is the case: dQ stays split
+    along the queries, dK and dV are sums over every query and come out partial (the
+    reduce-scatter that mirrors the forward's K/V all-gather). Shardy's factor kinds are per
+    op (pass-through or reduction for every result); this one is per result."""
     _hash: int = field(default=0, init=False, repr=False, compare=False)
     """Cached: rules key the planner's strategy and cost caches (once per op)."""
 
@@ -44,15 +55,33 @@ class ShardingRule:
             raise IRVerifyError(
                 f"rule {self.spec}: need_replication names unknown factors {unknown}"
             )
-        key = (self.operands, self.results, self.sizes, self.need_replication)
+        object.__setattr__(
+            self, "summed", tuple(sorted((f, tuple(sorted(i))) for f, i in self.summed))
+        )
+        self._check_summed()
+        key = (self.operands, self.results, self.sizes, self.need_replication, self.summed)
         object.__setattr__(self, "_hash", hash(key))
+
+    def _check_summed(self) -> None:
+        for factor, indices in self.summed:
+            if factor not in self.size_of or factor in self.need_replication:
+                raise IRVerifyError(
+                    f"rule {self.spec}: summed factor {factor!r} is unknown or need-replication"
+                )
+            for k in indices:
+                if not 0 <= k < len(self.results) or any(factor in d for d in self.results[k]):
+                    raise IRVerifyError(
+                        f"rule {self.spec}: factor {factor!r} cannot be summed into result {k} "
+                        "(no such result, or the result carries the factor)"
+                    )
 
     def __hash__(self) -> int:
         return self._hash
 
     def __reduce__(self) -> tuple:
         """Rebuilt through ``__init__``: string hashes differ between processes."""
-        return (ShardingRule, (self.operands, self.results, self.sizes, self.need_replication))
+        fields = (self.operands, self.results, self.sizes, self.need_replication, self.summed)
+        return (ShardingRule, fields)
 
     # -- derived views --------------------------------------------------------------------
     @property
@@ -72,6 +101,11 @@ class ShardingRule:
         """Factors that appear in operands but in no result: sharding them leaves partial sums."""
         return frozenset(self.factor_names) - self.result_factors - self.need_replication
 
+    def partial_factors(self, result: int) -> frozenset[str]:
+        """Factors whose split leaves result ``result`` partial: the reduction factors and the
+        factors summed into it."""
+        return self.reduction | {f for f, indices in self.summed if result in indices}
+
     @property
     def spec(self) -> str:
         return _tensors_text(self.operands) + "->" + _tensors_text(self.results)
@@ -87,6 +121,8 @@ class ShardingRule:
             text += " reduction={" + ", ".join(sorted(self.reduction)) + "}"
         if self.need_replication:
             text += " need_replication={" + ", ".join(sorted(self.need_replication)) + "}"
+        if self.summed:
+            text += " summed={" + summed_text(self.summed) + "}"
         return text
 
     # -- construction ---------------------------------------------------------------------
@@ -97,6 +133,7 @@ class ShardingRule:
         result_shapes: Sequence[Sequence[int]],
         need_replication: Iterable[str] = (),
         sizes: Mapping[str, int] | None = None,
+        summed: Summed = (),
     ) -> ShardingRule:
         """Build a rule from ``"ik,kj->ij"`` and the shapes, inferring factor sizes.
 
@@ -123,8 +160,13 @@ class ShardingRule:
             _bind_sizes(spec, factors, tuple(shape), known, order, final=True)
         return ShardingRule(
             tuple(operands), tuple(results), tuple((f, known[f]) for f in order),
-            frozenset(need_replication),
+            frozenset(need_replication), summed,
         )  # fmt: skip
+
+
+def summed_text(summed: Summed) -> str:
+    """``s=[1, 2]``: each summed factor with the results it is summed into."""
+    return ", ".join(f"{f}=[{', '.join(map(str, idx))}]" for f, idx in summed)
 
 
 def parse_spec(spec: str) -> tuple[list[TensorFactors], list[TensorFactors]]:

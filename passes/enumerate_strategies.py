@@ -87,13 +87,19 @@ def op_strategies(op: Op, mesh: Mesh, partial_passthrough: bool = True) -> list[
     for assign in _assignments(rule, mesh):
         operand_dims = [_dims_sharding(t, assign) for t in rule.operands]
         result_dims = [_dims_sharding(t, assign) for t in rule.results]
-        reduced = frozenset(a for f in rule.reduction for a in assign.get(f, ()))
+        reduced = [
+            frozenset(a for f in rule.partial_factors(k) for a in assign.get(f, ()))
+            for k in range(len(result_dims))
+        ]
         used = {a for axes in assign.values() for a in axes}
         free = [a for a in _mesh_axes(mesh) if a not in used]
         extra_partials = _subsets(free) if linear and op.operands else [frozenset()]
         for pending in extra_partials:
             operands = tuple(Sharding(d, pending) for d in operand_dims)
-            results = tuple(Sharding(d, reduced | pending) for d in result_dims)
+            results = tuple(
+                Sharding(d, partial | pending)
+                for d, partial in zip(result_dims, reduced, strict=True)
+            )
             key = (operands, results)
             if key not in out:
                 split = mesh.group_size(sorted(used))

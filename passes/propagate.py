@@ -80,6 +80,8 @@ class _OpFactors:
     index: dict[str, int]
     reduction: frozenset[str]
     need_replication: frozenset[str]
+    summed: tuple[tuple[str, tuple[int, ...]], ...] = ()
+    """``ShardingRule.summed``: factors that leave only some results partial."""
 
     @staticmethod
     def of(op: Op) -> _OpFactors:
@@ -87,6 +89,7 @@ class _OpFactors:
         return _OpFactors(
             rule.operands + rule.results, len(rule.operands), rule.sizes, dict(rule.sizes),
             {f: i for i, f in enumerate(rule.factor_names)}, rule.reduction, rule.need_replication,
+            rule.summed,
         )  # fmt: skip
 
 
@@ -276,7 +279,11 @@ def _write_back(
         value = tensors[position]
         if value.pinned:
             continue
-        grown = partial if position >= info.num_operands else frozenset()
+        grown = frozenset()
+        if position >= info.num_operands:
+            k = position - info.num_operands
+            summed = (f for f, indices in info.summed if k in indices)
+            grown = partial | {axis for f in summed for axis in targets.get(f, ())}
         new = _refined(value, info.tensors[position], targets, info, axis_sizes, grown)
         if new is not None:
             value.sharding = new

@@ -10,6 +10,7 @@ import numpy as np
 
 from ..costmodel import compute_time, reshard_time
 from ..costmodel.cluster import Cluster
+from ..costmodel.context_parallel import attention_work_factor
 from ..costmodel.fusion import Fusion, OpFusion, fusion, unfused_penalty
 from ..ir import (
     Graph,
@@ -178,7 +179,8 @@ def op_cost(
     and results kept on chip by a fused kernel, ``Space.fusion``)."""
     ins = [v.type for v in op.operands]
     outs = [v.type for v in op.results]
-    flops = op_flops(op.kind, op.rule, ins, outs) / strategy.split
+    flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / strategy.split
+    flops *= attention_work_factor(op, strategy.operands, mesh, cluster)
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(
         op.kind,
@@ -205,7 +207,7 @@ def op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster,
     """Roofline time of ``op`` under each strategy, cached by op signature (repeated layers)."""
     key = (op.kind, op.rule, tuple(v.type for v in op.operands), tuple(r.type for r in op.results))
     fused = space.fusion.of(op)
-    key += (id(strategies), fused)
+    key += (id(strategies), fused, op.attrs.get("causal"), op.attrs.get("load_balance"))
     if key not in cache:
         cache[key] = np.array([op_cost(op, s, space.mesh, cluster, fused) for s in strategies])
     repeat = op.repeat

@@ -448,7 +448,7 @@ def _recompute_costs(space: Space, cluster: Cluster, live: Liveness) -> dict:
                 op, node = space.graph.ops[i], space.op_node(i)
                 fused = space.fusion.of(op)
                 key = (op.kind, op.rule, id(space.strategies[node]), fused)
-                key += (tuple(v.type for v in op.operands),)
+                key += (tuple(v.type for v in op.operands), op.attrs.get("causal"))
                 if key not in cache:
                     cache[key] = np.array(
                         [op_cost(op, s, space.mesh, cluster, fused) for s in space.strategies[node]]

@@ -139,7 +139,7 @@ def _compute_floor(graph: Graph, sub_mesh: Mesh, cluster: Cluster) -> float:
     for op in graph.ops:
         ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
         dtype = (outs or ins)[0].dtype
-        flops = op_flops(op.kind, op.rule, ins, outs)
+        flops = op_flops(op.kind, op.rule, ins, outs, op.attrs)
         total += flops / (cluster.peak(dtype) * cluster.compute_efficiency)
     return total / sub_mesh.size
 

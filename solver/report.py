@@ -175,7 +175,7 @@ def _inputs_table(plan: Plan) -> Table:
 def _op_flops(op: Op) -> float:
     try:
         return op_flops(
-            op.kind, op.rule, [v.type for v in op.operands], [r.type for r in op.results]
+            op.kind, op.rule, [v.type for v in op.operands], [r.type for r in op.results], op.attrs
         )
     except Exception:  # a missing FLOP model must not stop the report
         return 0.0

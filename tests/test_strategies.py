@@ -71,3 +71,28 @@ def test_layout_only_ops_move_no_bytes() -> None:
     assert op_bytes("transpose", [t], [TensorType((4, 8), "bf16")], [1], [1]) == 0
     assert op_bytes("reshape", [t], [TensorType((32,), "bf16")], [1], [1]) == 0
     assert op_bytes("add", [t, t], [t], [1, 2], [1]) == 64 + 32 + 64
+
+
+def test_megatron_cp_splits_the_sequence_and_prices_context_parallel_attention() -> None:
+    """``cp=``: the batch's sequence dim over cp; parameters replicated over it (sharded with
+    the data axes under FSDP); attention then splits its queries over cp in sp.evaluate."""
+    mesh = sp.Mesh({"cp": 2, "tp": 4}, cluster="h100-sxm")
+    long = TransformerConfig("tiny-long", 1, 128, 4, 256, 256, 16384)
+    graph = training_step(long, batch=1)
+    strategy = sp.strategies.megatron(tp="tp", cp="cp")
+    assert strategy.name == "megatron-cp[cp]"
+    assert strategy.data_axes(mesh) == ()
+    pins = strategy.pins(graph, mesh)
+    assert pins["batch_input_ids"] == Sharding.of(None, "cp")
+    assert pins["layers_0_self_attn_q_proj_weight"] == Sharding.of(None, "tp")
+    fsdp = sp.strategies.tp_fsdp(tp="tp", cp="cp").pins(graph, mesh)
+    assert "cp" in fsdp["layers_0_mlp_up_proj_weight"].used_axes
+    ev = sp.evaluate(graph, mesh=mesh, strategy=strategy)
+    backward = [i for i, op in enumerate(graph.ops) if op.kind == "attention_backward"]
+    assert backward
+    assert all(ev.plan.operand_shardings[(i, 1)].dims[2] == ("cp",) for i in backward)
+    with pytest.raises(ValueError, match="different mesh axes"):
+        sp.strategies.megatron(tp="tp", cp="tp")
+    odd = training_step(TransformerConfig("odd", 1, 64, 4, 128, 256, 15), batch=1)
+    with pytest.raises(ValueError, match="not a multiple of the cp axis"):
+        strategy.pins(odd, mesh)

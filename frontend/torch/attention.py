@@ -55,6 +55,16 @@ def _extras(low: Lowering, node: fx.Node, used: int) -> list[Value | None]:
     return extras
 
 
+def _causal(node: fx.Node) -> dict[str, bool]:
+    """``{"causal": True}`` when the kernel applies the causal mask itself (``is_causal``)."""
+    names = [a.name for a in node.target._schema.arguments]  # type: ignore[union-attr]
+    position = names.index("is_causal") if "is_causal" in names else None
+    value = node.kwargs.get("is_causal", False)
+    if position is not None and len(node.args) > position:
+        value = node.args[position]
+    return {"causal": True} if value is True else {}
+
+
 def _safe(q: Value, k: Value) -> bool:
     """Query heads that are not a multiple of key/value heads fit no factor rule."""
     return q.type.shape[1] % k.type.shape[1] != 0
@@ -74,7 +84,9 @@ def forward(low: Lowering, node: fx.Node) -> Lowered:
     types = [low.result_types_of(vals[0])[0]]
     if len(vals) > 1 and hasattr(vals[1], "shape") and tuple(vals[1].shape) == (b, h, s):
         types.append(low.result_types_of(vals[1])[0])
-    results: list[Value | None] = list(low.emit("attention", operands, types, safe=_safe(q, k)))
+    results: list[Value | None] = list(
+        low.emit("attention", operands, types, _causal(node), safe=_safe(q, k))
+    )
     if len(types) == 1 and len(vals) > 1:
         results.append(low.emit("constant", [], low.result_types_of(vals[1]))[0])
     return results + _extras(low, node, len(results))
@@ -91,5 +103,5 @@ def backward(low: Lowering, node: fx.Node) -> Lowered:
         operands.append(lse)
     vals = list(node.meta["val"])
     types = [low.result_types_of(t)[0] for t in vals[:3]]
-    results = list(low.emit("attention_backward", operands, types, safe=_safe(q, k)))
+    results = list(low.emit("attention_backward", operands, types, _causal(node), safe=_safe(q, k)))
     return results + _extras(low, node, 3)

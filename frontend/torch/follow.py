@@ -12,7 +12,8 @@ Three calls are run differently from DTensor's own dispatch (docs/torch.md, "Fol
   - ``addmm``/``baddbmm`` run as their IR lowering, ``mm`` then ``add``, so a reshard the plan
     puts between the product and the bias add happens there (DTensor fuses the two);
   - the CPU fused attention kernels have no DTensor strategy: they run on the local shards
-    (batch and heads split, sequence and head dims whole: what the IR rule allows);
+    (batch and heads split, head dims and keys whole: what the IR rule allows; a query
+    sequence split gets its shifted causal mask from ``context_parallel``);
   - calls the trace did not record (``_fused_sdp_choice``, autograd bookkeeping) run untouched
     and are listed in ``deviations``.
 """
@@ -32,7 +33,10 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
-from . import emit  # a module import: emit imports this module too
+from . import (
+    context_parallel,
+    emit,  # a module import: emit imports this module too
+)
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
@@ -296,9 +300,12 @@ class PlanFollower(TorchDispatchMode):
         return t
 
     def _attention(self, func: Any, args: tuple, kwargs: dict, qkv: list[DTensor]) -> Any:
-        """Fused CPU attention on local shards: batch/head splits only (the IR rule's)."""
+        """Fused CPU attention on local shards: batch/head splits (the IR rule's), and query
+        sequence splits with K/V whole (``context_parallel``)."""
+        q, k = qkv[0], qkv[1]
         for t in qkv:
-            if any(isinstance(p, Partial) or (isinstance(p, Shard) and p.dim >= 2)
+            if any(isinstance(p, Partial) or (isinstance(p, Shard) and p.dim >= 2
+                   and not (t is q and p.dim == context_parallel.QUERY_SEQUENCE_DIM))
                    for p in t.placements):  # fmt: skip
                 raise NotImplementedError(
                     f"attention operand split along sequence/head dim {tuple(t.placements)}"
@@ -306,17 +313,26 @@ class PlanFollower(TorchDispatchMode):
         local_args, local_kwargs = _replace(
             (args, kwargs), iter(t.to_local() for t in leaves((args, kwargs), torch.Tensor))
         )
+        split = context_parallel.query_split_dims(q)
+        if split:
+            local_args, local_kwargs = context_parallel.causal_arguments(
+                func, local_args, local_kwargs, q, k.shape[2]
+            )
         out = func(*local_args, **local_kwargs)
         outs = leaves(out, torch.Tensor)
         like = [qkv[i] if len(outs) == 3 else qkv[0] for i in range(len(outs))]
-        return _replace(out, iter(self._wrap(o, src) for o, src in zip(outs, like, strict=True)))
+        placements = [tuple(t.placements) for t in like]
+        if split and len(outs) == 3:  # the backward: dK, dV are sums over the split queries
+            placements[1:] = [context_parallel.gradient_placements(q, t) for t in qkv[1:]]
+        wrapped = (self._wrap(o, p) for o, p in zip(outs, placements, strict=True))
+        return _replace(out, wrapped)
 
-    def _wrap(self, local: torch.Tensor, like: DTensor) -> DTensor:
-        """A DTensor of local shards split like ``like`` on dims 0/1, keeping the kernel's
-        memory order (the CPU kernel returns [b,s,h,d]-ordered outputs; a later transpose then
-        needs no copy, as in the trace)."""
+    def _wrap(self, local: torch.Tensor, placements: tuple) -> DTensor:
+        """A DTensor of local shards at ``placements``, keeping the kernel's memory order (the
+        CPU kernel returns [b,s,h,d]-ordered outputs; a later transpose then needs no copy, as
+        in the trace)."""
         shape = list(local.shape)
-        for axis, p in enumerate(like.placements):
+        for axis, p in enumerate(placements):
             if isinstance(p, Shard):
                 shape[p.dim] *= self.mesh.size(axis)
         stride = [0] * len(shape)
@@ -324,7 +340,7 @@ class PlanFollower(TorchDispatchMode):
         for d in sorted(range(len(shape)), key=lambda d: (local.stride(d), d)):
             stride[d] = step
             step *= shape[d]
-        return DTensor.from_local(local, self.mesh, like.placements, run_check=False,
+        return DTensor.from_local(local, self.mesh, placements, run_check=False,
                                   shape=torch.Size(shape), stride=tuple(stride))  # fmt: skip
 
 

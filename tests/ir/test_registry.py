@@ -263,7 +263,7 @@ def test_registry_rules_fit_types_and_rebuild_from_spec(kind: str) -> None:
         rule = op.rule
         shapes = [tensor(t).shape for t in ins], [tensor(t).shape for t in outs]
         rebuilt = ShardingRule.from_spec(
-            rule.spec, *shapes, rule.need_replication, rule.compound_only_sizes()
+            rule.spec, *shapes, rule.need_replication, rule.compound_only_sizes(), rule.summed
         )
         assert rebuilt == rule
 
