@@ -23,7 +23,14 @@ from ..ir import (
     op_bytes,
     op_flops,
 )
-from ..passes.enumerate_strategies import Strategy, input_strategies, op_strategies
+from ..passes.enumerate_strategies import (
+    Coords,
+    Strategy,
+    input_strategies,
+    input_strategies_near,
+    op_strategies,
+    op_strategies_near,
+)
 from .problem import Problem, group_layouts
 
 PERSISTENT_ROLES = (Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT, Role.CONSTANT)
@@ -92,9 +99,17 @@ def pinned_result(value: Value) -> Sharding | None:
     return None
 
 
-def build_space(graph: Graph, mesh: Mesh, semantics: PartialSemantics | None = None) -> Space:
+def build_space(
+    graph: Graph,
+    mesh: Mesh,
+    semantics: PartialSemantics | None = None,
+    around: list[Coords] | None = None,
+) -> Space:
     """Enumerate strategies; ops and inputs with the same signature share one list object
-    (so the copies of a repeated layer cost a dictionary lookup, and pricing can be cached)."""
+    (so the copies of a repeated layer cost a dictionary lookup, and pricing can be cached).
+
+    ``around``: per node (inputs, then ops) a strategy's coordinates; each node then gets only
+    the strategies within one mesh axis of it (``solver/axis_search.py``)."""
     semantics = semantics or PartialSemantics()
     once = frozenset(_multi_use(graph)) if semantics.reduce_once else frozenset()
     cache: dict[tuple, list[Strategy]] = {}
@@ -102,16 +117,28 @@ def build_space(graph: Graph, mesh: Mesh, semantics: PartialSemantics | None = N
     for v in graph.inputs:
         pin = v.sharding if v.pinned else None
         key = ("input", v.type.shape, v.role is Role.CONSTANT and v.type.numel <= 1, pin)
+        if around is not None:
+            key += (around[len(strategies)],)
         if key not in cache:
-            cache[key] = input_strategies(v, mesh)
+            cache[key] = (
+                input_strategies(v, mesh)
+                if around is None
+                else input_strategies_near(v, mesh, around[len(strategies)])
+            )
         strategies.append(cache[key])
     producer: dict[Value, tuple[int, int]] = {v: (n, 0) for n, v in enumerate(graph.inputs)}
     for i, op in enumerate(graph.ops):
         node = len(graph.inputs) + i
         reduced = tuple(k for k, r in enumerate(op.results) if r in once and not r.pinned)
         key = ("op", op.kind, op.rule, bool(op.operands), reduced)
+        if around is not None:
+            key += (around[node],)
         if key not in cache:
-            cache[key] = op_strategies(op, mesh, semantics.passthrough)
+            cache[key] = (
+                op_strategies(op, mesh, semantics.passthrough)
+                if around is None
+                else op_strategies_near(op, mesh, around[node], semantics.passthrough)
+            )
             if reduced:
                 cache[key] = _with_reductions(cache[key], op, reduced, mesh)
         strategies.append(cache[key])

@@ -68,8 +68,8 @@ def solve(
         return Solution(
             problem.expand(relaxation.choice), objective, objective, "OPTIMAL", elapsed, 0
         )
-    if relaxation is not None:
-        hints = {n: relaxation.choice[n] for n in problem.live_nodes()}
+    if relaxation is not None and not all(n in (hints or {}) for n in problem.live_nodes()):
+        hints = {n: relaxation.choice[n] for n in problem.live_nodes()}  # else: an incumbent
     remaining = max(1.0, time_limit - (time.perf_counter() - start))
     solution = _solve_cpsat(problem, remaining, hints, workers, start, memory)
     if not solution.choice and relaxation is not None and memory is not None:

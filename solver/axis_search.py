@@ -1,0 +1,108 @@
+"""Plan meshes of three or more axes by exact search over one-axis neighbourhoods.
+
+Every op strategy is one coordinate per mesh axis (the factor the axis splits, a pending sum,
+or nothing), so an op has up to ``(factors + 2) ** axes`` strategies: 214 layouts of a
+(4, 4, 16, 16) tensor on a (2, 2, 2) mesh, ~1500 on (2, 2, 2, 2), and edge tables of their
+square. Pricing and solving that whole space took minutes for a one-layer model (docs/design.md,
+"Meshes of three and four axes"). Instead:
+
+1. *Start*: solve the graph exactly on the mesh flattened to one axis (as many devices, every
+   op's strategies few), and give each real axis the coordinate the flat axis had: a feasible,
+   data- or model-parallel plan to start from.
+2. *Improve*: solve exactly over the strategies within one axis of the incumbent (any op may
+   change what one of its axes does; different ops may change different axes), warm-started by
+   the incumbent, which is in the neighbourhood, so no step gets worse. Repeat until the
+   simulated step stops improving.
+
+Each step's space grows linearly with the mesh rank. The solver is exact on what it keeps (the
+neighbourhood); the result is a local optimum of the full space, not a certified global one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..ir import Graph, Mesh
+from ..passes.enumerate_strategies import Coords, layout_coords, op_coords
+from .costs import PartialSemantics, Space, build_space
+from .plan import Plan
+
+AXIS_SEARCH_FROM = 3
+"""Meshes with this many axes of size > 1 or more are planned by the axis search (one and two
+axes enumerate every strategy, which stays small)."""
+MAX_STEPS = 8
+IMPROVEMENT = 1e-6
+"""Relative step-time improvement below which the search stops."""
+
+PlanSpace = Callable[..., tuple[Plan, list[int]]]
+
+
+def live_axes(mesh: Mesh) -> list[str]:
+    return [name for name, size in mesh.axes if size > 1]
+
+
+def axis_search(
+    graph: Graph,
+    mesh: Mesh,
+    semantics: PartialSemantics | None,
+    plan_space: PlanSpace,
+    flat_start: bool = True,
+) -> Plan:
+    """The best plan found from the flat start by one-axis moves (``plan_space(space, hints)``
+    prices and solves one space and returns its plan and choice)."""
+    axes = live_axes(mesh)
+    nodes = len(graph.inputs) + len(graph.ops)
+    if flat_start:
+        flat = Mesh({"_".join(axes): math.prod(mesh.axis_size(a) for a in axes)}, mesh.cluster)
+        flat_space = build_space(graph, flat, semantics)
+        _, choice = plan_space(flat_space)
+        center = [c * len(axes) for c in coordinates(flat_space, choice)]
+        repeated = flat_space.repeated
+    else:  # pins name the real axes: start from the replicated plan
+        center = [(None,) * len(axes)] * nodes
+        repeated = None
+    best: Plan | None = None
+    for _ in range(MAX_STEPS):
+        space = build_space(graph, mesh, semantics, around=center)
+        space.repeated = repeated  # layers are a property of the graph: found once
+        plan, choice = plan_space(space, _index(space, center))
+        repeated = space.repeated
+        if best is not None and plan.step_time >= best.step_time * (1 - IMPROVEMENT):
+            break
+        best = plan
+        center = coordinates(space, choice)
+    assert best is not None
+    return best
+
+
+def coordinates(space: Space, choice: list[int]) -> list[Coords]:
+    """Per node, the coordinates of its chosen strategy."""
+    out: list[Coords] = []
+    for n, options in enumerate(space.strategies):
+        strategy = options[choice[n]]
+        if n < space.num_inputs:
+            out.append(layout_coords(strategy.results[0], space.mesh))
+        else:
+            out.append(op_coords(strategy, space.mesh))
+    return out
+
+
+def _index(space: Space, center: list[Coords]) -> dict[int, int]:
+    """Per node, the index of the incumbent's strategy in the neighbourhood (the warm start)."""
+    hints: dict[int, int] = {}
+    for n, c in enumerate(center):
+        found = _find(space, n, c)
+        if found is not None:
+            hints[n] = found
+    return hints
+
+
+def _find(space: Space, n: int, center: Coords) -> int | None:
+    for s, strategy in enumerate(space.strategies[n]):
+        if n < space.num_inputs:
+            if layout_coords(strategy.results[0], space.mesh) == center:
+                return s
+        elif op_coords(strategy, space.mesh) == center:
+            return s
+    return None
