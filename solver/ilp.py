@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from .dominance import prune_dominated
 from .lp import solve_relaxation
 from .problem import Edge, Problem
 
@@ -54,6 +55,7 @@ def solve(
     adds the peak-memory rows and recomputation choices (memory hook).
     """
     start = time.perf_counter()
+    prune_dominated(problem, memory)  # exact: forbids strategies another one always beats
     relaxation = solve_relaxation(problem, time_limit) if use_lp else None
     if (
         relaxation is not None
