@@ -32,6 +32,9 @@ AXIS_SEARCH_FROM = 3
 """Meshes with this many axes of size > 1 or more are planned by the axis search (one and two
 axes enumerate every strategy, which stays small)."""
 MAX_STEPS = 8
+STEP_SHARE = 0.25
+"""Each improving step may take this share of the time limit (it is warm-started by the
+incumbent, so a step cut short still returns a plan at least as good)."""
 IMPROVEMENT = 1e-6
 """Relative step-time improvement below which the search stops."""
 
@@ -66,7 +69,7 @@ def axis_search(
     for _ in range(MAX_STEPS):
         space = build_space(graph, mesh, semantics, around=center)
         space.repeated = repeated  # layers are a property of the graph: found once
-        plan, choice = plan_space(space, _index(space, center))
+        plan, choice = plan_space(space, _index(space, center), STEP_SHARE)
         repeated = space.repeated
         if best is not None and plan.step_time >= best.step_time * (1 - IMPROVEMENT):
             break

@@ -41,9 +41,10 @@ def prune_dominated(problem: Problem, memory=None) -> int:  # type: ignore[no-un
 def _prune_node(problem: Problem, n: int, usage: np.ndarray | None) -> int:
     cost = problem.node_costs[n]
     allowed = np.isfinite(cost)
-    delta = cost[:, None] - cost[None, :]  # delta[t, s]: the node's own change from s to t
-    delta[~allowed, :] = np.inf
-    delta[:, ~allowed] = np.inf
+    finite = np.where(allowed, cost, 0.0)
+    delta = finite[:, None] - finite[None, :]  # delta[t, s]: the node's own change from s to t
+    delta[~allowed, :] = np.inf  # a forbidden strategy dominates nothing
+    delta[:, ~allowed] = np.inf  # and is already out
     for key in problem.adjacency.get(n, ()):
         e = problem.edge_table[key]
         mine, other = (e.u_group, e.v_group) if e.u == n else (e.v_group, e.u_group)

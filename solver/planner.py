@@ -111,9 +111,10 @@ class _Options:
 
 
 def _plan_space(
-    options: _Options, space: Space, hints: dict[int, int] | None = None
+    options: _Options, space: Space, hints: dict[int, int] | None = None, share: float = 1.0
 ) -> tuple[Plan, list[int]]:
-    """Price, shrink and solve one space; the best plan (by the simulator) and its choice."""
+    """Price, shrink and solve one space; the best plan (by the simulator) and its choice.
+    ``share``: the fraction of the user's time limit this space may take at most."""
     o, clock, cluster, limit = options, options.clock, options.cluster, options.limit
     space.graph.mesh = space.mesh
     if o.batch_split_limit is not None:
@@ -136,9 +137,11 @@ def _plan_space(
     plans: list[tuple[Plan, list[int]]] = []
     chosen: list[list[int]] = []
     warm = {**_hints(space), **(hints or {})}
+    started = time.perf_counter()
     for candidate, merge in variants:
         clock("shrink", shrink, candidate, space, o.share_layers, merge)
-        left = max(1.0, o.deadline - time.perf_counter())
+        deadline = min(o.deadline, started + share * o.time_limit)
+        left = max(1.0, deadline - time.perf_counter())
         budget = left / len(variants)  # the user's limit covers every variant
         solution = clock("solve", solve, candidate, budget, warm, memory=memory)
         if not solution.choice and plans and not merge:
