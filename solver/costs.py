@@ -71,6 +71,9 @@ class Space:
     """Multi-use values whose pending sums are reduced once at the producer."""
     fusion: Fusion = field(default_factory=lambda: Fusion({}, frozenset()))
     """Elementwise chains kept on chip (``costmodel.fusion``): op prices skip their bytes."""
+    prices: dict = field(default_factory=dict)
+    """(from, to, type, fused) -> reshard seconds on ``mesh``; spaces of one mesh may share it
+    (the axis search's steps ask mostly the same questions)."""
 
     @property
     def num_inputs(self) -> int:
@@ -251,7 +254,7 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     names = [f"%{v.name}" for v in graph.inputs] + [repr(op) for op in graph.ops]
     problem = Problem(names, costs, memory=memory, memory_limit=memory_limit)
 
-    seen: dict[tuple, float] = {}  # repeated layers ask the same (from, to, type) many times
+    seen = space.prices  # repeated layers ask the same (from, to, type) many times
 
     def price(type_: TensorType, fused: bool = False):
         """Reshard seconds; on a fused edge also the HBM round trip the reshard forces."""

@@ -28,6 +28,8 @@ class Relaxation:
     integral: bool
     bound: float
     """LP optimum in seconds: a lower bound on the integer optimum."""
+    fractional: list[int]
+    """The nodes whose strategy weights are not all 0 or 1."""
 
 
 def solve_relaxation(problem: Problem, time_limit: float = 30.0) -> Relaxation | None:
@@ -63,14 +65,13 @@ def solve_relaxation(problem: Problem, time_limit: float = 30.0) -> Relaxation |
     if lp.Solve() != pywraplp.Solver.OPTIMAL:
         return None
     choice = [0] * len(problem.node_costs)
-    integral = True
+    fractional = []
     for n, vars_ in x.items():
         values = np.array([v.solution_value() for v in vars_])
         choice[n] = int(np.argmax(values))
-        integral &= bool(
-            np.all((values < INTEGRALITY_TOLERANCE) | (values > 1 - INTEGRALITY_TOLERANCE))
-        )
-    return Relaxation(choice, integral, objective.Value() / scale)
+        if not np.all((values < INTEGRALITY_TOLERANCE) | (values > 1 - INTEGRALITY_TOLERANCE)):
+            fractional.append(n)
+    return Relaxation(choice, not fractional, objective.Value() / scale, fractional)
 
 
 def _pair_block(lp, objective, xu: list, u_group, xv: list, v_group, cost: np.ndarray) -> None:

@@ -87,7 +87,7 @@ def plan_graph(
         best = axis_search(graph, mesh, semantics, partial(_plan_space, options), not pins)
     else:
         space = clock("enumerate", build_space, graph, mesh, semantics)
-        best, _ = _plan_space(options, space)
+        best, _, _ = _plan_space(options, space)
     graph.mesh = mesh
     best.timings = dict(clock.seconds)
     return best
@@ -111,10 +111,16 @@ class _Options:
 
 
 def _plan_space(
-    options: _Options, space: Space, hints: dict[int, int] | None = None, share: float = 1.0
-) -> tuple[Plan, list[int]]:
-    """Price, shrink and solve one space; the best plan (by the simulator) and its choice.
-    ``share``: the fraction of the user's time limit this space may take at most."""
+    options: _Options,
+    space: Space,
+    hints: dict[int, int] | None = None,
+    share: float = 1.0,
+    quick: bool = False,
+) -> tuple[Plan | None, list[int], float]:
+    """Price, shrink and solve one space: the best plan (by the simulator), its choice and its
+    solver objective. ``share``: the fraction of the user's time limit it may take at most.
+    ``quick``: only the plain objective with followers merged, and no plan built (the choice
+    and objective steer the axis search)."""
     o, clock, cluster, limit = options, options.clock, options.cluster, options.limit
     space.graph.mesh = space.mesh
     if o.batch_split_limit is not None:
@@ -125,16 +131,16 @@ def _plan_space(
         "memory", build_memory_model, space, cluster, limit, o.recompute, o.activation_scale
     )
     objectives = [problem]
-    if o.overlap:
+    if o.overlap and not quick:
         weighted = clock("overlap", problem.copy)
         clock("overlap", weight_edges, weighted, space)
         objectives.append(weighted)
     merges = [o.merge_followers] if o.merge_followers is not None else [True]
-    if o.merge_followers is None and len(space.graph.ops) <= MERGE_FOLLOWERS_ABOVE:
+    if o.merge_followers is None and len(space.graph.ops) <= MERGE_FOLLOWERS_ABOVE and not quick:
         merges.append(False)  # small enough to also solve exactly
     last = len(merges) - 1  # shrinking changes a problem: earlier merge choices take copies
     variants = [(p if n == last else p.copy(), m) for n, m in enumerate(merges) for p in objectives]
-    plans: list[tuple[Plan, list[int]]] = []
+    plans: list[tuple[Plan, list[int], float]] = []
     chosen: list[list[int]] = []
     warm = {**_hints(space), **(hints or {})}
     started = time.perf_counter()
@@ -153,11 +159,13 @@ def _plan_space(
                 f"the solver found no plan ({solution.status}) within {o.time_limit:.0f} s; "
                 "raise time_limit or the memory limit"
             )
+        if quick:
+            return None, solution.choice, solution.objective
         if solution.choice in chosen:
             continue  # the same layouts: the plan is already built and simulated
         chosen.append(solution.choice)
         built = clock("build", build_plan, space, cluster, solution, candidate, memory)
-        plans.append((clock("simulate", _simulated, built), solution.choice))
+        plans.append((clock("simulate", _simulated, built), solution.choice, solution.objective))
     return min(plans, key=lambda p: p[0].step_time)  # ties keep the plain objective's plan
 
 
