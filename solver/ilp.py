@@ -47,12 +47,15 @@ def solve(
     workers: int = 1,
     use_lp: bool = True,
     memory=None,
+    work_limit: float | None = None,
 ) -> Solution:
     """Solve exactly: the LP relaxation when it is integral, else CP-SAT warm-started by it.
 
     Deterministic for the same problem (GLOP is deterministic; CP-SAT runs one worker with a
     fixed seed). ``use_lp=False`` forces CP-SAT alone. ``memory`` (a ``solver.memory.MemoryModel``)
-    adds the peak-memory rows and recomputation choices (memory hook).
+    adds the peak-memory rows and recomputation choices (memory hook). ``work_limit`` caps
+    CP-SAT's deterministic time (its own work units), so a cut-short search still returns the
+    same solution on a slower or busier machine.
     """
     start = time.perf_counter()
     prune_dominated(problem, memory)  # exact: forbids strategies another one always beats
@@ -73,7 +76,7 @@ def solve(
     if relaxation is not None and not all(n in (hints or {}) for n in problem.live_nodes()):
         hints = {n: relaxation.choice[n] for n in problem.live_nodes()}  # else: an incumbent
     remaining = max(1.0, time_limit - (time.perf_counter() - start))
-    solution = _solve_cpsat(problem, remaining, hints, workers, start, memory)
+    solution = _solve_cpsat(problem, remaining, hints, workers, start, memory, work_limit)
     if not solution.choice and relaxation is not None and memory is not None:
         solution = _recompute_everything(problem, relaxation.choice, memory, start) or solution
     if relaxation is not None and solution.choice:
@@ -114,6 +117,7 @@ def _solve_cpsat(
     workers: int,
     start: float,
     memory=None,
+    work_limit: float | None = None,
 ) -> Solution:
     live = problem.live_nodes()
     scale = _scale(problem)
@@ -146,6 +150,8 @@ def _solve_cpsat(
             model.AddHint(x[n][s], 1)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit
+    if work_limit is not None:
+        solver.parameters.max_deterministic_time = work_limit
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
     status = solver.Solve(model)

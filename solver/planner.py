@@ -35,6 +35,11 @@ from .memory import build_memory_model, infeasible_error
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
 
+STEP_WORK = 1.0
+"""CP-SAT deterministic-time cap of one axis-search step (``solver/axis_search.py``): a step is
+warm-started by its incumbent, so stopping early loses little, and the cap does not depend on
+how busy the machine is (planning stays deterministic)."""
+
 MERGE_FOLLOWERS_ABOVE = 200
 """Follower merging is greedy: a follower takes the locally cheapest strategy per leader
 strategy and cannot see its own consumers, so it may slice a replicated value for free and leave
@@ -149,7 +154,8 @@ def _plan_space(
         deadline = min(o.deadline, started + share * o.time_limit)
         left = max(1.0, deadline - time.perf_counter())
         budget = left / len(variants)  # the user's limit covers every variant
-        solution = clock("solve", solve, candidate, budget, warm, memory=memory)
+        work = STEP_WORK if share < 1 else None  # a step cut short is still deterministic
+        solution = clock("solve", solve, candidate, budget, warm, memory=memory, work_limit=work)
         if not solution.choice and plans and not merge:
             continue  # the exact variant is extra: a merged plan stands
         if not solution.choice:
