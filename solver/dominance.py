@@ -59,7 +59,8 @@ def _prune_node(problem: Problem, n: int, usage: np.ndarray | None) -> int:
             diff = rows[:, None, :] - rows[None, :, :]  # [gt, gs, j]
         diff = np.where(np.isnan(diff), -np.inf, diff)
         worst = diff.max(axis=2)
-        delta = delta + worst[np.ix_(mine, mine)]
+        with np.errstate(invalid="ignore"):  # inf + -inf: a forbidden pair, stays undecided
+            delta = delta + worst[np.ix_(mine, mine)]
     better = delta <= 0
     if usage is not None:
         better &= np.all(usage[:, :, None] <= usage[:, None, :], axis=0)
