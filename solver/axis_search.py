@@ -81,23 +81,29 @@ def axis_search(
     else:  # pins name the real axes: start from the replicated plan
         center = [(None,) * len(axes)] * nodes
     prices: dict = {}
+    lists: dict = {}
+    tables: dict = {}
 
     def neighbourhood(center: list[Coords]) -> Space:
         nonlocal repeated
-        space = build_space(graph, mesh, semantics, around=center)
+        space = build_space(graph, mesh, semantics, around=center, lists=lists)
         space.repeated = repeated  # layers are a property of the graph: found once
-        space.prices = prices  # neighbourhoods overlap: most reshards are priced once
+        # Neighbourhoods overlap: a node whose centre did not move keeps its strategy list,
+        # and with it its op costs and edge tables; most reshards are priced once.
+        space.prices, space.tables = prices, tables
         return space
 
-    best = math.inf
+    best, best_center = math.inf, center
     for _ in range(MAX_STEPS):
         space = neighbourhood(center)
         _, choice, objective = plan_space(space, _index(space, center), STEP_SHARE, True)
         repeated = space.repeated
         if objective >= best * (1 - IMPROVEMENT):
             break
-        best, center = objective, coordinates(space, choice)
-    space = neighbourhood(center)
+        best, best_center, center = objective, center, coordinates(space, choice)
+    # The best step's own neighbourhood again: with followers merged (greedily) the next one
+    # need not reproduce its plan, this one does (the same problem).
+    space = neighbourhood(best_center)
     plan, _, _ = plan_space(space, _index(space, center), 1.0, False)
     assert plan is not None
     return plan

@@ -74,6 +74,9 @@ class Space:
     prices: dict = field(default_factory=dict)
     """(from, to, type, fused) -> reshard seconds on ``mesh``; spaces of one mesh may share it
     (the axis search's steps ask mostly the same questions)."""
+    tables: dict = field(default_factory=dict)
+    """Op-cost vectors and edge tables keyed by strategy-list identity (``build_problem``);
+    spaces whose lists come from one ``build_space`` cache may share it."""
 
     @property
     def num_inputs(self) -> int:
@@ -107,15 +110,17 @@ def build_space(
     mesh: Mesh,
     semantics: PartialSemantics | None = None,
     around: list[Coords] | None = None,
+    lists: dict | None = None,
 ) -> Space:
     """Enumerate strategies; ops and inputs with the same signature share one list object
     (so the copies of a repeated layer cost a dictionary lookup, and pricing can be cached).
 
     ``around``: per node (inputs, then ops) a strategy's coordinates; each node then gets only
-    the strategies within one mesh axis of it (``solver/axis_search.py``)."""
+    the strategies within one mesh axis of it (``solver/axis_search.py``). ``lists``: the
+    signature -> strategy list cache, to share with other spaces of the same graph and mesh."""
     semantics = semantics or PartialSemantics()
     once = frozenset(_multi_use(graph)) if semantics.reduce_once else frozenset()
-    cache: dict[tuple, list[Strategy]] = {}
+    cache: dict[tuple, list[Strategy]] = {} if lists is None else lists
     strategies = []
     for v in graph.inputs:
         pin = v.sharding if v.pinned else None
@@ -246,7 +251,10 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     graph, mesh = space.graph, space.mesh
     memory = [_input_memory(v, space.strategies[n], mesh) for n, v in enumerate(graph.inputs)]
     costs = [input_cost(m, cluster) for m in memory]
-    cache: dict = {}
+    cache = space.tables
+    alive = cache.setdefault("lists", {})  # keys use id(list): keep every list alive
+    for options in space.strategies:
+        alive.setdefault(id(options), options)
     for i, op in enumerate(graph.ops):
         strategies = space.strategies[space.op_node(i)]
         costs.append(op_costs(op, strategies, space, cluster, cache))
