@@ -21,15 +21,17 @@ PASSES = 2
 """Pruning a node tightens its neighbours' maxima (fewer columns): a second pass finds more."""
 
 
-def prune_dominated(problem: Problem, memory=None) -> int:  # type: ignore[no-untyped-def]
-    """Forbid dominated strategies in place; returns how many were forbidden."""
+def prune_dominated(problem: Problem, memory=None, keep: dict[int, int] | None = None) -> int:  # type: ignore[no-untyped-def]
+    """Forbid dominated strategies in place; returns how many were forbidden. ``keep``: node ->
+    a strategy never forbidden (a warm start's, so the hint stays a feasible point)."""
     usage = _memory_vectors(problem, memory)
+    keep = keep or {}
     total = 0
     for _ in range(PASSES):
         pruned = 0
         for n in problem.live_nodes():
             if len(problem.node_costs[n]) > 1:
-                pruned += _prune_node(problem, n, usage.get(n))
+                pruned += _prune_node(problem, n, usage.get(n), keep.get(n))
         total += pruned
         if not pruned:
             break
@@ -38,7 +40,7 @@ def prune_dominated(problem: Problem, memory=None) -> int:  # type: ignore[no-un
     return total
 
 
-def _prune_node(problem: Problem, n: int, usage: np.ndarray | None) -> int:
+def _prune_node(problem: Problem, n: int, usage: np.ndarray | None, keep: int | None) -> int:
     cost = problem.node_costs[n]
     allowed = np.isfinite(cost)
     finite = np.where(allowed, cost, 0.0)
@@ -69,6 +71,8 @@ def _prune_node(problem: Problem, n: int, usage: np.ndarray | None) -> int:
     strict = better & ~better.T  # t strictly better than s, or ties kept at the lower index
     ties = better & better.T & (index[:, None] < index[None, :])
     dominated = np.any(strict | ties, axis=0) & allowed
+    if keep is not None:
+        dominated[keep] = False  # kept: what it dominates is still dominated (by it)
     if not np.any(dominated):
         return 0
     problem.node_costs[n] = np.where(dominated, np.inf, cost)
