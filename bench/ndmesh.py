@@ -6,8 +6,8 @@ Rows (each the ``sp.plan`` call, capture included, on this machine):
   (2,2,2,2) meshes;
 - Llama-3-8B shapes (bf16 HF ``LlamaForCausalLM`` on ``meta``, 32 layers), batch 16 x 8192, on
   ``dp=2, fsdp=4, tp=8`` H100s, beside the best hand-written strategy priced in the same run
-  under the same cost model (``sp.evaluate``: HSDP x TP, TP x FSDP, Megatron; each without and
-  with full recomputation);
+  under the same cost model (``sp.evaluate``: HSDP x TP, TP x FSDP, Megatron with ZeRO-1 with
+  and without sequence parallelism; each without and with full recomputation);
 - the README's JAX GPT (2 layers, ``dp=2, tp=4``), unrolled and under ``lax.scan``.
 
     .venv/bin/python bench/ndmesh.py            # table + bench/results/ndmesh.json
@@ -82,6 +82,9 @@ def hand_written(recompute: str | None) -> list[strategies.ParallelStrategy]:
         ),
         strategies.tp_fsdp("tp", dp=("dp", "fsdp"), recompute=recompute),
         strategies.megatron("tp", dp=("dp", "fsdp"), recompute=recompute, zero1=True),
+        strategies.megatron(
+            "tp", dp=("dp", "fsdp"), recompute=recompute, zero1=True, sequence_parallel=True
+        ),
     ]  # fmt: skip
 
 
