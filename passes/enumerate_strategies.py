@@ -108,6 +108,97 @@ def op_strategies(op: Op, mesh: Mesh, partial_passthrough: bool = True) -> list[
     return list(out.values())
 
 
+PENDING = "(pending)"
+"""Coordinate of a mesh axis that carries an op's extra pending sum (partial passthrough)."""
+
+Coords = tuple[object, ...]
+"""A strategy as one coordinate per non-trivial mesh axis: for an op the factor the axis splits,
+``PENDING`` or None; for a graph input the dim the axis splits or None."""
+
+
+def op_coords(strategy: Strategy, mesh: Mesh) -> Coords:
+    """The per-axis coordinates of an op strategy."""
+    factor_of = {a: f for f, axes in strategy.assignment for a in axes}
+    pending = strategy.operands[0].partial if strategy.operands else frozenset()
+    return tuple(PENDING if a in pending else factor_of.get(a) for a in _mesh_axes(mesh))
+
+
+def layout_coords(layout: Sharding, mesh: Mesh) -> Coords:
+    """The per-axis coordinates of a graph input's layout (the dim each axis splits)."""
+    dim_of = {a: d for d, axes in enumerate(layout.dims) for a in axes}
+    return tuple(dim_of.get(a) for a in _mesh_axes(mesh))
+
+
+def _near(center: Coords, options: list[object]) -> Iterator[Coords]:
+    """``center`` and every coordinate tuple that differs from it on exactly one axis."""
+    yield center
+    for a, current in enumerate(center):
+        for option in options:
+            if option != current:
+                yield (*center[:a], option, *center[a + 1 :])
+
+
+def op_strategies_near(
+    op: Op, mesh: Mesh, center: Coords, partial_passthrough: bool = True
+) -> list[Strategy]:
+    """The strategies of an op that differ from ``center`` on at most one mesh axis.
+
+    Their number grows linearly with the mesh rank (``op_strategies`` grows exponentially);
+    the axis search (``solver/axis_search.py``) solves exactly over this neighbourhood."""
+    rule = op.rule
+    info = op_info(op.kind)
+    linear = partial_passthrough and bool(info and info.linear) and bool(op.operands)
+    size = rule.size_of
+    factors = [f for f in rule.factor_names if f not in rule.need_replication and size[f] > 1]
+    options: list[object] = [None, *factors] + ([PENDING] if linear else [])
+    axes = _mesh_axes(mesh)
+    out: dict[tuple, Strategy] = {}
+    for coords in _near(center, options):
+        if any(c not in options for c in coords):
+            continue  # a coordinate this op cannot take (another op's factor)
+        assign: dict[str, tuple[str, ...]] = {}
+        for axis, c in zip(axes, coords, strict=True):
+            if c is not None and c != PENDING:
+                assign[str(c)] = (*assign.get(str(c), ()), axis)
+        if not all(size[f] % mesh.group_size(a) == 0 for f, a in assign.items()):
+            continue
+        if not _compound_ok(rule, assign, mesh):
+            continue
+        pending = frozenset(a for a, c in zip(axes, coords, strict=True) if c == PENDING)
+        reduced = frozenset(a for f in rule.reduction for a in assign.get(f, ()))
+        operands = tuple(Sharding(_dims_sharding(t, assign), pending) for t in rule.operands)
+        results = tuple(
+            Sharding(_dims_sharding(t, assign), reduced | pending) for t in rule.results
+        )
+        if (operands, results) not in out:
+            used = sorted(a for group in assign.values() for a in group)
+            label = tuple(sorted(assign.items(), key=lambda kv: rule.factor_names.index(kv[0])))
+            out[(operands, results)] = Strategy(operands, results, label, mesh.group_size(used))
+    return list(out.values())
+
+
+def input_strategies_near(value: Value, mesh: Mesh, center: Coords) -> list[Strategy]:
+    """Layouts of a graph input that differ from ``center`` on at most one mesh axis."""
+    if (value.pinned and value.sharding is not None) or (
+        value.role is Role.CONSTANT and value.type.numel <= 1
+    ):
+        return input_strategies(value, mesh)
+    type_ = value.type
+    axes = _mesh_axes(mesh)
+    out: dict[Sharding, Strategy] = {}
+    for coords in _near(center, [None, *range(type_.rank)]):
+        if any(c is not None and not 0 <= int(c) < type_.rank for c in coords):  # type: ignore[call-overload]
+            continue
+        dims: list[tuple[str, ...]] = [() for _ in range(type_.rank)]
+        for axis, d in zip(axes, coords, strict=True):
+            if d is not None:
+                dims[int(d)] = (*dims[int(d)], axis)  # type: ignore[call-overload]
+        if all(n % mesh.group_size(a) == 0 for n, a in zip(type_.shape, dims, strict=True)):
+            layout = Sharding(tuple(dims))
+            out.setdefault(layout, Strategy((), (layout,)))
+    return list(out.values())
+
+
 def _subsets(axes: list[str]) -> list[frozenset[str]]:
     return [frozenset(c) for r in range(len(axes) + 1) for c in itertools.combinations(axes, r)]
 

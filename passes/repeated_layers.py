@@ -17,8 +17,9 @@ from ..ir import Graph, Role, Value
 from .manager import NoOptions, register_pass
 
 LAYER_PATTERN = re.compile(
-    r"(?:^|\.)(?P<stack>layers|h|blocks|block|layer)\.(?P<index>\d+)(?:\.|$)"
+    r"(?:^|\.|\[')(?P<stack>layers|h|blocks|block|layer)(?:\.|'\]\[)(?P<index>\d+)(?:\.|\]|$)"
 )
+"""``model.layers.7.mlp`` (torch FQNs) or ``params['layers'][7]['wq']`` (JAX pytree paths)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -24,7 +24,14 @@ from ..ir import (
     op_bytes,
     op_flops,
 )
-from ..passes.enumerate_strategies import Strategy, input_strategies, op_strategies
+from ..passes.enumerate_strategies import (
+    Coords,
+    Strategy,
+    input_strategies,
+    input_strategies_near,
+    op_strategies,
+    op_strategies_near,
+)
 from .problem import Problem, group_layouts
 
 PERSISTENT_ROLES = (Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT, Role.CONSTANT)
@@ -65,6 +72,12 @@ class Space:
     """Multi-use values whose pending sums are reduced once at the producer."""
     fusion: Fusion = field(default_factory=lambda: Fusion({}, frozenset()))
     """Elementwise chains kept on chip (``costmodel.fusion``): op prices skip their bytes."""
+    prices: dict = field(default_factory=dict)
+    """(from, to, type, fused) -> reshard seconds on ``mesh``; spaces of one mesh may share it
+    (the axis search's steps ask mostly the same questions)."""
+    tables: dict = field(default_factory=dict)
+    """Op-cost vectors and edge tables keyed by strategy-list identity (``build_problem``);
+    spaces whose lists come from one ``build_space`` cache may share it."""
 
     @property
     def num_inputs(self) -> int:
@@ -93,26 +106,48 @@ def pinned_result(value: Value) -> Sharding | None:
     return None
 
 
-def build_space(graph: Graph, mesh: Mesh, semantics: PartialSemantics | None = None) -> Space:
+def build_space(
+    graph: Graph,
+    mesh: Mesh,
+    semantics: PartialSemantics | None = None,
+    around: list[Coords] | None = None,
+    lists: dict | None = None,
+) -> Space:
     """Enumerate strategies; ops and inputs with the same signature share one list object
-    (so the copies of a repeated layer cost a dictionary lookup, and pricing can be cached)."""
+    (so the copies of a repeated layer cost a dictionary lookup, and pricing can be cached).
+
+    ``around``: per node (inputs, then ops) a strategy's coordinates; each node then gets only
+    the strategies within one mesh axis of it (``solver/axis_search.py``). ``lists``: the
+    signature -> strategy list cache, to share with other spaces of the same graph and mesh."""
     semantics = semantics or PartialSemantics()
     once = frozenset(_multi_use(graph)) if semantics.reduce_once else frozenset()
-    cache: dict[tuple, list[Strategy]] = {}
+    cache: dict[tuple, list[Strategy]] = {} if lists is None else lists
     strategies = []
     for v in graph.inputs:
         pin = v.sharding if v.pinned else None
         key = ("input", v.type.shape, v.role is Role.CONSTANT and v.type.numel <= 1, pin)
+        if around is not None:
+            key += (around[len(strategies)],)
         if key not in cache:
-            cache[key] = input_strategies(v, mesh)
+            cache[key] = (
+                input_strategies(v, mesh)
+                if around is None
+                else input_strategies_near(v, mesh, around[len(strategies)])
+            )
         strategies.append(cache[key])
     producer: dict[Value, tuple[int, int]] = {v: (n, 0) for n, v in enumerate(graph.inputs)}
     for i, op in enumerate(graph.ops):
         node = len(graph.inputs) + i
         reduced = tuple(k for k, r in enumerate(op.results) if r in once and not r.pinned)
         key = ("op", op.kind, op.rule, bool(op.operands), reduced)
+        if around is not None:
+            key += (around[node],)
         if key not in cache:
-            cache[key] = op_strategies(op, mesh, semantics.passthrough)
+            cache[key] = (
+                op_strategies(op, mesh, semantics.passthrough)
+                if around is None
+                else op_strategies_near(op, mesh, around[node], semantics.passthrough)
+            )
             if reduced:
                 cache[key] = _with_reductions(cache[key], op, reduced, mesh)
         strategies.append(cache[key])
@@ -218,7 +253,10 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     graph, mesh = space.graph, space.mesh
     memory = [_input_memory(v, space.strategies[n], mesh) for n, v in enumerate(graph.inputs)]
     costs = [input_cost(m, cluster) for m in memory]
-    cache: dict = {}
+    cache = space.tables
+    alive = cache.setdefault("lists", {})  # keys use id(list): keep every list alive
+    for options in space.strategies:
+        alive.setdefault(id(options), options)
     for i, op in enumerate(graph.ops):
         strategies = space.strategies[space.op_node(i)]
         costs.append(op_costs(op, strategies, space, cluster, cache))
@@ -226,7 +264,7 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     names = [f"%{v.name}" for v in graph.inputs] + [repr(op) for op in graph.ops]
     problem = Problem(names, costs, memory=memory, memory_limit=memory_limit)
 
-    seen: dict[tuple, float] = {}  # repeated layers ask the same (from, to, type) many times
+    seen = space.prices  # repeated layers ask the same (from, to, type) many times
 
     def price(type_: TensorType, fused: bool = False):
         """Reshard seconds; on a fused edge also the HBM round trip the reshard forces."""

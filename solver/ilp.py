@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from .dominance import prune_dominated
 from .lp import solve_relaxation
 from .problem import Edge, Problem
 
@@ -46,14 +47,21 @@ def solve(
     workers: int = 1,
     use_lp: bool = True,
     memory=None,
+    work_limit: float | None = None,
 ) -> Solution:
     """Solve exactly: the LP relaxation when it is integral, else CP-SAT warm-started by it.
 
     Deterministic for the same problem (GLOP is deterministic; CP-SAT runs one worker with a
     fixed seed). ``use_lp=False`` forces CP-SAT alone. ``memory`` (a ``solver.memory.MemoryModel``)
-    adds the peak-memory rows and recomputation choices (memory hook).
+    adds the peak-memory rows and recomputation choices (memory hook). ``work_limit`` caps
+    CP-SAT's deterministic time (its own work units), so a cut-short search still returns the
+    same solution on a slower or busier machine.
     """
     start = time.perf_counter()
+    prune_dominated(problem, memory, hints)  # exact: forbids strategies another one beats
+    if memory is not None and memory.cannot_bind(problem):
+        memory.read(None)  # nothing recomputed: it would only add time
+        memory = None  # no peak rows: no choice reaches the limit
     relaxation = solve_relaxation(problem, time_limit) if use_lp else None
     if (
         relaxation is not None
@@ -68,10 +76,12 @@ def solve(
         return Solution(
             problem.expand(relaxation.choice), objective, objective, "OPTIMAL", elapsed, 0
         )
-    if relaxation is not None:
-        hints = {n: relaxation.choice[n] for n in problem.live_nodes()}
+    if relaxation is not None and not all(n in (hints or {}) for n in problem.live_nodes()):
+        hints = {n: relaxation.choice[n] for n in problem.live_nodes()}  # else: an incumbent
     remaining = max(1.0, time_limit - (time.perf_counter() - start))
-    solution = _solve_cpsat(problem, remaining, hints, workers, start, memory)
+    solution = _solve_cpsat(problem, remaining, hints, workers, start, memory, work_limit)
+    if not solution.choice and hints:
+        solution = _warm_start(problem, hints, memory, start) or solution
     if not solution.choice and relaxation is not None and memory is not None:
         solution = _recompute_everything(problem, relaxation.choice, memory, start) or solution
     if relaxation is not None and solution.choice:
@@ -85,6 +95,26 @@ def solve(
             solution.num_variables,
         )
     return solution
+
+
+def _warm_start(problem: Problem, hints: dict[int, int], memory, start: float):
+    """Fallback when CP-SAT finds nothing in time: the warm start itself (an incumbent or the
+    LP's rounding) when it is complete, finite and fits (``FEASIBLE``)."""
+    live = problem.live_nodes()
+    if not all(n in hints for n in live):
+        return None
+    choice = [0] * len(problem.node_costs)
+    for n in live:
+        choice[n] = hints[n]
+    objective = problem.evaluate(choice)
+    full = problem.expand(choice)
+    if not np.isfinite(objective) or not _feasible(problem, choice):
+        return None
+    if memory is not None and not memory.fits(full):
+        return None
+    if memory is not None:
+        memory.read(None)
+    return Solution(full, objective, 0.0, "FEASIBLE", time.perf_counter() - start, 0)
 
 
 def _recompute_everything(problem: Problem, choice: list[int], memory, start: float):
@@ -112,6 +142,7 @@ def _solve_cpsat(
     workers: int,
     start: float,
     memory=None,
+    work_limit: float | None = None,
 ) -> Solution:
     live = problem.live_nodes()
     scale = _scale(problem)
@@ -134,16 +165,17 @@ def _solve_cpsat(
         base = float(costs.min())
         constant += base
         terms += [(var, round((c - base) * scale)) for var, c in zip(x[n], costs, strict=True)]
+    hints = hints or {}
     for e in problem.edges:
-        constant += _add_edge(model, e, x, terms, scale)
+        constant += _add_edge(model, e, x, terms, scale, hints)
     _add_memory(model, problem, x)
     _add_memory_model(model, problem, x, terms, scale, memory)
     model.Minimize(sum(coef * var for var, coef in terms if coef))
-    for n, s in (hints or {}).items():
-        if n in x and len(x[n]) > 1:
-            model.AddHint(x[n][s], 1)
+    _add_hints(model, x, hints)
     solver = cp_model.CpSolver()
     solver.parameters.max_time_in_seconds = time_limit
+    if work_limit is not None:
+        solver.parameters.max_deterministic_time = work_limit
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
     status = solver.Solve(model)
@@ -161,6 +193,14 @@ def _solve_cpsat(
     return Solution(
         problem.expand(choice), objective, bound, name, time.perf_counter() - start, nvars
     )
+
+
+def _add_hints(model, x: dict, hints: dict[int, int]) -> None:
+    """Every strategy variable of a hinted node (the edges hint theirs): a complete point."""
+    for n, s in hints.items():
+        if n in x and len(x[n]) > 1:
+            for k, var in enumerate(x[n]):
+                model.AddHint(var, int(k == s))
 
 
 def _add_memory_model(model, problem: Problem, x: dict, terms: list, scale: float, memory) -> None:
@@ -191,8 +231,12 @@ def _group_sums(vars_: list, group: np.ndarray, ngroups: int) -> list:
     return sums
 
 
-def _add_edge(model: cp_model.CpModel, e: Edge, x: dict, terms: list, scale: float) -> float:
-    """Add one edge's cost; returns the constant part (in seconds)."""
+def _add_edge(
+    model: cp_model.CpModel, e: Edge, x: dict, terms: list, scale: float, hints: dict
+) -> float:
+    """Add one edge's cost; returns the constant part (in seconds). Pair variables get hints
+    when both ends have one: CP-SAT then starts from a complete feasible point instead of
+    repairing a partial one (which on the 1-layer JAX GPT never got back to the hint's cost)."""
     cost = e.cost.copy()
     constant = 0.0
     rows, cols = cost.shape
@@ -217,9 +261,18 @@ def _add_edge(model: cp_model.CpModel, e: Edge, x: dict, terms: list, scale: flo
                     terms.append((var, round(m * scale)))
     if not np.any(cost > 0):
         return constant
+    hinted = None
+    if e.u in hints and e.v in hints:
+        hinted = (int(e.u_group[hints[e.u]]), int(e.v_group[hints[e.v]]))
     if MARGINAL:
-        _marginal_link(model, e, cost, y, z, terms, scale)
+        _marginal_link(model, e, cost, y, z, terms, scale, hinted)
         return constant
+    return constant + _implication_link(model, e, cost, y, z, terms, scale, hinted)
+
+
+def _implication_link(model, e: Edge, cost, y, z, terms, scale, hinted) -> float:  # type: ignore[no-untyped-def]
+    """XLA's linking: one ``e >= Y_a + Z_b - 1`` Boolean per positive entry."""
+    constant = 0.0
     for a, b in zip(*np.nonzero(cost > 0), strict=True):
         if all(isinstance(v, int) for v in y[a] + z[b]):
             constant += float(cost[a, b])
@@ -227,6 +280,8 @@ def _add_edge(model: cp_model.CpModel, e: Edge, x: dict, terms: list, scale: flo
         link = model.NewBoolVar(f"e{e.u}_{e.v}_{a}_{b}")
         model.Add(link >= sum(y[a]) + sum(z[b]) - 1)
         terms.append((link, round(float(cost[a, b]) * scale)))
+        if hinted is not None:
+            model.AddHint(link, int((a, b) == hinted))
     return constant
 
 
@@ -234,7 +289,14 @@ MARGINAL = True
 
 
 def _marginal_link(
-    model, e: Edge, cost: np.ndarray, y: list, z: list, terms: list, scale: float
+    model,
+    e: Edge,
+    cost: np.ndarray,
+    y: list,
+    z: list,
+    terms: list,
+    scale: float,
+    hinted: tuple[int, int] | None = None,
 ) -> None:
     """Pair variables whose row sums equal the producer's group and column sums the consumer's.
 
@@ -249,6 +311,10 @@ def _marginal_link(
         model.Add(sum(pair[a][b] for a in range(rows)) == sum(z[b]))
     for a, b in zip(*np.nonzero(cost > 0), strict=True):
         terms.append((pair[a][b], round(float(cost[a, b]) * scale)))
+    if hinted is not None:
+        for a in range(rows):
+            for b in range(cols):
+                model.AddHint(pair[a][b], int((a, b) == hinted))
 
 
 def _add_memory(model: cp_model.CpModel, problem: Problem, x: dict) -> None:

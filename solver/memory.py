@@ -94,6 +94,17 @@ class MemoryModel:
     def fixed_decisions(self) -> dict[str, str]:
         return {k: v for k, v in (self.forced or {}).items() if v}
 
+    def cannot_bind(self, problem: Problem) -> bool:
+        """True when no choice can reach the limit (every term at its largest, all at once):
+        the peak rows are then redundant and recomputing only adds time, so the solver may
+        leave both out (exact). Forced recomputation keeps the model."""
+        if self.limit is None or self.fixed_decisions():
+            return False
+        worst = sum(float(t.nbytes.max()) for t in self.terms)
+        if problem.memory is not None:
+            worst += sum(float(problem.memory[n].max()) for n in problem.live_nodes())
+        return worst <= self.limit
+
     def fits(self, choice: list[int]) -> bool:
         """Whether a full choice without solver-chosen recomputation fits the limit."""
         if self.limit is None:

@@ -6,6 +6,8 @@ import dataclasses
 import time
 import warnings
 from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from functools import partial
 
 import numpy as np
 
@@ -16,6 +18,7 @@ from ..costmodel.simulate import shared_reshards, simulate, weight_edges
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
 from ..passes.merge_followers import follower_pairs
 from ..passes.repeated_layers import find_repeated_layers
+from .axis_search import AXIS_SEARCH_FROM, axis_search, live_axes
 from .batch import cap_batch_split
 from .costs import (
     PERSISTENT_ROLES,
@@ -33,6 +36,11 @@ from .ilp import Solution, solve
 from .memory import build_memory_model, infeasible_error
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
+
+STEP_WORK = 1.0
+"""CP-SAT deterministic-time cap of one axis-search step (``solver/axis_search.py``): a step is
+warm-started by its incumbent, so stopping early loses little, and the cap does not depend on
+how busy the machine is (planning stays deterministic)."""
 
 MERGE_FOLLOWERS_ABOVE = 200
 """Follower merging is greedy: a follower takes the locally cheapest strategy per leader
@@ -82,65 +90,119 @@ def plan_graph(
     cluster = get_cluster(mesh.cluster)
     limit = memory_limit if memory_limit is not None else cluster.hbm_capacity
     clock = _Clock()
-    space = clock("enumerate", build_space, graph, mesh, semantics)
-    if batch_split_limit is not None:
-        clock("enumerate", cap_batch_split, space, batch_split_limit)
+    options = _Options(
+        cluster, limit, time.perf_counter() + time_limit, time_limit, merge_followers,
+        share_layers, recompute, overlap, activation_scale, batch_split_limit, clock,
+    )  # fmt: skip
+    try:
+        if len(live_axes(mesh)) >= AXIS_SEARCH_FROM:
+            best = axis_search(graph, mesh, semantics, partial(_plan_space, options), not pins)
+        else:
+            space = clock("enumerate", build_space, graph, mesh, semantics)
+            best, _, _ = _plan_space(options, space)
+    except NoPlanInTime as error:
+        best = _fall_back(fallback, error) if fallback is not None else None
+        if best is None:
+            raise
+    graph.mesh = mesh
+    best.timings = dict(clock.seconds)
+    return best
+
+
+@dataclass(frozen=True, slots=True)
+class _Options:
+    """What ``plan_graph`` was asked for, shared by every space it solves."""
+
+    cluster: Cluster
+    limit: float
+    deadline: float
+    time_limit: float
+    merge_followers: bool | None
+    share_layers: bool
+    recompute: bool | dict[str, str | None]
+    overlap: bool
+    activation_scale: float
+    batch_split_limit: int | None
+    clock: _Clock
+
+
+def _plan_space(
+    options: _Options,
+    space: Space,
+    hints: dict[int, int] | None = None,
+    share: float = 1.0,
+    quick: bool = False,
+) -> tuple[Plan | None, list[int], float]:
+    """Price, shrink and solve one space: the best plan (by the simulator), its choice and its
+    solver objective. ``share``: the fraction of the user's time limit it may take at most.
+    ``quick``: only the plain objective with followers merged, and no plan built (the choice
+    and objective steer the axis search)."""
+    o, clock, cluster, limit = options, options.clock, options.cluster, options.limit
+    space.graph.mesh = space.mesh
+    if o.batch_split_limit is not None:
+        clock("enumerate", cap_batch_split, space, o.batch_split_limit)
     problem = clock("price", build_problem, space, cluster, limit)
     _check_memory_feasible(space, problem, limit)
-    memory = clock("memory", build_memory_model, space, cluster, limit, recompute, activation_scale)
+    memory = clock(
+        "memory", build_memory_model, space, cluster, limit, o.recompute, o.activation_scale
+    )
     objectives = [problem]
-    if overlap:
+    if o.overlap and not quick:
         weighted = clock("overlap", problem.copy)
         clock("overlap", weight_edges, weighted, space)
         objectives.append(weighted)
-    merges = [merge_followers] if merge_followers is not None else [True]
-    if merge_followers is None and len(graph.ops) <= MERGE_FOLLOWERS_ABOVE:
+    merges = [o.merge_followers] if o.merge_followers is not None else [True]
+    if o.merge_followers is None and len(space.graph.ops) <= MERGE_FOLLOWERS_ABOVE and not quick:
         merges.append(False)  # small enough to also solve exactly
     last = len(merges) - 1  # shrinking changes a problem: earlier merge choices take copies
-    variants = [(o if n == last else o.copy(), m) for n, m in enumerate(merges) for o in objectives]
-    plans: list[Plan] = []
+    variants = [(p if n == last else p.copy(), m) for n, m in enumerate(merges) for p in objectives]
+    plans: list[tuple[Plan, list[int], float]] = []
     chosen: list[list[int]] = []
+    warm = {**_hints(space), **(hints or {})}
+    started = time.perf_counter()
     for candidate, merge in variants:
-        clock("shrink", shrink, candidate, space, share_layers, merge)
-        budget = time_limit / len(variants)  # the user's limit covers every variant
-        solution = clock("solve", solve, candidate, budget, _hints(space), memory=memory)
+        clock("shrink", shrink, candidate, space, o.share_layers, merge)
+        deadline = min(o.deadline, started + share * o.time_limit)
+        left = max(1.0, deadline - time.perf_counter())
+        budget = left / len(variants)  # the user's limit covers every variant
+        work = STEP_WORK if share < 1 else None  # a step cut short is still deterministic
+        solution = clock("solve", solve, candidate, budget, warm, memory=memory, work_limit=work)
         if not solution.choice and plans and not merge:
             continue  # the exact variant is extra: a merged plan stands
         if not solution.choice:
             if solution.status == "INFEASIBLE":  # memory hook: say what the minimum is
                 raise infeasible_error(memory, candidate, limit)
-            if fallback is not None and not plans:
-                found = _fall_back(fallback, solution, time_limit)
-                if found is not None:
-                    return found
-            raise InfeasiblePlanError(
-                f"the solver found no plan ({solution.status}) within {time_limit:.0f} s; "
+            raise NoPlanInTime(
+                f"the solver found no plan ({solution.status}) within {o.time_limit:.0f} s; "
                 "raise time_limit or the memory limit"
             )
+        if quick:
+            return None, solution.choice, solution.objective
         if solution.choice in chosen:
             continue  # the same layouts: the plan is already built and simulated
         chosen.append(solution.choice)
         built = clock("build", build_plan, space, cluster, solution, candidate, memory)
-        plans.append(clock("simulate", _simulated, built))
-    best = min(plans, key=lambda p: p.step_time)  # ties keep the plain objective's plan
-    best.timings = dict(clock.seconds)
-    return best
+        plans.append((clock("simulate", _simulated, built), solution.choice, solution.objective))
+    return min(plans, key=lambda p: p[0].step_time)  # ties keep the plain objective's plan
+
+
+class NoPlanInTime(InfeasiblePlanError):
+    """CP-SAT found no plan within the time limit (none was proven not to fit)."""
 
 
 class FallbackWarning(UserWarning):
     """The solver found no plan in time; the plan is the best fitting hand-written strategy."""
 
 
-def _fall_back(fallback, solution, time_limit: float) -> Plan | None:
+def _fall_back(fallback, error: NoPlanInTime) -> Plan | None:
     """The fallback's plan, flagged (status ``FALLBACK``, no proven bound), with a warning."""
     found = fallback()
     if found is None:
         return None
     name, plan = found
     warnings.warn(
-        f"the solver found no plan ({solution.status}) within {time_limit:.0f} s; returning the "
-        f"best fitting hand-written strategy {name!r} ({plan.step_time * 1e3:.1f} ms modelled) "
-        "instead; raise time_limit for a solved plan",
+        f"{error}; returning the best fitting hand-written strategy {name!r} "
+        f"({plan.step_time * 1e3:.1f} ms modelled) instead",
         FallbackWarning,
         stacklevel=3,
     )

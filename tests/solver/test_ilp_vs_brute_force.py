@@ -5,12 +5,15 @@ from __future__ import annotations
 import math
 import random
 
+import numpy as np
 import pytest
 from shardplan.costmodel import get_cluster
 from shardplan.ir import Graph, Mesh, Role, TensorType
 from shardplan.passes.merge_followers import follower_pairs
+from shardplan.solver.axis_search import coordinates
 from shardplan.solver.brute_force import brute_force
 from shardplan.solver.costs import build_problem, build_space
+from shardplan.solver.dominance import prune_dominated
 from shardplan.solver.ilp import solve
 from shardplan.solver.planner import evaluate_choice
 
@@ -108,3 +111,70 @@ def test_ilp_respects_memory_limit() -> None:
     assert problem.memory_of(solution.choice) <= problem.memory_limit
     _, best = brute_force(problem)
     assert solution.objective == pytest.approx(best, rel=1e-6)
+
+
+MESH_3D = Mesh({"x": 2, "y": 2, "z": 2}, cluster="cpu-test")
+
+
+def neighbourhood_problem(seed: int, center_of: str):
+    """A seeded graph on a 3-D mesh, strategies within one axis of a centre (the axis search's
+    space): the replicated plan, or each node's first full-space strategy (a sharded one)."""
+    cluster = get_cluster(MESH_3D.cluster)
+    for offset in range(100):
+        graph = random_graph(100 * seed + offset)
+        graph.mesh = MESH_3D
+        full = build_space(graph, MESH_3D)
+        nodes = len(full.strategies)
+        if center_of == "replicated":
+            center = [(None,) * 3] * nodes
+        else:
+            center = coordinates(full, [len(s) // 2 for s in full.strategies])
+        space = build_space(graph, MESH_3D, around=center)
+        problem = build_problem(space, cluster, memory_limit=None)
+        if math.prod(len(problem.node_costs[n]) for n in problem.live_nodes()) <= LIMIT:
+            return space, problem, cluster
+    raise AssertionError("no small graph found")
+
+
+@pytest.mark.parametrize("center_of", ["replicated", "sharded"])
+@pytest.mark.parametrize("seed", range(6))
+def test_ilp_equals_brute_force_on_3d_neighbourhoods(seed: int, center_of: str) -> None:
+    space, problem, cluster = neighbourhood_problem(200 + seed, center_of)
+    unpruned = problem.copy()
+    _, best = brute_force(unpruned, max_combinations=LIMIT)
+    solution = solve(problem, time_limit=20)  # prunes dominated strategies first
+    assert solution.status == "OPTIMAL"
+    assert solution.objective == pytest.approx(best, rel=1e-6, abs=1e-12)
+    assert evaluate_choice(space, cluster, solution.choice) == pytest.approx(
+        solution.objective, rel=1e-9
+    )
+
+
+@pytest.mark.parametrize("seed", range(6))
+def test_ilp_equals_brute_force_on_full_3d_space(seed: int) -> None:
+    """Every strategy of a 3-D mesh (no neighbourhood), on graphs small enough to enumerate."""
+    cluster = get_cluster(MESH_3D.cluster)
+    for offset in range(200):
+        graph = random_graph(1000 * (seed + 1) + offset)
+        graph.mesh = MESH_3D
+        space = build_space(graph, MESH_3D)
+        problem = build_problem(space, cluster, memory_limit=None)
+        if math.prod(len(problem.node_costs[n]) for n in problem.live_nodes()) <= LIMIT:
+            break
+    else:
+        pytest.fail("no small graph found")
+    _, best = brute_force(problem.copy(), max_combinations=LIMIT)
+    solution = solve(problem, time_limit=20)
+    assert solution.objective == pytest.approx(best, rel=1e-6, abs=1e-12)
+
+
+@pytest.mark.parametrize("seed", range(8))
+def test_dominance_pruning_keeps_the_optimum(seed: int) -> None:
+    """Forbidding dominated strategies never changes the brute-force optimum."""
+    _, problem, _ = small_problem(300 + seed, MESHES[1], merge=False)
+    _, before = brute_force(problem.copy(), max_combinations=LIMIT)
+    pruned = problem.copy()
+    prune_dominated(pruned)
+    _, after = brute_force(pruned, max_combinations=LIMIT)
+    assert after == pytest.approx(before, rel=1e-12, abs=1e-15)
+    assert all(np.isfinite(c).any() for c in pruned.node_costs)

@@ -1,0 +1,159 @@
+"""Planning on meshes of three and four axes (issues 22 and 23): time, status, gap, step.
+
+Rows (each the ``sp.plan`` call, capture included, on this machine):
+
+- a tiny HF ``LlamaForCausalLM`` (1 layer, hidden 64, 4 heads, 2 KV heads) on (2,2,2) and
+  (2,2,2,2) meshes;
+- Llama-3-8B shapes (bf16 HF ``LlamaForCausalLM`` on ``meta``, 32 layers), batch 16 x 8192, on
+  ``dp=2, fsdp=4, tp=8`` H100s, beside the best hand-written strategy priced in the same run
+  under the same cost model (``sp.evaluate``: HSDP x TP, TP x FSDP, Megatron with ZeRO-1 with
+  and without sequence parallelism; each without and with full recomputation);
+- the README's JAX GPT (2 layers, ``dp=2, tp=4``), unrolled and under ``lax.scan``.
+
+    .venv/bin/python bench/ndmesh.py            # table + bench/results/ndmesh.json
+    .venv/bin/python bench/ndmesh.py --skip-8b  # the quick rows only
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import time
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+os.environ.setdefault("XLA_FLAGS", "--xla_force_host_platform_device_count=8")
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "examples"))
+
+import shardplan as sp  # noqa: E402
+from shardplan import strategies  # noqa: E402
+from shardplan.ir import Graph, Mesh, Role, Sharding  # noqa: E402
+
+
+def _row(name: str, mesh: str, plan, wall: float, cpu: float, **extra) -> dict:  # type: ignore[no-untyped-def]
+    return {
+        "case": name, "mesh": mesh, "wall_s": wall, "cpu_s": cpu,
+        "status": plan.solver.status, "gap": plan.solver.gap, "step_ms": plan.step_time * 1e3,
+        "peak_gib": plan.peak_memory_bytes / 2**30, "timings": plan.timings, **extra,
+    }  # fmt: skip
+
+
+def _timed(fn):  # type: ignore[no-untyped-def]
+    wall, cpu = time.perf_counter(), time.process_time()
+    out = fn()
+    return out, time.perf_counter() - wall, time.process_time() - cpu
+
+
+def tiny_llama(shape: tuple[int, ...]) -> dict:
+    from hf_llama import make
+
+    model, inputs = make(layers=1)
+    names = ("dp", "fsdp", "tp") if len(shape) == 3 else ("dp", "fsdp", "cp", "tp")
+    mesh = Mesh(dict(zip(names, shape, strict=True)))
+    plan, wall, cpu = _timed(lambda: sp.plan(model, *inputs, mesh=mesh))
+    return _row("tiny HF llama", "x".join(map(str, shape)), plan, wall, cpu)
+
+
+@dataclass(frozen=True, slots=True)
+class HSDP(strategies.ParallelStrategy):
+    """Hybrid sharded data parallel: parameters and states sharded over ``dp`` (here the fsdp
+    axis), the batch over ``replicate`` + ``dp`` (parameters replicated over ``replicate``)."""
+
+    replicate: tuple[str, ...] = ()
+
+    def pins(self, graph: Graph, mesh: Mesh) -> dict[str, Sharding]:
+        pins = strategies.ParallelStrategy.pins(self, graph, mesh)
+        batch = (*self.replicate, *self.data_axes(mesh))
+        for v in graph.inputs:
+            if v.role is Role.INPUT and v.type.rank >= 1:
+                pins[v.name] = strategies._on_dim(v, 0, batch, mesh)
+        return pins
+
+
+def hand_written(recompute: str | None) -> list[strategies.ParallelStrategy]:
+    return [
+        HSDP(
+            "hsdp-tp" + (f"+{recompute}-recompute" if recompute else ""), tp="tp", dp=("fsdp",),
+            shard_params=True, recompute=recompute, replicate=("dp",),
+        ),
+        strategies.tp_fsdp("tp", dp=("dp", "fsdp"), recompute=recompute),
+        strategies.megatron("tp", dp=("dp", "fsdp"), recompute=recompute, zero1=True),
+        strategies.megatron(
+            "tp", dp=("dp", "fsdp"), recompute=recompute, zero1=True, sequence_parallel=True
+        ),
+    ]  # fmt: skip
+
+
+def llama_8b() -> dict:
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    ids = torch.empty((16, 8192), dtype=torch.long, device="meta")
+    mesh = Mesh({"dp": 2, "fsdp": 4, "tp": 8}, cluster="h100-sxm")
+    plan, wall, cpu = _timed(lambda: sp.plan(model, {"input_ids": ids, "labels": ids}, mesh=mesh))
+    graph = plan.graph
+    baselines = []
+    for recompute in (None, "full"):
+        for strategy in hand_written(recompute):
+            ev = sp.evaluate(graph, mesh=mesh, strategy=strategy)
+            peak = ev.peak_memory_bytes / 2**30
+            row = {"name": strategy.name, "step_ms": ev.step_time * 1e3, "peak_gib": peak}
+            baselines.append({**row, "fits": ev.fits})
+    fitting = [b for b in baselines if b["fits"]]
+    best = min(fitting, key=lambda b: b["step_ms"]) if fitting else None
+    return _row(
+        "Llama-3-8B bs16x8192", "2x4x8", plan, wall, cpu, baselines=baselines,
+        best_hand_written=best,
+    )  # fmt: skip
+
+
+def jax_gpt(scan: bool) -> dict:
+    from jax_gpt import GPTConfig, make
+
+    step, args = make(GPTConfig(scan_layers=scan), abstract=True)
+    mesh = Mesh({"dp": 2, "tp": 4})
+    plan, wall, cpu = _timed(lambda: sp.plan(step, *args, mesh=mesh))
+    return _row("JAX GPT " + ("scan" if scan else "unrolled"), "2x4", plan, wall, cpu)
+
+
+def table(rows: list[dict]) -> str:
+    head = f"{'case':22} {'mesh':>8} {'wall s':>7} {'cpu s':>6} {'status':>9} {'gap':>7} "
+    head += f"{'step ms':>10} {'best hand-written':>28}"
+    lines = [head]
+    for r in rows:
+        best = r.get("best_hand_written")
+        hand = f"{best['name']} {best['step_ms']:.1f} ms" if best else ""
+        lines.append(
+            f"{r['case']:22} {r['mesh']:>8} {r['wall_s']:7.2f} {r['cpu_s']:6.2f} "
+            f"{r['status']:>9} {r['gap']:7.2%} {r['step_ms']:10.4g} {hand:>28}"
+        )
+    return "\n".join(lines)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--skip-8b", action="store_true", help="leave out the Llama-3-8B row")
+    args = parser.parse_args()
+    warnings.simplefilter("ignore")
+    rows = [tiny_llama((2, 2, 2)), tiny_llama((2, 2, 2, 2))]
+    if not args.skip_8b:
+        rows.append(llama_8b())
+    rows += [jax_gpt(scan=False), jax_gpt(scan=True)]
+    print(table(rows))
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "ndmesh.json").write_text(json.dumps(rows, indent=2, sort_keys=True, default=str))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,141 @@
+"""Plan meshes of three or more axes by exact search over one-axis neighbourhoods.
+
+Every op strategy is one coordinate per mesh axis (the factor the axis splits, a pending sum,
+or nothing), so an op has up to ``(factors + 2) ** axes`` strategies: 214 layouts of a
+(4, 4, 16, 16) tensor on a (2, 2, 2) mesh, ~1500 on (2, 2, 2, 2), and edge tables of their
+square. Pricing and solving that whole space took minutes for a one-layer model (docs/design.md,
+"Meshes of three and four axes"). Instead:
+
+1. *Start*: solve the graph exactly on a two-axis mesh, the outer axes merged into one (as many
+   devices; a two-axis space stays small), and give each outer axis the coordinate the merged
+   axis had: the best plan in which the outer axes act together (data parallel, FSDP, either
+   with tensor parallelism on the inner axis) is where the search starts.
+2. *Improve*: solve exactly over the strategies within one axis of the incumbent (any op may
+   change what one of its axes does; different ops may change different axes), warm-started by
+   the incumbent, which is in the neighbourhood, so no step gets worse. Repeat until the
+   objective stops improving; then solve the last neighbourhood as a one- or two-axis mesh is
+   solved (every objective variant, the simulator picks).
+
+Each step's space grows linearly with the mesh rank. The solver is exact on what it keeps (the
+neighbourhood); the result is a local optimum of the full space, not a certified global one.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable
+
+from ..ir import Graph, Mesh
+from ..passes.enumerate_strategies import Coords, layout_coords, op_coords
+from .costs import PartialSemantics, Space, build_space
+from .plan import Plan
+
+AXIS_SEARCH_FROM = 3
+"""Meshes with this many axes of size > 1 or more are planned by the axis search (one and two
+axes enumerate every strategy, which stays small)."""
+MAX_STEPS = 8
+STEP_SHARE = 0.25
+"""Wall-clock safety net of one step, as a share of the time limit; what normally ends a step's
+CP-SAT search is its deterministic work cap (``planner.STEP_WORK``): the step is warm-started by
+the incumbent, so a step cut short still returns a plan at least as good."""
+IMPROVEMENT = 2e-3
+"""Relative objective improvement below which the search stops (measured on Llama-3-8B on
+2x4x8: the steps after the first 0.2% improvement gained 0.4% in all, at ~2 s each)."""
+
+PlanSpace = Callable[..., tuple[Plan | None, list[int], float]]
+
+
+def live_axes(mesh: Mesh) -> list[str]:
+    return [name for name, size in mesh.axes if size > 1]
+
+
+def axis_search(
+    graph: Graph,
+    mesh: Mesh,
+    semantics: PartialSemantics | None,
+    plan_space: PlanSpace,
+    flat_start: bool = True,
+) -> Plan:
+    """The best plan found from the flat start by one-axis moves.
+
+    ``plan_space(space, hints, share, quick)`` prices and solves one space and returns its plan
+    (None when ``quick``), choice and solver objective. The moves are steered by the plain
+    objective (``quick``); the last neighbourhood is then solved with every objective variant
+    and the simulator picks the plan, as for one- and two-axis meshes."""
+    axes = live_axes(mesh)
+    nodes = len(graph.inputs) + len(graph.ops)
+    repeated = None
+    if flat_start:
+        outer, inner = axes[:-1], axes[-1]
+        merged = Mesh(
+            {
+                "_".join(outer): math.prod(mesh.axis_size(a) for a in outer),
+                inner: mesh.axis_size(inner),
+            },
+            mesh.cluster,
+        )
+        start_space = build_space(graph, merged, semantics)
+        _, choice, _ = plan_space(start_space, None, STEP_SHARE, True)
+        center = [c[:1] * len(outer) + c[1:] for c in coordinates(start_space, choice)]
+        repeated = start_space.repeated
+    else:  # pins name the real axes: start from the replicated plan
+        center = [(None,) * len(axes)] * nodes
+    prices: dict = {}
+    lists: dict = {}
+    tables: dict = {}
+
+    def neighbourhood(center: list[Coords]) -> Space:
+        nonlocal repeated
+        space = build_space(graph, mesh, semantics, around=center, lists=lists)
+        space.repeated = repeated  # layers are a property of the graph: found once
+        # Neighbourhoods overlap: a node whose centre did not move keeps its strategy list,
+        # and with it its op costs and edge tables; most reshards are priced once.
+        space.prices, space.tables = prices, tables
+        return space
+
+    best, best_center = math.inf, center
+    for _ in range(MAX_STEPS):
+        space = neighbourhood(center)
+        _, choice, objective = plan_space(space, _index(space, center), STEP_SHARE, True)
+        repeated = space.repeated
+        if objective >= best * (1 - IMPROVEMENT):
+            break
+        best, best_center, center = objective, center, coordinates(space, choice)
+    # The best step's own neighbourhood again: with followers merged (greedily) the next one
+    # need not reproduce its plan, this one does (the same problem).
+    space = neighbourhood(best_center)
+    plan, _, _ = plan_space(space, _index(space, center), 1.0, False)
+    assert plan is not None
+    return plan
+
+
+def coordinates(space: Space, choice: list[int]) -> list[Coords]:
+    """Per node, the coordinates of its chosen strategy."""
+    out: list[Coords] = []
+    for n, options in enumerate(space.strategies):
+        strategy = options[choice[n]]
+        if n < space.num_inputs:
+            out.append(layout_coords(strategy.results[0], space.mesh))
+        else:
+            out.append(op_coords(strategy, space.mesh))
+    return out
+
+
+def _index(space: Space, center: list[Coords]) -> dict[int, int]:
+    """Per node, the index of the incumbent's strategy in the neighbourhood (the warm start)."""
+    hints: dict[int, int] = {}
+    for n, c in enumerate(center):
+        found = _find(space, n, c)
+        if found is not None:
+            hints[n] = found
+    return hints
+
+
+def _find(space: Space, n: int, center: Coords) -> int | None:
+    for s, strategy in enumerate(space.strategies[n]):
+        if n < space.num_inputs:
+            if layout_coords(strategy.results[0], space.mesh) == center:
+                return s
+        elif op_coords(strategy, space.mesh) == center:
+            return s
+    return None
