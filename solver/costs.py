@@ -47,6 +47,11 @@ class PartialSemantics:
     """Linear ops may consume and produce partial values."""
     reduce_once: bool = False
     """A partial value read by several ops is reduced once (all-reduce) at its producer."""
+    ordered_dims: bool = False
+    """A dim split over several mesh axes must list them in mesh order (major first). DTensor's
+    public placements (torch) say only which dim each axis splits and split it in mesh order;
+    the other order is a ``_StridedShard``, which views cannot unflatten. Strategies with such
+    a dim are then never proposed (docs/torch.md, "Layouts DTensor runs")."""
 
 
 @dataclass(eq=False, slots=True)
@@ -85,6 +90,15 @@ class Space:
         return seen_layout(strategy, k, pinned_result(value), value in self.reduce_once)
 
 
+def _mesh_ordered(strategy: Strategy, mesh: Mesh) -> bool:
+    """Every dim of every operand and result lists its axes in mesh order."""
+    return all(
+        list(axes) == sorted(axes, key=mesh.axis_index)
+        for layout in (*strategy.operands, *strategy.results)
+        for axes in layout.dims
+    )
+
+
 def pinned_result(value: Value) -> Sharding | None:
     """The user pin of an op result (a GSPMD sharding constraint), if any."""
     if value.producer is not None and value.pinned and value.sharding is not None:
@@ -112,6 +126,8 @@ def build_space(graph: Graph, mesh: Mesh, semantics: PartialSemantics | None = N
         key = ("op", op.kind, op.rule, bool(op.operands), reduced)
         if key not in cache:
             cache[key] = op_strategies(op, mesh, semantics.passthrough)
+            if semantics.ordered_dims:
+                cache[key] = [s for s in cache[key] if _mesh_ordered(s, mesh)]
             if reduced:
                 cache[key] = _with_reductions(cache[key], op, reduced, mesh)
         strategies.append(cache[key])

@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
-from . import follow
+from . import follow, views
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -207,29 +207,57 @@ def _install_root_hooks(
 def _forward_contexts(mesh: DeviceMesh) -> list[Any]:
     """Contexts around the root forward: plain tensors made inside act as replicated, and on
     CPU attention takes the math path (DTensor has no strategy for the CPU flash kernel)."""
-    contexts: list[Any] = [implicit_replication(), _replicate_saved_tensors(mesh), _EmptyCat()]
+    contexts: list[Any] = [implicit_replication(), _replicate_saved_tensors(mesh), _ApplyMode()]
     if mesh.device_type == "cpu" and not follow.following():  # the follower runs the kernel
         contexts.append(sdpa_kernel([SDPBackend.MATH]))
     return contexts
 
 
-class _EmptyCat(TorchFunctionMode):
-    """``torch.cat`` skips 1-D empty operands when DTensors take part, as eager ``cat`` does.
+class _ApplyMode(TorchFunctionMode):
+    """Two torch functions run as the plan means them when DTensors take part.
 
-    Eager ``cat`` ignores a legacy ``torch.tensor([])`` whatever the other operands' rank;
-    DTensor's rule instead redistributes it, as a replicated operand, to the others' layout and
-    fails when they are split on a dimension it lacks. Hugging Face's ``DynamicCache`` starts
-    every layer from such a tensor and concatenates the new keys and values onto it, so any
-    plan that splits attention by heads or sequence would crash in ``apply`` without this."""
+    ``torch.cat`` skips 1-D empty operands, as eager ``cat`` does: eager ``cat`` ignores a
+    legacy ``torch.tensor([])`` whatever the other operands' rank; DTensor's rule instead
+    redistributes it, as a replicated operand, to the others' layout and fails when they are
+    split on a dimension it lacks. Hugging Face's ``DynamicCache`` starts every layer from such
+    a tensor and concatenates the new keys and values onto it.
+
+    Views and reshapes of split dims are local reshapes (``views.py``): DTensor's view rule
+    refuses most of them (``[b, s, (kv d)]`` split over two axes -> ``[b, s, kv, d]``).
+    Under ``follow_plan`` the follower does both at dispatch, so views pass through here."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if func in _CATS and args and any(isinstance(t, DTensor) for t in args[0]):
             args = (follow.without_legacy_empty(args[0]), *args[1:])
+        elif func in _VIEWS and args and isinstance(args[0], DTensor) and not follow.following():
+            out = _view(func, args, kwargs)
+            if out is not None:
+                return out
         return func(*args, **kwargs)
 
 
 _CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
+_VIEWS = frozenset({
+    torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten, torch.flatten,
+    torch.Tensor.unflatten, torch.unflatten, torch.Tensor.view_as, torch.Tensor.reshape_as,
+})  # fmt: skip
+
+
+def _view(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A view of a split DTensor as a local reshape, or None to let DTensor do it."""
+    x = args[0]
+    if func in (torch.Tensor.view_as, torch.Tensor.reshape_as):
+        shape = tuple(args[1].shape)
+    else:
+        try:  # the result shape, whatever the spelling (-1, flatten's dims, a dtype)
+            meta = func(torch.empty(x.shape, device="meta"), *args[1:], **kwargs)
+        except (RuntimeError, TypeError):
+            return None
+        if not isinstance(meta, torch.Tensor) or meta.dtype != torch.float32:
+            return None
+        shape = tuple(meta.shape)
+    return views.local_view(x, shape)
 
 
 def _replicate_saved_tensors(mesh: DeviceMesh) -> Any:

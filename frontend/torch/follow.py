@@ -32,7 +32,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
-from . import emit  # a module import: emit imports this module too
+from . import emit, views  # a module import: emit imports this module too
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
@@ -184,6 +184,8 @@ class PlanFollower(TorchDispatchMode):
             out = self._attention(func, args, kwargs, qkv)
         elif step.target in _MATMUL_ADD:
             out = self._matmul_add(step, args, kwargs)
+        elif step.target in VIEW_CALLS and (local := _local_view(args)) is not None:
+            out = local
         else:
             self._check_internal(step)
             out = func(*args, **kwargs)
@@ -339,6 +341,19 @@ def _identity(target: str, args: tuple) -> bool:
         known = math.prod(d for d in shape if d != -1)
         shape[shape.index(-1)] = args[0].numel() // max(known, 1)
     return is_identity(target, tuple(args[0].shape), tuple(shape))
+
+
+def _local_view(args: tuple) -> DTensor | None:
+    """A view of a split DTensor as a reshape of its local shard (``views.py``), or None."""
+    x = args[0]
+    if not isinstance(x, DTensor) or not any(isinstance(p, Shard) for p in x.placements):
+        return None
+    shape = [int(d) for d in args[1]]
+    if -1 in shape:
+        shape[shape.index(-1)] = x.numel() // max(math.prod(d for d in shape if d != -1), 1)
+    sizes = tuple(x.device_mesh.shape)
+    placements = views.view_placements(tuple(x.shape), shape, tuple(x.placements), sizes)
+    return None if placements is None else views.reshape_local(x, shape, placements)
 
 
 def _legacy_empty(t: torch.Tensor) -> bool:
