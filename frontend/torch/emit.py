@@ -28,7 +28,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
-from . import follow, views
+from . import follow, reshard, views
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -122,6 +122,26 @@ def check_mesh(plan: Plan, device_mesh: DeviceMesh) -> None:
         )
 
 
+def flattened_meshes(device_mesh: DeviceMesh) -> dict[tuple[str, ...], DeviceMesh]:
+    """One flattened mesh per ascending group of two or more mesh dims (sizes > 1).
+
+    The cost model prices a collective over several axes as one (XLA's replica groups);
+    DTensor issues one per mesh dimension unless a flattened mesh over those dimensions
+    exists, in which case it merges consecutive all-gathers, reduce-scatters and all-reduces
+    into one collective on it. Made once per device mesh (DTensor caches them on the root).
+    Private: ``DeviceMesh._flatten`` is the only way to register such a mesh with DTensor.
+    """
+    import itertools
+
+    names = tuple(device_mesh.mesh_dim_names or ())
+    dims = [n for n, size in zip(names, device_mesh.shape, strict=True) if size > 1]
+    out: dict[tuple[str, ...], DeviceMesh] = {}
+    for k in range(2, len(dims) + 1):
+        for group in itertools.combinations(dims, k):
+            out[group] = device_mesh[group]._flatten("_".join(group))
+    return out
+
+
 def redistribute(x: Any, placements: Placements) -> Any:
     """Move a DTensor to ``placements`` when DTensor can: S->P and R->P are not layout changes
     it makes (the logical tensor is the same), so such a dim keeps its layout."""
@@ -134,7 +154,7 @@ def redistribute(x: Any, placements: Placements) -> Any:
     if tuple(x.placements) == fixed:
         return x
     with follow.paused():  # the reshard's local ops are not calls of the traced step
-        return x.redistribute(placements=fixed)
+        return reshard.reshard(x, fixed)[0]  # the plan's collectives
 
 
 def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
@@ -148,6 +168,7 @@ def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
     """
     context = context_of(plan)
     check_mesh(plan, device_mesh)
+    flattened_meshes(device_mesh)  # multi-axis collectives run as one (see there)
     _distribute_parameters(plan, context, model, device_mesh)
     _install_root_hooks(plan, context, model, device_mesh)
     _install_boundary_hooks(plan, context, model)

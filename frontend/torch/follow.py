@@ -32,7 +32,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
-from . import emit, views  # a module import: emit imports this module too
+from . import emit, reshard, views  # a module import: emit imports this module too
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
@@ -77,6 +77,7 @@ def follow_plan(plan: Plan, device_mesh: DeviceMesh) -> Iterator[PlanFollower]:
             yield follower
     finally:
         _ACTIVE.pop()
+        follower.finish()
 
 
 def same_layout(have: emit.Placements, want: emit.Placements) -> bool:
@@ -114,6 +115,8 @@ class PlanFollower(TorchDispatchMode):
         self.made: dict[str, tuple[torch.Tensor, DTensor]] = {}
         """Identity result -> (the run-time tensor it was made from, the tensor at its layout)."""
         self.cursor = 0
+        self.skipped: dict[int, AtenStep] = {}
+        """Traced calls passed over by a later match, by index: the run may still make them."""
         self.paused = 0
         self.deviations: list[str] = []
         """Run-time calls not in the trace, skipped trace calls and layouts not as planned."""
@@ -144,16 +147,25 @@ class PlanFollower(TorchDispatchMode):
     def _match(self, target: str, known: list[str | None]) -> AtenStep | None:
         """The next traced call with this target whose operands agree with the values the
         run-time operands are known to hold; calls skipped on the way are reported."""
+        for k, step in list(self.skipped.items()):  # autograd may run ready nodes in
+            if step.target == target and self._agree(step.operands, known):  # another order
+                del self.skipped[k]
+                return step
         end = min(self.cursor + _LOOKAHEAD, len(self.steps))
         for k in range(self.cursor, end):
             step = self.steps[k]
             if step.target == target and self._agree(step.operands, known):
-                for skipped in self.steps[self.cursor : k]:
-                    self.deviations.append(f"traced call not run: {skipped.target}")
+                self.skipped.update((j, self.steps[j]) for j in range(self.cursor, k))
                 self.cursor = k + 1
                 return self.steps[k]
         self.deviations.append(f"call not in the trace: {target}")
         return None
+
+    def finish(self) -> None:
+        """Report the traced calls the run never made."""
+        for step in self.skipped.values():
+            self.deviations.append(f"traced call not run: {step.target}")
+        self.skipped.clear()
 
     def _agree(self, traced: tuple[str | None, ...], known: list[str | None]) -> bool:
         same = self.same
@@ -245,7 +257,10 @@ class PlanFollower(TorchDispatchMode):
         )
         if fixed != want:  # DTensor cannot turn a shard into a pending sum
             self.deviations.append(f"{step.target}: cannot move {have} to {want}")
-        return t.redistribute(placements=fixed)
+        moved, as_priced = reshard.reshard(t, fixed, self.plan.mesh)
+        if not as_priced:
+            self.deviations.append(f"{step.target}: {have} -> {fixed} not as priced")
+        return moved
 
     def _results(self, step: AtenStep, out: Any) -> Any:
         produced = leaves(out, torch.Tensor)
