@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import (
@@ -255,6 +256,8 @@ class _ApplyMode(TorchFunctionMode):
             out = _view(func, args, kwargs)
             if out is not None:
                 return out
+        elif func is F.embedding and len(args) > 1 and isinstance(args[1], DTensor):
+            args = (args[0], one_vocab_split(args[1]), *args[2:])
         return func(*args, **kwargs)
 
 
@@ -263,6 +266,21 @@ _VIEWS = frozenset({
     torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten, torch.flatten,
     torch.Tensor.unflatten, torch.unflatten, torch.Tensor.view_as, torch.Tensor.reshape_as,
 })  # fmt: skip
+
+
+def one_vocab_split(weight: DTensor) -> DTensor:
+    """An embedding table split over at most one mesh dim along its rows (vocabulary).
+
+    DTensor looks rows up in a vocabulary-split table with one ``MaskPartial`` per mesh dim,
+    all sharing the op's one mask buffer: a table whose rows are split over two mesh dims
+    (FSDP over ``dp`` and ``tp``) fails with "MaskBuffer has been materialized with conflicting
+    data". The minor splits are gathered first (in mesh order the major one stays)."""
+    rows = [i for i, p in enumerate(weight.placements) if isinstance(p, Shard) and p.dim == 0]
+    if len(rows) < 2:
+        return weight
+    placements = tuple(Replicate() if i in rows[1:] else p for i, p in enumerate(weight.placements))
+    with follow.paused():
+        return weight.redistribute(placements=placements)
 
 
 def _view(func: Any, args: tuple, kwargs: dict) -> Any:

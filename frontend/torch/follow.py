@@ -191,6 +191,11 @@ class PlanFollower(TorchDispatchMode):
         args, kwargs = _replace((args, kwargs), iter(moved))
         if step.target == "aten.cat.default":
             args = (without_legacy_empty(args[0]), *args[1:])
+        if step.target == "aten.embedding.default" and isinstance(args[0], DTensor):
+            table = emit.one_vocab_split(args[0])  # DTensor's mask: one vocabulary split
+            if table is not args[0]:
+                self.deviations.append(f"{step.target}: table gathered to {table.placements}")
+                args = (table, *args[1:])
         if step.target.rsplit(".", 1)[0].removesuffix("_backward") in _ATTENTION:
             qkv = moved[1:4] if "backward" in step.target else moved[:3]
             out = self._attention(func, args, kwargs, qkv)
