@@ -254,6 +254,12 @@ def _steps(src: Sharding, dst: Sharding, mesh: Mesh) -> tuple[Step, ...]:
     raise AssertionError(f"reshard {src} -> {dst} did not converge")  # internal invariant
 
 
+def reshard_steps(src: Sharding, dst: Sharding, mesh: Mesh) -> tuple[Step, ...]:
+    """The walk behind ``reshard``: per collective, (kind, mesh axes, per-dim axes after it).
+    Emitters replay it so that a run issues the collectives the plan priced."""
+    return _steps(src, dst, mesh)
+
+
 @lru_cache(maxsize=1 << 16)
 def _check(sharding: Sharding, type_: TensorType, mesh: Mesh) -> None:
     sharding.check(type_, mesh)  # raises on a layout that does not fit (errors are not cached)

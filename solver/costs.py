@@ -55,6 +55,11 @@ class PartialSemantics:
     """Linear ops may consume and produce partial values."""
     reduce_once: bool = False
     """A partial value read by several ops is reduced once (all-reduce) at its producer."""
+    ordered_dims: bool = False
+    """A dim split over several mesh axes must list them in mesh order (major first). DTensor's
+    public placements (torch) say only which dim each axis splits and split it in mesh order;
+    the other order is a ``_StridedShard``, which views cannot unflatten. Strategies with such
+    a dim are then never proposed (docs/torch.md, "Layouts DTensor runs")."""
 
 
 @dataclass(eq=False, slots=True)
@@ -97,6 +102,15 @@ class Space:
         node, k = self.producer[value]
         strategy = self.strategies[node][choice[node]]
         return seen_layout(strategy, k, pinned_result(value), value in self.reduce_once)
+
+
+def _mesh_ordered(strategy: Strategy, mesh: Mesh) -> bool:
+    """Every dim of every operand and result lists its axes in mesh order."""
+    return all(
+        list(axes) == sorted(axes, key=mesh.axis_index)
+        for layout in (*strategy.operands, *strategy.results)
+        for axes in layout.dims
+    )
 
 
 def pinned_result(value: Value) -> Sharding | None:
@@ -148,6 +162,8 @@ def build_space(
                 if around is None
                 else op_strategies_near(op, mesh, around[node], semantics.passthrough)
             )
+            if semantics.ordered_dims:
+                cache[key] = [s for s in cache[key] if _mesh_ordered(s, mesh)]
             if reduced:
                 cache[key] = _with_reductions(cache[key], op, reduced, mesh)
         strategies.append(cache[key])

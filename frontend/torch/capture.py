@@ -79,6 +79,15 @@ class TorchContext:
     """Every aten call of the step in execution order (marks and ``getitem`` left out)."""
     stamped: bool = False
     """Layers past the third were stamped, not traced: ``steps`` is empty (no replay)."""
+    partial_semantics: object = field(default_factory=lambda: _dtensor_semantics())
+    """What DTensor runs: partials pass through linear ops; a dim split over several axes
+    lists them in mesh order (see solver/costs.py, docs/torch.md)."""
+
+
+def _dtensor_semantics() -> object:
+    from ...solver.costs import PartialSemantics
+
+    return PartialSemantics(passthrough=True, ordered_dims=True)
 
 
 def capture(

@@ -12,6 +12,7 @@ from __future__ import annotations
 from typing import Any
 
 import torch
+import torch.nn.functional as F
 from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import (
@@ -28,7 +29,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
-from . import follow
+from . import follow, reshard, views
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -122,6 +123,26 @@ def check_mesh(plan: Plan, device_mesh: DeviceMesh) -> None:
         )
 
 
+def flattened_meshes(device_mesh: DeviceMesh) -> dict[tuple[str, ...], DeviceMesh]:
+    """One flattened mesh per ascending group of two or more mesh dims (sizes > 1).
+
+    The cost model prices a collective over several axes as one (XLA's replica groups);
+    DTensor issues one per mesh dimension unless a flattened mesh over those dimensions
+    exists, in which case it merges consecutive all-gathers, reduce-scatters and all-reduces
+    into one collective on it. Made once per device mesh (DTensor caches them on the root).
+    Private: ``DeviceMesh._flatten`` is the only way to register such a mesh with DTensor.
+    """
+    import itertools
+
+    names = tuple(device_mesh.mesh_dim_names or ())
+    dims = [n for n, size in zip(names, device_mesh.shape, strict=True) if size > 1]
+    out: dict[tuple[str, ...], DeviceMesh] = {}
+    for k in range(2, len(dims) + 1):
+        for group in itertools.combinations(dims, k):
+            out[group] = device_mesh[group]._flatten("_".join(group))
+    return out
+
+
 def redistribute(x: Any, placements: Placements) -> Any:
     """Move a DTensor to ``placements`` when DTensor can: S->P and R->P are not layout changes
     it makes (the logical tensor is the same), so such a dim keeps its layout."""
@@ -134,7 +155,7 @@ def redistribute(x: Any, placements: Placements) -> Any:
     if tuple(x.placements) == fixed:
         return x
     with follow.paused():  # the reshard's local ops are not calls of the traced step
-        return x.redistribute(placements=fixed)
+        return reshard.reshard(x, fixed)[0]  # the plan's collectives
 
 
 def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
@@ -148,6 +169,7 @@ def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
     """
     context = context_of(plan)
     check_mesh(plan, device_mesh)
+    flattened_meshes(device_mesh)  # multi-axis collectives run as one (see there)
     _distribute_parameters(plan, context, model, device_mesh)
     _install_root_hooks(plan, context, model, device_mesh)
     _install_boundary_hooks(plan, context, model)
@@ -207,29 +229,74 @@ def _install_root_hooks(
 def _forward_contexts(mesh: DeviceMesh) -> list[Any]:
     """Contexts around the root forward: plain tensors made inside act as replicated, and on
     CPU attention takes the math path (DTensor has no strategy for the CPU flash kernel)."""
-    contexts: list[Any] = [implicit_replication(), _replicate_saved_tensors(mesh), _EmptyCat()]
+    contexts: list[Any] = [implicit_replication(), _replicate_saved_tensors(mesh), _ApplyMode()]
     if mesh.device_type == "cpu" and not follow.following():  # the follower runs the kernel
         contexts.append(sdpa_kernel([SDPBackend.MATH]))
     return contexts
 
 
-class _EmptyCat(TorchFunctionMode):
-    """``torch.cat`` skips 1-D empty operands when DTensors take part, as eager ``cat`` does.
+class _ApplyMode(TorchFunctionMode):
+    """Two torch functions run as the plan means them when DTensors take part.
 
-    Eager ``cat`` ignores a legacy ``torch.tensor([])`` whatever the other operands' rank;
-    DTensor's rule instead redistributes it, as a replicated operand, to the others' layout and
-    fails when they are split on a dimension it lacks. Hugging Face's ``DynamicCache`` starts
-    every layer from such a tensor and concatenates the new keys and values onto it, so any
-    plan that splits attention by heads or sequence would crash in ``apply`` without this."""
+    ``torch.cat`` skips 1-D empty operands, as eager ``cat`` does: eager ``cat`` ignores a
+    legacy ``torch.tensor([])`` whatever the other operands' rank; DTensor's rule instead
+    redistributes it, as a replicated operand, to the others' layout and fails when they are
+    split on a dimension it lacks. Hugging Face's ``DynamicCache`` starts every layer from such
+    a tensor and concatenates the new keys and values onto it.
+
+    Views and reshapes of split dims are local reshapes (``views.py``): DTensor's view rule
+    refuses most of them (``[b, s, (kv d)]`` split over two axes -> ``[b, s, kv, d]``).
+    Under ``follow_plan`` the follower does both at dispatch, so views pass through here."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if func in _CATS and args and any(isinstance(t, DTensor) for t in args[0]):
             args = (follow.without_legacy_empty(args[0]), *args[1:])
+        elif func in _VIEWS and args and isinstance(args[0], DTensor) and not follow.following():
+            out = _view(func, args, kwargs)
+            if out is not None:
+                return out
+        elif func is F.embedding and len(args) > 1 and isinstance(args[1], DTensor):
+            args = (args[0], one_vocab_split(args[1]), *args[2:])
         return func(*args, **kwargs)
 
 
 _CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
+_VIEWS = frozenset({
+    torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten, torch.flatten,
+    torch.Tensor.unflatten, torch.unflatten, torch.Tensor.view_as, torch.Tensor.reshape_as,
+})  # fmt: skip
+
+
+def one_vocab_split(weight: DTensor) -> DTensor:
+    """An embedding table split over at most one mesh dim along its rows (vocabulary).
+
+    DTensor looks rows up in a vocabulary-split table with one ``MaskPartial`` per mesh dim,
+    all sharing the op's one mask buffer: a table whose rows are split over two mesh dims
+    (FSDP over ``dp`` and ``tp``) fails with "MaskBuffer has been materialized with conflicting
+    data". The minor splits are gathered first (in mesh order the major one stays)."""
+    rows = [i for i, p in enumerate(weight.placements) if isinstance(p, Shard) and p.dim == 0]
+    if len(rows) < 2:
+        return weight
+    placements = tuple(Replicate() if i in rows[1:] else p for i, p in enumerate(weight.placements))
+    with follow.paused():
+        return weight.redistribute(placements=placements)
+
+
+def _view(func: Any, args: tuple, kwargs: dict) -> Any:
+    """A view of a split DTensor as a local reshape, or None to let DTensor do it."""
+    x = args[0]
+    if func in (torch.Tensor.view_as, torch.Tensor.reshape_as):
+        shape = tuple(args[1].shape)
+    else:
+        try:  # the result shape, whatever the spelling (-1, flatten's dims, a dtype)
+            meta = func(torch.empty(x.shape, device="meta"), *args[1:], **kwargs)
+        except (RuntimeError, TypeError):
+            return None
+        if not isinstance(meta, torch.Tensor) or meta.dtype != torch.float32:
+            return None
+        shape = tuple(meta.shape)
+    return views.local_view(x, shape)
 
 
 def _replicate_saved_tensors(mesh: DeviceMesh) -> Any:

@@ -33,10 +33,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
-from . import (
-    context_parallel,
-    emit,  # a module import: emit imports this module too
-)
+from . import context_parallel, emit, reshard, views  # a module import: emit imports this module too
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
@@ -81,6 +78,7 @@ def follow_plan(plan: Plan, device_mesh: DeviceMesh) -> Iterator[PlanFollower]:
             yield follower
     finally:
         _ACTIVE.pop()
+        follower.finish()
 
 
 def same_layout(have: emit.Placements, want: emit.Placements) -> bool:
@@ -118,6 +116,8 @@ class PlanFollower(TorchDispatchMode):
         self.made: dict[str, tuple[torch.Tensor, DTensor]] = {}
         """Identity result -> (the run-time tensor it was made from, the tensor at its layout)."""
         self.cursor = 0
+        self.skipped: dict[int, AtenStep] = {}
+        """Traced calls passed over by a later match, by index: the run may still make them."""
         self.paused = 0
         self.deviations: list[str] = []
         """Run-time calls not in the trace, skipped trace calls and layouts not as planned."""
@@ -148,16 +148,25 @@ class PlanFollower(TorchDispatchMode):
     def _match(self, target: str, known: list[str | None]) -> AtenStep | None:
         """The next traced call with this target whose operands agree with the values the
         run-time operands are known to hold; calls skipped on the way are reported."""
+        for k, step in list(self.skipped.items()):  # autograd may run ready nodes in
+            if step.target == target and self._agree(step.operands, known):  # another order
+                del self.skipped[k]
+                return step
         end = min(self.cursor + _LOOKAHEAD, len(self.steps))
         for k in range(self.cursor, end):
             step = self.steps[k]
             if step.target == target and self._agree(step.operands, known):
-                for skipped in self.steps[self.cursor : k]:
-                    self.deviations.append(f"traced call not run: {skipped.target}")
+                self.skipped.update((j, self.steps[j]) for j in range(self.cursor, k))
                 self.cursor = k + 1
                 return self.steps[k]
         self.deviations.append(f"call not in the trace: {target}")
         return None
+
+    def finish(self) -> None:
+        """Report the traced calls the run never made."""
+        for step in self.skipped.values():
+            self.deviations.append(f"traced call not run: {step.target}")
+        self.skipped.clear()
 
     def _agree(self, traced: tuple[str | None, ...], known: list[str | None]) -> bool:
         same = self.same
@@ -183,11 +192,18 @@ class PlanFollower(TorchDispatchMode):
         args, kwargs = _replace((args, kwargs), iter(moved))
         if step.target == "aten.cat.default":
             args = (without_legacy_empty(args[0]), *args[1:])
+        if step.target == "aten.embedding.default" and isinstance(args[0], DTensor):
+            table = emit.one_vocab_split(args[0])  # DTensor's mask: one vocabulary split
+            if table is not args[0]:
+                self.deviations.append(f"{step.target}: table gathered to {table.placements}")
+                args = (table, *args[1:])
         if step.target.rsplit(".", 1)[0].removesuffix("_backward") in _ATTENTION:
             qkv = moved[1:4] if "backward" in step.target else moved[:3]
             out = self._attention(func, args, kwargs, qkv)
         elif step.target in _MATMUL_ADD:
             out = self._matmul_add(step, args, kwargs)
+        elif step.target in VIEW_CALLS and (local := _local_view(args)) is not None:
+            out = local
         else:
             self._check_internal(step)
             out = func(*args, **kwargs)
@@ -247,7 +263,10 @@ class PlanFollower(TorchDispatchMode):
         )
         if fixed != want:  # DTensor cannot turn a shard into a pending sum
             self.deviations.append(f"{step.target}: cannot move {have} to {want}")
-        return t.redistribute(placements=fixed)
+        moved, as_priced = reshard.reshard(t, fixed, self.plan.mesh)
+        if not as_priced:
+            self.deviations.append(f"{step.target}: {have} -> {fixed} not as priced")
+        return moved
 
     def _results(self, step: AtenStep, out: Any) -> Any:
         produced = leaves(out, torch.Tensor)
@@ -355,6 +374,19 @@ def _identity(target: str, args: tuple) -> bool:
         known = math.prod(d for d in shape if d != -1)
         shape[shape.index(-1)] = args[0].numel() // max(known, 1)
     return is_identity(target, tuple(args[0].shape), tuple(shape))
+
+
+def _local_view(args: tuple) -> DTensor | None:
+    """A view of a split DTensor as a reshape of its local shard (``views.py``), or None."""
+    x = args[0]
+    if not isinstance(x, DTensor) or not any(isinstance(p, Shard) for p in x.placements):
+        return None
+    shape = [int(d) for d in args[1]]
+    if -1 in shape:
+        shape[shape.index(-1)] = x.numel() // max(math.prod(d for d in shape if d != -1), 1)
+    sizes = tuple(x.device_mesh.shape)
+    placements = views.view_placements(tuple(x.shape), shape, tuple(x.placements), sizes)
+    return None if placements is None else views.reshape_local(x, shape, placements)
 
 
 def _legacy_empty(t: torch.Tensor) -> bool:

@@ -97,17 +97,28 @@ def _pipeline_worker(rank: int, world: int, port: int, spec, factory, kwargs, ou
         model, (inputs,) = load_factory(factory)(**kwargs)
         ids = inputs["input_ids"]
         labels = inputs.get("labels", ids)
-        stage = build_pipeline_stage(spec, model, rank)
+        names = tuple(name for name, _ in spec.stage_mesh)
+        sizes = (spec.stages, *(n for _, n in spec.stage_mesh))
+        mesh = init_device_mesh("cpu", sizes, mesh_dim_names=("pp", *names))  # pp major
+        index = rank // spec.stage_size
+        inner = mesh[names] if names else None
+        group = mesh["pp"].get_group()
+        stage = build_pipeline_stage(spec, model, index, group=group, stage_mesh=inner)
         schedule = build_pipeline_schedule(spec, stage)
         losses: list[torch.Tensor] = []
-        if rank == 0:
+        if index == 0:
             schedule.step(ids)
-        elif rank == world - 1:
+        elif index == spec.stages - 1:
             schedule.step(target=labels, losses=losses)
         else:
             schedule.step()
-        grads = {n: p.grad for n, p in stage.submod.named_parameters() if p.grad is not None}
-        torch.save({"grads": grads, "losses": losses}, Path(out) / f"rank{rank}.pt")
+        grads = {
+            n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            for n, p in stage.submod.named_parameters()
+            if p.grad is not None
+        }
+        if rank % spec.stage_size == 0:  # one rank per stage saves (all gathered above)
+            torch.save({"grads": grads, "losses": losses}, Path(out) / f"stage{index}.pt")
     except BaseException:
         dist.destroy_process_group()
         raise
@@ -115,14 +126,16 @@ def _pipeline_worker(rank: int, world: int, port: int, spec, factory, kwargs, ou
 
 
 def run_pipeline_on_gloo(spec: Any, factory: str, **kwargs: Any) -> dict[str, Any]:
-    """Run one pipelined step on ``spec.stages`` gloo ranks (one stage each).
+    """Run one pipelined step on gloo: ``spec.stages`` stages of ``spec.stage_size`` ranks
+    each (the stage's parameters split over them as planned).
 
     The factory returns ``(model, ({"input_ids": ids, "labels": ids},))`` (HF style).
     Returns ``{"loss": mean micro-batch loss, "grads": {fqn: grad}}`` over all stages.
     """
+    world = spec.stages * spec.stage_size
     with tempfile.TemporaryDirectory() as tmp:
-        args = (spec.stages, _free_port(), spec, factory, kwargs, tmp)
-        mp.spawn(_pipeline_worker, args=args, nprocs=spec.stages, join=True)
-        parts = [torch.load(Path(tmp) / f"rank{r}.pt") for r in range(spec.stages)]
+        args = (world, _free_port(), spec, factory, kwargs, tmp)
+        mp.spawn(_pipeline_worker, args=args, nprocs=world, join=True)
+        parts = [torch.load(Path(tmp) / f"stage{r}.pt") for r in range(spec.stages)]
     grads = {name: g for part in parts for name, g in part["grads"].items()}
     return {"loss": torch.stack(parts[-1]["losses"]).mean().detach(), "grads": grads}

@@ -8,12 +8,16 @@ torchtitan style: this rank keeps its own layers (under their original FQNs), th
 the first stage and the final norm and head on the last, and wraps them in a ``PipelineStage``.
 The tracer front end (``pipeline(model, mb_args, split_spec)``) takes the same split spec, but
 ``torch.export``'s unflattening of Hugging Face models loses inputs of nested modules
-(``position_ids``), so it is not used here. Tensor parallelism inside a stage is not emitted
-yet: the plan's intra-stage layouts are for the sub-mesh (``plan.mesh``), see docs/torch.md.
+(``position_ids``), so it is not used here. Tensor parallelism inside a stage: the plan's
+intra-stage layouts are for the sub-mesh (``plan.mesh``); each stage's parameters become
+DTensors on that stage's slice of the device mesh (``TensorParallelStage``), and the stage
+sends and receives whole (replicated) activations.
 """
 
 from __future__ import annotations
 
+import contextlib
+import math
 from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
@@ -21,12 +25,14 @@ from typing import Any
 import torch
 import torch.nn.functional as F
 from torch import nn
+from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, SplitPoint
 from torch.distributed.pipelining.schedules import (
     PipelineScheduleSingle,
     Schedule1F1B,
     ScheduleGPipe,
 )
+from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_tensor
 
 from ...ir import FrontendError
 from ...solver.plan import PipelinePlan, Plan
@@ -51,6 +57,14 @@ class PipelineSpec:
     """Module path of the layer stack."""
     stage_layers: tuple[tuple[int, ...], ...] = ()
     """Layer indices of each stage."""
+    stage_mesh: tuple[tuple[str, int], ...] = ()
+    """Axes of the mesh inside one stage (``plan.mesh``); empty or size 1: no parallelism."""
+    placements: tuple[tuple[str, tuple[Placement, ...]], ...] = ()
+    """Parameter FQN -> DTensor placements on the stage mesh (``plan.to_placements()``)."""
+
+    @property
+    def stage_size(self) -> int:
+        return math.prod(n for _, n in self.stage_mesh)
 
     @property
     def split_spec(self) -> dict[str, SplitPoint]:
@@ -81,7 +95,12 @@ def pipeline_spec(plan: Plan) -> PipelineSpec:
     points = tuple(stage.first_module for stage in pipe.stages[1:])
     layers = tuple(stage.layers for stage in pipe.stages)
     stack = pipe.stages[0].stack
-    return PipelineSpec(points, pipe.schedule, pipe.microbatches, len(pipe.stages), stack, layers)
+    inner = tuple(plan.mesh.axes) if plan.mesh.size > 1 else ()
+    placements = tuple(plan.to_placements().items()) if inner else ()
+    return PipelineSpec(
+        points, pipe.schedule, pipe.microbatches, len(pipe.stages), stack, layers, inner,
+        placements,
+    )  # fmt: skip
 
 
 def pipeline_split_spec(plan: Plan) -> dict[str, SplitPoint]:
@@ -101,6 +120,7 @@ def build_pipeline_stage(
     stage_index: int,
     device: torch.device | str = "cpu",
     group: Any = None,
+    stage_mesh: DeviceMesh | None = None,
 ) -> PipelineStage:
     """This rank's ``PipelineStage``: ``model`` cut down to stage ``stage_index`` (in place).
 
@@ -110,10 +130,54 @@ def build_pipeline_stage(
         ``model.rotary_emb``, ``model.norm``, ``lm_head``: Llama, Mistral, Qwen2); every rank
         builds the whole model and keeps its stage's part.
       group: the pipeline process group (default: the world).
+      stage_mesh: this stage's device mesh (the plan mesh's axes) when the plan splits
+        layers inside a stage; its parameters are then distributed as planned.
     """
     spec = pipeline_spec(spec) if isinstance(spec, Plan) else spec
-    module = CausalLMStage(model, spec, stage_index)
+    module: nn.Module = CausalLMStage(model, spec, stage_index)
+    if spec.stage_size > 1:
+        if stage_mesh is None or tuple(stage_mesh.shape) != tuple(n for _, n in spec.stage_mesh):
+            raise FrontendError(
+                f"this pipeline splits each stage over {dict(spec.stage_mesh)}; pass "
+                "stage_mesh=device_mesh[<those axes>] for this rank's stage"
+            )
+        module = TensorParallelStage(module, dict(spec.placements), stage_mesh)
     return PipelineStage(module, stage_index, spec.stages, torch.device(device), group=group)
+
+
+class TensorParallelStage(nn.Module):
+    """A stage whose parameters are DTensors on the stage mesh, at the planned placements.
+
+    Activations cross stage boundaries whole: the input is made a replicated DTensor and the
+    output gathered (``full_tensor``), so ``PipelineStage`` sends plain tensors; inside, the
+    same contexts as ``plan.apply`` run the layers (plain tensors act as replicated, views of
+    split dims are local reshapes, CPU attention takes the math path)."""
+
+    def __init__(self, stage: nn.Module, placements: dict[str, Any], mesh: DeviceMesh) -> None:
+        super().__init__()
+        for module_name, module in stage.named_modules():
+            for name, param in list(module.named_parameters(recurse=False)):
+                fqn = f"{module_name}.{name}" if module_name else name
+                tensor = distribute_tensor(
+                    param.detach(), mesh, list(placements[fqn]), src_data_rank=None
+                )
+                module.register_parameter(name, nn.Parameter(tensor, param.requires_grad))
+        self.stage = stage
+        self.mesh = mesh
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        from .emit import _forward_contexts
+
+        replicated = [Replicate()] * self.mesh.ndim
+        with contextlib.ExitStack() as stack:
+            for context in _forward_contexts(self.mesh):
+                stack.enter_context(context)
+            out = self.stage(DTensor.from_local(x, self.mesh, replicated, run_check=False))
+        return out.full_tensor() if isinstance(out, DTensor) else out
+
+    def named_parameters(self, *args: Any, **kwargs: Any):  # type: ignore[no-untyped-def]
+        """The stage's own FQNs (``model.layers.3...``), without the wrapper's prefix."""
+        return self.stage.named_parameters(*args, **kwargs)
 
 
 class _KeptLayers(nn.Module):

@@ -19,6 +19,7 @@ import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 from torch.distributed.tensor.debug import CommDebugMode
+from torch.utils._python_dispatch import TorchDispatchMode  # documented home of dispatch modes
 
 from ...ir import Sharding
 from ...solver.plan import Plan, Reshard
@@ -113,6 +114,83 @@ def planned_collectives(plan: Plan) -> Counter[str]:
         for collective in reshard.collectives:
             counts[collective.kind] += len(collective.axes)
     return counts
+
+
+Collective = tuple[str, tuple[str, ...], int]
+"""(kind, mesh axes in mesh order, bytes of the result on one device): the cost model's terms."""
+
+
+def planned_collective_list(plan: Plan) -> Counter[Collective]:
+    """The plan's own collectives (its cost model's, one per multi-axis group) for the reshards
+    one applied forward + backward performs, as ``{(kind, axes, bytes): count}``."""
+    counts: Counter[Collective] = Counter()
+    for reshard in planned_reshards(plan):
+        for c in reshard.collectives:
+            counts[(c.kind, tuple(c.axes), c.bytes)] += reshard.count
+    return counts
+
+
+class CollectiveLog(TorchDispatchMode):
+    """Records every functional collective a run issues as ``(kind, axes, bytes)``.
+
+    DTensor operands are left to DTensor (``NotImplemented``), so the log sees the collectives
+    its redistributions desugar into. A group is named by the mesh axes it spans: one mesh
+    dimension, or a flattened group of several (``emit.flatten_mesh``). Bytes are the result's
+    on one device, as the cost model counts them (an all-gather's gathered tensor, a
+    reduce-scatter's shard, an all-reduce's or all-to-all's local tensor).
+    """
+
+    def __init__(self, device_mesh: DeviceMesh) -> None:
+        super().__init__()
+        self.axes = axis_groups(device_mesh)
+        self.counts: Counter[Collective] = Counter()
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        if any(issubclass(t, DTensor) for t in types):
+            return NotImplemented
+        out = func(*args, **(kwargs or {}))
+        namespace = getattr(func, "namespace", "")
+        kind = _FUNCTIONAL.get(getattr(func, "__name__", "").split(".")[0])
+        if kind is not None and namespace in ("_c10d_functional", "_dtensor"):
+            self._record(kind, args)
+        return out
+
+    def _record(self, kind: str, args: tuple) -> None:
+        tensor, group = args[0], args[-1]
+        size = tensor.numel() * tensor.element_size()
+        n = args[-2] if kind in ("all-gather", "reduce-scatter") else 1
+        size = size * n if kind == "all-gather" else size // n
+        self.counts[(kind, self.axes.get(group, (str(group),)), size)] += 1
+
+
+_FUNCTIONAL = {
+    "all_gather_into_tensor": "all-gather",
+    "reduce_scatter_tensor": "reduce-scatter",
+    "all_reduce": "all-reduce",
+    "all_to_all_single": "all-to-all",
+    "shard_dim_alltoall": "all-to-all",  # DTensor's Shard(i) -> Shard(j) on one group
+}
+
+
+def axis_groups(device_mesh: DeviceMesh) -> dict[str, tuple[str, ...]]:
+    """Process group name -> the mesh axes it spans (each dimension, and flattened groups)."""
+    from .emit import flattened_meshes
+
+    names = tuple(device_mesh.mesh_dim_names or ())
+    groups = {device_mesh.get_group(i).group_name: (names[i],) for i in range(device_mesh.ndim)}
+    for axes, flat in flattened_meshes(device_mesh).items():
+        groups[flat.get_group().group_name] = axes
+    return groups
+
+
+def collective_listing(counts: Counter[Collective]) -> str:
+    return (
+        "\n".join(
+            f"  {n} x {kind}[{','.join(axes)}] {size} B"
+            for (kind, axes, size), n in sorted(counts.items())
+        )
+        or "  none"
+    )
 
 
 def predicted_collectives(plan: Plan, device_mesh: DeviceMesh) -> Counter[str]:
