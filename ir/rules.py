@@ -66,13 +66,15 @@ class ShardingRule:
         for factor, indices in self.summed:
             if factor not in self.size_of or factor in self.need_replication:
                 raise IRVerifyError(
-                    f"rule {self.spec}: summed factor {factor!r} is unknown or need-replication"
+                    f"rule {self.spec}: summed factor {factor!r} is unknown or need-replication "
+                    "(a summed factor must be a factor of the rule that may be split)"
                 )
             for k in indices:
                 if not 0 <= k < len(self.results) or any(factor in d for d in self.results[k]):
                     raise IRVerifyError(
                         f"rule {self.spec}: factor {factor!r} cannot be summed into result {k} "
-                        "(no such result, or the result carries the factor)"
+                        "(no such result, or the result carries the factor: list only results "
+                        "that sum over it)"
                     )
 
     def __hash__(self) -> int:
