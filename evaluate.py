@@ -17,7 +17,7 @@ from typing import Any
 from .costmodel import get_cluster
 from .ir import Graph, InfeasiblePlanError, Mesh, Role, op_flops
 from .solver.plan import Plan
-from .strategies import ParallelStrategy, StrategyError
+from .strategies import ParallelStrategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,11 +56,6 @@ def evaluate(
     be applied (``plan.apply``) and a JAX function's jitted (``plan.jit``) like ``sp.plan``'s.
     """
     strategy.check(mesh)
-    if strategy.tp_comm_overlap and strategy.pp > 1:
-        raise StrategyError(
-            f"{strategy.name}: tp_comm_overlap is not modelled inside pipeline stages yet; "
-            "evaluate it with pp=1 or without tp_comm_overlap"
-        )
     graph, context = _graph(model_or_graph, example_args, options, strategy)
     limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
     semantics = getattr(context, "partial_semantics", None)
@@ -72,8 +67,8 @@ def evaluate(
     except InfeasiblePlanError:
         fits = False
         plan = solve(math.inf)
-    if strategy.tp_comm_overlap and strategy.tp:
-        _simulate_tp_overlap(plan, strategy.tp)
+    if strategy.tp_comm_overlap and strategy.tp and strategy.pp == 1:
+        _simulate_tp_overlap(plan, strategy.tp)  # a pipeline's stages priced it already
     plan.frontend_context = context
     return _evaluation(strategy.name, graph, mesh, plan, fits and _peak(plan) <= limit, limit)
 
@@ -176,6 +171,7 @@ def _solve(
                 graph, mesh, strategy.pipeline_axis, memory_limit=limit,
                 schedule="interleaved" if strategy.chunks > 1 else "1f1b",
                 chunks=strategy.chunks, microbatches=strategy.microbatches, time_limit=time_limit,
+                tp_overlap_axes=(strategy.tp,) if strategy.tp_comm_overlap and strategy.tp else (),
                 stage_bounds=uniform_stage_bounds(graph, strategy.pp), **options,
             )  # fmt: skip
         return plan_graph(graph, mesh, memory_limit=limit, time_limit=time_limit, **options)

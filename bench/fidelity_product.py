@@ -9,9 +9,8 @@ row's calibrated cluster: the pipeline (``plan_pipeline``'s stage model, equal s
 data-parallel gradient reduction and the optimizer all come from the product's cost model.
 Nothing from ``transformer_cost.py`` enters the prediction.
 
-Rows that ran interleaved 1F1B (``chunks > 1``) are evaluated with ``megatron(..., chunks=v)``.
-What the product does not model yet, and the analytic column does: tensor-parallel
-communication overlap inside pipeline stages (priced without it).
+Rows that ran interleaved 1F1B (``chunks > 1``) are evaluated with ``megatron(..., chunks=v)``,
+rows with TP communication overlap with ``tp_comm_overlap=True`` (inside pipeline stages too).
 """
 
 from __future__ import annotations
@@ -50,7 +49,7 @@ def strategy_of(c: Config):
         recompute=None if c.recompute == "none" else c.recompute,
         zero1=c.distributed_optimizer and c.dp > 1,
         chunks=c.chunks,
-        tp_comm_overlap=c.tp_overlap and c.sequence_parallel and c.tp > 1 and c.pp == 1,
+        tp_comm_overlap=c.tp_overlap and c.sequence_parallel and c.tp > 1,
     )
 
 

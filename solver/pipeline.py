@@ -16,7 +16,17 @@ from ..costmodel import get_cluster, group_link
 from ..costmodel.cluster import Cluster
 from ..costmodel.fusion import fusion, unfused_penalty
 from ..costmodel.simulate import edge_exposure
-from ..ir import Graph, InfeasiblePlanError, Mesh, Op, Role, ShardplanError, Value, op_flops
+from ..ir import (
+    Graph,
+    InfeasiblePlanError,
+    Mesh,
+    Op,
+    Role,
+    ShardplanError,
+    Value,
+    op_flops,
+    op_info,
+)
 from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
 from .batch import batch_inputs, plan_batch_split
@@ -38,6 +48,7 @@ def plan_pipeline(
     time_limit: float = 30.0,
     stage_bounds: tuple[int, ...] | None = None,
     chunks: int = 1,
+    tp_overlap_axes: tuple[str, ...] = (),
     **planner_options,
 ) -> Plan:
     """Plan ``graph`` on ``mesh`` with pipeline stages along ``axis``.
@@ -46,6 +57,8 @@ def plan_pipeline(
     evaluate a hand-written configuration (e.g. Megatron's uniform stages) under the same model.
     ``schedule="interleaved"`` with ``chunks`` model chunks per device (Megatron's virtual
     pipeline) is priced for a fixed split only (``stage_bounds``; ``sp.evaluate`` gives one).
+    ``tp_overlap_axes``: collectives on these axes run chunked under their GEMM in the stage
+    times (Megatron-Core ``--tp-comm-overlap``, as ``SimulationOptions.tp_overlap_axes``).
     """
     from .planner import plan_graph
 
@@ -59,7 +72,7 @@ def plan_pipeline(
         )
     return _plan_stages(
         graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-        stage_bounds, planner_options, chunks,
+        stage_bounds, planner_options, (chunks, tuple(tp_overlap_axes)),
     )  # fmt: skip
 
 
@@ -83,7 +96,7 @@ def _check_schedule(schedule: str, chunks: int, bounds, microbatches, stages: in
 
 def _plan_stages(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, planner_options, chunks=1,
+    stage_bounds, planner_options, extra=(1, ()),
 ) -> Plan:  # fmt: skip
     """The best of one sub-mesh plan per batch-split cap, each with its best stages.
 
@@ -103,7 +116,7 @@ def _plan_stages(
             continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
         try:
             found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches,
-                              time_limit, stage_bounds, planner_options, cap, chunks)  # fmt: skip
+                              time_limit, stage_bounds, planner_options, cap, extra)  # fmt: skip
         except InfeasiblePlanError as exc:
             error = exc
             continue
@@ -163,11 +176,13 @@ def _batch_caps(sub_mesh: Mesh, batch: int, microbatches: int | None) -> list[in
 
 def _plan_cap(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, planner_options, cap, chunks=1,
+    stage_bounds, planner_options, cap, extra=(1, ()),
 ) -> tuple[Plan, LayerSplit, StageAssignment]:  # fmt: skip
-    """Sub-mesh plan with the batch split at most ``cap``, and its best stages."""
+    """Sub-mesh plan with the batch split at most ``cap``, and its best stages (``extra``:
+    interleaving chunks and TP-overlap axes)."""
     from .planner import plan_graph
 
+    chunks, tp_overlap_axes = extra
     # The sub-mesh solve sees the whole batch through every layer: a stage holds 1/stages of
     # the state and at most `stages` of `m` micro-batches of its layers' activations.
     m_max = microbatches or min(_batch_bound(graph) // cap, MAX_MICROBATCHES)
@@ -175,7 +190,7 @@ def _plan_cap(
         graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit,
         activation_scale=min(1.0, stages / m_max), batch_split_limit=cap, **planner_options,
     )  # fmt: skip
-    split = attribute_layer_costs(inner, get_cluster(mesh.cluster))
+    split = attribute_layer_costs(inner, get_cluster(mesh.cluster), tp_overlap_axes)
     if split.costs.num_layers < stages:
         raise ShardplanError(
             f"cannot pipeline {split.costs.num_layers} repeated layers over {axis}={stages} "
@@ -248,7 +263,9 @@ class LayerSplit:
     layer_of_op: dict[int, int] = field(default_factory=dict)
 
 
-def attribute_layer_costs(plan: Plan, cluster: Cluster) -> LayerSplit:
+def attribute_layer_costs(
+    plan: Plan, cluster: Cluster, tp_overlap_axes: tuple[str, ...] = ()
+) -> LayerSplit:
     """Split a solved plan's time and memory into per-layer, before-stack and after-stack parts.
 
     A recomputed layer (``plan.recompute``) pays its re-run forward ops again and keeps none of
@@ -258,7 +275,7 @@ def attribute_layer_costs(plan: Plan, cluster: Cluster) -> LayerSplit:
     stack, layer_ids, layer_of = _stack(graph)
     turn = _turning_point(graph)
     live = liveness(graph) if plan.recompute else None
-    times = _op_times(plan, cluster)
+    times = _op_times(plan, cluster, tp_overlap_axes)
     time, pre, post, step = _time_split(plan, times, layer_of, len(layer_ids), turn)
     freed = _recompute(plan, live, times, layer_of, time)
     state, pre_bytes, post_bytes = _state_split(plan, layer_of, len(layer_ids))
@@ -361,37 +378,57 @@ def _local(value: Value, plan: Plan) -> int:
     return value.type.nbytes // plan.sharding_of(value.name).shard_count(plan.mesh)
 
 
-def _op_times(plan: Plan, cluster: Cluster) -> list[float]:
+def _op_times(plan: Plan, cluster: Cluster, tp_overlap_axes: tuple[str, ...] = ()) -> list[float]:
     """Per op: roofline time under its planned layouts plus the reshards feeding it."""
     from ..passes.enumerate_strategies import Strategy
 
     graph = plan.graph
     fused = fusion(graph)
+    times = []
+    for i, op in enumerate(plan.graph.ops):
+        operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
+        results = tuple(plan.sharding_of(v.name) for v in op.results)
+        strategy = Strategy(operands, results, (), _split(op, operands, results, plan))
+        times.append(op_cost(op, strategy, plan.mesh, cluster, fused.of(op)))
     by_name = {v.name: v for v in graph.values()}
+    index_of = {op: i for i, op in enumerate(graph.ops)}
     incoming = [0.0] * len(graph.ops)
     for r in plan.reshards:
         kind, *rest = r.consumer.split(":")
         if kind == "op":  # the same overlap-aware price the intra-op objective used
             index = int(rest[0])
             value = by_name[r.value]
-            incoming[index] += r.time * edge_exposure(value, graph.ops[index], graph)
+            moved = _overlapped(r, value, graph.ops[index], times, index_of, tp_overlap_axes,
+                                plan.mesh)  # fmt: skip
+            incoming[index] += moved * edge_exposure(value, graph.ops[index], graph)
             if (index, int(rest[1])) in fused.edges:  # the reshard breaks a fused chain
                 incoming[index] += unfused_penalty(value.type, r.src, r.dst, plan.mesh, cluster)
-    times = []
-    for i, op in enumerate(plan.graph.ops):
-        operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
-        results = tuple(plan.sharding_of(v.name) for v in op.results)
-        times.append(
-            op_cost(
-                op,
-                Strategy(operands, results, (), _split(op, operands, results, plan)),
-                plan.mesh,
-                cluster,
-                fused.of(op),
-            )
-            + incoming[i]
-        )
-    return times
+    return [t + extra for t, extra in zip(times, incoming, strict=True)]
+
+
+def _overlapped(reshard, value: Value, consumer: Op, times, index_of, axes, mesh) -> float:  # type: ignore[no-untyped-def]
+    """Seconds of a reshard left on the critical path by tensor-parallel overlap: one
+    all-gather into a GEMM, or one reduce-scatter of a GEMM's result, on ``axes`` runs in
+    ``n`` chunks pipelined with that GEMM, ``max(0, c - g) + min(c, g) / n`` (the two-stream
+    simulator's ``Transfer.pipelined``); anything else costs its full time."""
+    if not axes or len(reshard.collectives) != 1:
+        return reshard.time
+    (c,) = reshard.collectives
+    if not c.axes or not set(c.axes) <= set(axes):
+        return reshard.time
+    if c.kind == "all-gather" and _is_gemm(consumer):
+        gemm = times[index_of[consumer]]
+    elif c.kind == "reduce-scatter" and _is_gemm(value.producer):
+        gemm = times[index_of[value.producer]]
+    else:
+        return reshard.time
+    t, chunks = reshard.time, mesh.group_size(c.axes)
+    return max(0.0, t - gemm) + min(t, gemm) / chunks
+
+
+def _is_gemm(op: Op | None) -> bool:
+    info = op_info(op.kind) if op is not None else None
+    return info is not None and info.flops == "dot"
 
 
 def _split(op: Op, operands, results, plan: Plan) -> int:

@@ -157,3 +157,28 @@ def test_interleaved_pipeline_shrinks_the_bubble_by_the_chunk_count() -> None:
     with pytest.raises(sp.ShardplanError, match="divisible by pp"):
         sp.evaluate(graph, mesh=PIPE_MESH,
                     strategy=sp.strategies.megatron(2, pp=2, microbatches=3, chunks=2))  # fmt: skip
+
+
+def test_tp_comm_overlap_inside_pipeline_stages() -> None:
+    """With a pipeline, tp_comm_overlap shortens the stages (their TP all-gathers and
+    reduce-scatters run chunked under their GEMMs) by at most those collectives' time."""
+    graph = training_step(PIPE, batch=8)
+
+    def run(overlap: bool):  # type: ignore[no-untyped-def]
+        strategy = sp.strategies.megatron(
+            2, pp=2, microbatches=4, sequence_parallel=True, tp_comm_overlap=overlap
+        )
+        return sp.evaluate(graph, mesh=PIPE_MESH, strategy=strategy)
+
+    plain, overlapped = run(False), run(True)
+    assert overlapped.plan.shardings == plain.plan.shardings
+    tp_time = sum(
+        r.time for r in plain.plan.reshards
+        if r.consumer.startswith("op:") and any(c.axes == ("tp",) for c in r.collectives)
+    )  # fmt: skip
+    assert tp_time > 0
+    assert overlapped.step_time < plain.step_time
+    saved = sum(s.time for s in plain.plan.pipeline.stages) - sum(
+        s.time for s in overlapped.plan.pipeline.stages
+    )
+    assert 0 < saved <= tp_time
