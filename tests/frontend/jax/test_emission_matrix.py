@@ -38,8 +38,10 @@ MESHES = {
     "2x2x2": {"dp": 2, "fsdp": 2, "tp": 2},
 }
 KINDS = ("free", "fsdp", "megatron")
-PLAN_TIME_LIMIT = 120
-"""A time-limited solve is not a deterministic plan: the limit is far above the solves here."""
+PLAN_TIME_LIMIT = 60
+"""Seconds for each solve: the 2-D cells solve in 1-66 s on a busy 2-core box; the 3-D cells
+of the GQA decoder and GPT find no plan within 120 s today (the 3-D solve is being sped up), so
+they fail here, loudly, within the budget."""
 
 
 def _model(name: str):
