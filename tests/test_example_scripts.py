@@ -4,6 +4,10 @@ Each script runs in a fresh interpreter from the repository root with the enviro
 (no XLA_FLAGS: the JAX examples set their own simulated devices). It must exit 0 within its
 stated time, print no traceback, end with the check it promises ("check passed: ..."), and keep
 its output short: the one-screen plan summary and a few lines of result.
+
+Measured on the shared 2-core box (one run of this file: 217 s in all): torch_mlp 10-22 s,
+hf_llama 27-42 s, hf_gpt2 24-31 s, torch_pipeline 35-71 s (2 gloo processes), jax_mlp 9-15 s,
+jax_gpt --scan 50-83 s, research_pass 2-3 s, the CLI on mlp_graph 3 s.
 """
 
 from __future__ import annotations

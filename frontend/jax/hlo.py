@@ -133,13 +133,31 @@ def replica_groups(attrs: str, num_devices: int) -> list[list[int]] | None:
         ids = np.arange(math.prod(dims)).reshape(dims)
         if d := re.search(r"device_ids=\(\[([\d,]+)\](?:T\(([\d,]+)\))?\)", m.group(2)):
             ids = _iota(_ints(d.group(1)), _ints(d.group(2)) if d.group(2) else None).reshape(dims)
+        entries = [_mesh_axis_entry(a, names, dims) for a in m.group(3).split(",") if a.strip()]
+        # A sub-axis 'name':(pre)size is the middle factor of that axis split pre x size x rest.
+        factors = [[(0, n)] for n in dims]
+        for axis, pre, size in entries:
+            if size != dims[axis]:
+                factors[axis] = [(0, pre), (pre, size), (pre * size, dims[axis] // (pre * size))]
+        shape = [n for axis in factors for _, n in axis]
+        ids = ids.reshape(shape)
+        flat = [(axis, start) for axis, parts in enumerate(factors) for start, _ in parts]
         listed = [
-            names.index(a.strip(" '").split(":")[0]) for a in m.group(3).split(",") if a.strip()
+            flat.index((axis, pre if size != dims[axis] else 0)) for axis, pre, size in entries
         ]
-        rest = [i for i in range(len(dims)) if i not in listed]
-        groups = ids.transpose(rest + listed).reshape(-1, math.prod(dims[i] for i in listed))
+        rest = [i for i in range(len(shape)) if i not in listed]
+        groups = ids.transpose(rest + listed).reshape(-1, math.prod(shape[i] for i in listed))
         return groups.tolist()
     return None
+
+
+def _mesh_axis_entry(text: str, names: list[str], dims: list[int]) -> tuple[int, int, int]:
+    """``'axis_1'`` -> (1, 1, size of axis 1); a sub-axis ``'axis_0':(2)2`` -> (0, 2, 2)."""
+    name, _, sub = text.strip().partition(":")
+    axis = names.index(name.strip(" '"))
+    if m := re.fullmatch(r"\((\d+)\)(\d+)", sub.strip()):
+        return axis, int(m.group(1)), int(m.group(2))
+    return axis, 1, dims[axis]
 
 
 def group_axes(group: Sequence[int], mesh: Mesh) -> tuple[str, ...] | None:

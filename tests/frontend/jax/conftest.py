@@ -11,5 +11,7 @@ os.environ["XLA_FLAGS"] = (
 ).strip()
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
-if str(EXAMPLES) not in sys.path:  # the examples double as test models (make() factories)
-    sys.path.insert(0, str(EXAMPLES))
+MODELS = Path(__file__).resolve().parent  # test-only models (gqa_decoder.py)
+for folder in (EXAMPLES, MODELS):  # the examples double as test models (make() factories)
+    if str(folder) not in sys.path:
+        sys.path.insert(0, str(folder))

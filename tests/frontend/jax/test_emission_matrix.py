@@ -38,8 +38,10 @@ MESHES = {
     "2x2x2": {"dp": 2, "fsdp": 2, "tp": 2},
 }
 KINDS = ("free", "fsdp", "megatron")
-PLAN_TIME_LIMIT = 120
-"""A time-limited solve is not a deterministic plan: the limit is far above the solves here."""
+PLAN_TIME_LIMIT = {2: 60, 3: 30}
+"""Solver seconds by mesh rank: the 2-D cells solve in 1-66 s on a busy 2-core box; the 3-D
+cells of the GQA decoder and GPT find no plan within 120 s today (the 3-D solve is being sped
+up), so they fail here, loudly, within the CI budget."""
 
 
 def _model(name: str):
@@ -77,7 +79,8 @@ def _cell(model: str, mesh_name: str, kind: str):
             for name, layout in _strategy(kind).pins(graph, mesh).items()
         }
     start = time.perf_counter()
-    plan = sp.plan(step, *args, mesh=mesh, pins=pins, time_limit=PLAN_TIME_LIMIT)
+    limit = PLAN_TIME_LIMIT[len(MESHES[mesh_name])]
+    plan = sp.plan(step, *args, mesh=mesh, pins=pins, time_limit=limit)
     seconds = time.perf_counter() - start
     return step, args, plan, plan.jit(step, make_jax_mesh(plan)), seconds
 

@@ -34,6 +34,15 @@ MESH = Mesh({"data": 2, "model": 4})
             [[0, 1, 2, 3], [4, 5, 6, 7]],
         ),
         ("replica_groups={}", [list(range(8))]),
+        # Shardy sub-axes 'name':(pre-size)size: the major, then the minor half of axis_0 = 4
+        (
+            "replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0':(1)2}",
+            [[0, 4], [1, 5], [2, 6], [3, 7]],
+        ),
+        (
+            "replica_groups=mesh['axis_0'=4,'axis_1'=2] {'axis_0':(2)2}",
+            [[0, 2], [1, 3], [4, 6], [5, 7]],
+        ),
     ],
 )
 def test_replica_groups_every_syntax(attrs, groups):
