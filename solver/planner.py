@@ -160,11 +160,11 @@ def _plan_space(
     chosen: list[list[int]] = []
     warm = {**_hints(space), **(hints or {})}
     started = time.perf_counter()
-    for candidate, merge in variants:
+    for index, (candidate, merge) in enumerate(variants):
         clock("shrink", shrink, candidate, space, o.share_layers, merge)
         deadline = min(o.deadline, started + share * o.time_limit)
         left = max(1.0, deadline - time.perf_counter())
-        budget = left / len(variants)  # the user's limit covers every variant
+        budget = left / (len(variants) - index)  # the user's limit covers every variant
         work = STEP_WORK if share < 1 else None  # a step cut short is still deterministic
         solution = clock("solve", solve, candidate, budget, warm, memory=memory, work_limit=work)
         if not solution.choice and plans and not merge:
