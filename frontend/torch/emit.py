@@ -9,6 +9,7 @@ the DTensor program follows the planned layouts and issues the planned collectiv
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -258,6 +259,14 @@ class _ApplyMode(TorchFunctionMode):
                 return out
         elif func is F.embedding and len(args) > 1 and isinstance(args[1], DTensor):
             args = (args[0], one_vocab_split(args[1]), *args[2:])
+        elif func is F.scaled_dot_product_attention and not follow.following():
+            out = local_attention(func, args, kwargs)
+            if out is not None:
+                return out
+        elif func is F.linear and args and isinstance(args[0], DTensor):
+            args = (one_leading_split(args[0]), *args[1:])
+        elif func in _IN_PLACE_ADDS and len(args) > 1 and isinstance(args[0], DTensor):
+            args = (args[0], pending_like(args[1], args[0]), *args[2:])
         return func(*args, **kwargs)
 
 
@@ -266,6 +275,83 @@ _VIEWS = frozenset({
     torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten, torch.flatten,
     torch.Tensor.unflatten, torch.unflatten, torch.Tensor.view_as, torch.Tensor.reshape_as,
 })  # fmt: skip
+
+
+_IN_PLACE_ADDS = frozenset({torch.Tensor.__iadd__, torch.Tensor.add_, torch.Tensor.__isub__,
+                            torch.Tensor.sub_})  # fmt: skip
+
+
+def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
+    """Attention on each rank's shards when queries, keys and values are split alike on batch
+    and heads only (every (batch, head) pair attends on its own; the IR's attention rule
+    splits no other dim). DTensor's math path instead folds batch and heads into one dim,
+    which it cannot express when heads are split over two mesh dims (``_StridedShard``).
+    None: not such a call (a mask, another split), left to DTensor."""
+    qkv = args[:3]
+    if len(qkv) < 3 or not all(isinstance(t, DTensor) for t in qkv):
+        return None
+    if kwargs.get("attn_mask") is not None or len(args) > 3:
+        return None
+    placements = tuple(qkv[0].placements)
+    if any(tuple(t.placements) != placements for t in qkv) or not any(
+        isinstance(p, Shard) for p in placements
+    ):
+        return None
+    if not all(isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim < 2)
+               for p in placements):  # fmt: skip
+        return None
+    q, k, v = qkv
+    with torch.autograd.graph.saved_tensors_hooks(_same, _same):  # local tensors stay local
+        local = func(q.to_local(), k.to_local(), v.to_local(), **kwargs)
+    shape = (*q.shape[:-1], v.shape[-1])
+    stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
+    return DTensor.from_local(
+        local, q.device_mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride
+    )
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def one_leading_split(x: DTensor) -> DTensor:
+    """A ``linear`` input split on at most one of its leading dims.
+
+    ``linear`` folds the leading dims into one before its matmul; with two of them split
+    (batch over ``dp``, sequence over ``tp``) DTensor makes the folded dim a ``_StridedShard``
+    that the unfolding view then refuses. The minor leading splits are gathered first (the
+    IR's reshape rule never folds such a layout; only ``apply``'s DTensor-chosen inner
+    layouts meet it)."""
+    leading = sorted({p.dim for p in x.placements if isinstance(p, Shard) and p.dim < x.ndim - 1})
+    if len(leading) < 2:
+        return x
+    placements = tuple(
+        Replicate() if isinstance(p, Shard) and p.dim in leading[1:] else p for p in x.placements
+    )
+    with follow.paused():
+        return x.redistribute(placements=placements)
+
+
+def pending_like(other: Any, target: DTensor) -> Any:
+    """``other`` made pending (``Partial``) on the mesh dims where ``target`` is, for an
+    in-place add into ``target``: DTensor keeps ``target``'s placements and cannot move a
+    shard straight to a pending sum (HF Falcon's ``mlp_output += attention_output``), so a
+    shard is gathered first (a replicated value becomes pending without communication)."""
+    if not isinstance(other, DTensor):
+        return other
+    pending = [isinstance(p, Partial) for p in target.placements]
+    if not any(pending):
+        return other
+    whole = tuple(
+        Replicate() if want and isinstance(p, Shard) else p
+        for want, p in zip(pending, other.placements, strict=True)
+    )
+    with follow.paused():
+        moved = other if whole == tuple(other.placements) else other.redistribute(placements=whole)
+        final = tuple(
+            t if want else p for want, p, t in zip(pending, whole, target.placements, strict=True)
+        )
+        return moved if final == whole else moved.redistribute(placements=final)
 
 
 def one_vocab_split(weight: DTensor) -> DTensor:
