@@ -266,7 +266,7 @@ class _ApplyMode(TorchFunctionMode):
         elif func is F.linear and args and isinstance(args[0], DTensor):
             args = (one_leading_split(args[0]), *args[1:])
         elif func in _IN_PLACE_ADDS and len(args) > 1 and isinstance(args[0], DTensor):
-            args = (args[0], pending_like(args[1], args[0]), *args[2:])
+            args = (args[0], pending_like(args[0], args[1]), *args[2:])
         return func(*args, **kwargs)
 
 
@@ -277,8 +277,7 @@ _VIEWS = frozenset({
 })  # fmt: skip
 
 
-_IN_PLACE_ADDS = frozenset({torch.Tensor.__iadd__, torch.Tensor.add_, torch.Tensor.__isub__,
-                            torch.Tensor.sub_})  # fmt: skip
+_IN_PLACE_ADDS = frozenset({torch.Tensor.add_, torch.Tensor.sub_})
 
 
 def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
@@ -332,26 +331,30 @@ def one_leading_split(x: DTensor) -> DTensor:
         return x.redistribute(placements=placements)
 
 
-def pending_like(other: Any, target: DTensor) -> Any:
-    """``other`` made pending (``Partial``) on the mesh dims where ``target`` is, for an
-    in-place add into ``target``: DTensor keeps ``target``'s placements and cannot move a
-    shard straight to a pending sum (HF Falcon's ``mlp_output += attention_output``), so a
-    shard is gathered first (a replicated value becomes pending without communication)."""
+def pending_like(target: DTensor, other: Any) -> Any:
+    """``other`` made a pending sum on the mesh dims where ``target`` is one, for an in-place
+    add into ``target``: DTensor keeps an in-place op's placements and cannot make a shard
+    pending itself (HF Falcon's ``mlp_output += attention_output``). The split is gathered,
+    and each of the ``n`` ranks of the pending dims holds ``1/n`` of it (their sum is it)."""
     if not isinstance(other, DTensor):
         return other
-    pending = [isinstance(p, Partial) for p in target.placements]
+    pending = [
+        isinstance(t, Partial) and not isinstance(o, Partial)
+        for t, o in zip(target.placements, other.placements, strict=True)
+    ]
     if not any(pending):
         return other
     whole = tuple(
-        Replicate() if want and isinstance(p, Shard) else p
-        for want, p in zip(pending, other.placements, strict=True)
+        Replicate() if want else p for want, p in zip(pending, other.placements, strict=True)
     )
     with follow.paused():
-        moved = other if whole == tuple(other.placements) else other.redistribute(placements=whole)
-        final = tuple(
-            t if want else p for want, p, t in zip(pending, whole, target.placements, strict=True)
-        )
-        return moved if final == whole else moved.redistribute(placements=final)
+        gathered = other.redistribute(placements=whole)
+    n = math.prod(other.device_mesh.size(i) for i, want in enumerate(pending) if want)
+    placements = tuple(Partial() if want else p for want, p in zip(pending, whole, strict=True))
+    return DTensor.from_local(
+        gathered.to_local() / n, other.device_mesh, placements, run_check=False,
+        shape=other.shape, stride=other.stride(),
+    )  # fmt: skip
 
 
 def one_vocab_split(weight: DTensor) -> DTensor:
