@@ -335,7 +335,8 @@ def pending_like(target: DTensor, other: Any) -> Any:
     """``other`` made a pending sum on the mesh dims where ``target`` is one, for an in-place
     add into ``target``: DTensor keeps an in-place op's placements and cannot make a shard
     pending itself (HF Falcon's ``mlp_output += attention_output``). The split is gathered,
-    and each of the ``n`` ranks of the pending dims holds ``1/n`` of it (their sum is it)."""
+    and each of the ``n`` ranks of the pending dims holds ``1/n`` of it (their sum is it; so
+    its gradient is pending over those dims too: each rank's ``1/n`` share adds up)."""
     if not isinstance(other, DTensor):
         return other
     pending = [
@@ -352,7 +353,8 @@ def pending_like(target: DTensor, other: Any) -> Any:
     n = math.prod(other.device_mesh.size(i) for i, want in enumerate(pending) if want)
     placements = tuple(Partial() if want else p for want, p in zip(pending, whole, strict=True))
     return DTensor.from_local(
-        gathered.to_local() / n, other.device_mesh, placements, run_check=False,
+        gathered.to_local(grad_placements=placements) / n, other.device_mesh, placements,
+        run_check=False,
         shape=other.shape, stride=other.stride(),
     )  # fmt: skip
 
