@@ -237,7 +237,7 @@ def _forward_contexts(mesh: DeviceMesh) -> list[Any]:
 
 
 class _ApplyMode(TorchFunctionMode):
-    """Two torch functions run as the plan means them when DTensors take part.
+    """Torch functions run as the plan means them when DTensors take part.
 
     ``torch.cat`` skips 1-D empty operands, as eager ``cat`` does: eager ``cat`` ignores a
     legacy ``torch.tensor([])`` whatever the other operands' rank; DTensor's rule instead
@@ -247,19 +247,22 @@ class _ApplyMode(TorchFunctionMode):
 
     Views and reshapes of split dims are local reshapes (``views.py``): DTensor's view rule
     refuses most of them (``[b, s, (kv d)]`` split over two axes -> ``[b, s, kv, d]``).
-    Under ``follow_plan`` the follower does both at dispatch, so views pass through here."""
+    Under ``follow_plan`` the follower runs every aten call at its planned layouts, so only
+    the ``cat`` rule applies then."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if func in _CATS and args and any(isinstance(t, DTensor) for t in args[0]):
             args = (follow.without_legacy_empty(args[0]), *args[1:])
-        elif func in _VIEWS and args and isinstance(args[0], DTensor) and not follow.following():
+        elif follow.following():
+            pass  # the follower runs each aten call at its planned layouts
+        elif func in _VIEWS and args and isinstance(args[0], DTensor):
             out = _view(func, args, kwargs)
             if out is not None:
                 return out
         elif func is F.embedding and len(args) > 1 and isinstance(args[1], DTensor):
             args = (args[0], one_vocab_split(args[1]), *args[2:])
-        elif func is F.scaled_dot_product_attention and not follow.following():
+        elif func is F.scaled_dot_product_attention:
             out = local_attention(func, args, kwargs)
             if out is not None:
                 return out

@@ -94,8 +94,8 @@ MESHES = {
 KINDS = ("free", "megatron", "fsdp", "tp_fsdp")
 CELLS = [
     (family, mesh, kind)
-    for family in FAMILIES
     for mesh in MESHES
+    for family in FAMILIES
     for kind in KINDS
     if not (mesh == "8" and kind == "tp_fsdp")
 ]
