@@ -9,6 +9,7 @@ the DTensor program follows the planned layouts and issues the planned collectiv
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import torch
@@ -236,7 +237,7 @@ def _forward_contexts(mesh: DeviceMesh) -> list[Any]:
 
 
 class _ApplyMode(TorchFunctionMode):
-    """Two torch functions run as the plan means them when DTensors take part.
+    """Torch functions run as the plan means them when DTensors take part.
 
     ``torch.cat`` skips 1-D empty operands, as eager ``cat`` does: eager ``cat`` ignores a
     legacy ``torch.tensor([])`` whatever the other operands' rank; DTensor's rule instead
@@ -246,18 +247,29 @@ class _ApplyMode(TorchFunctionMode):
 
     Views and reshapes of split dims are local reshapes (``views.py``): DTensor's view rule
     refuses most of them (``[b, s, (kv d)]`` split over two axes -> ``[b, s, kv, d]``).
-    Under ``follow_plan`` the follower does both at dispatch, so views pass through here."""
+    Under ``follow_plan`` the follower runs every aten call at its planned layouts, so only
+    the ``cat`` rule applies then."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
         if func in _CATS and args and any(isinstance(t, DTensor) for t in args[0]):
             args = (follow.without_legacy_empty(args[0]), *args[1:])
-        elif func in _VIEWS and args and isinstance(args[0], DTensor) and not follow.following():
+        elif follow.following():
+            pass  # the follower runs each aten call at its planned layouts
+        elif func in _VIEWS and args and isinstance(args[0], DTensor):
             out = _view(func, args, kwargs)
             if out is not None:
                 return out
         elif func is F.embedding and len(args) > 1 and isinstance(args[1], DTensor):
             args = (args[0], one_vocab_split(args[1]), *args[2:])
+        elif func is F.scaled_dot_product_attention:
+            out = local_attention(func, args, kwargs)
+            if out is not None:
+                return out
+        elif func is F.linear and args and isinstance(args[0], DTensor):
+            args = (one_leading_split(args[0]), *args[1:])
+        elif func in _IN_PLACE_ADDS and len(args) > 1 and isinstance(args[0], DTensor):
+            args = (args[0], pending_like(args[0], args[1]), *args[2:])
         return func(*args, **kwargs)
 
 
@@ -266,6 +278,88 @@ _VIEWS = frozenset({
     torch.Tensor.view, torch.Tensor.reshape, torch.reshape, torch.Tensor.flatten, torch.flatten,
     torch.Tensor.unflatten, torch.unflatten, torch.Tensor.view_as, torch.Tensor.reshape_as,
 })  # fmt: skip
+
+
+_IN_PLACE_ADDS = frozenset({torch.Tensor.add_, torch.Tensor.sub_})
+
+
+def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
+    """Attention on each rank's shards when queries, keys and values are split alike on batch
+    and heads only (every (batch, head) pair attends on its own; the IR's attention rule
+    splits no other dim). DTensor's math path instead folds batch and heads into one dim,
+    which it cannot express when heads are split over two mesh dims (``_StridedShard``).
+    None: not such a call (a mask, another split), left to DTensor."""
+    qkv = args[:3]
+    if len(qkv) < 3 or not all(isinstance(t, DTensor) for t in qkv):
+        return None
+    if kwargs.get("attn_mask") is not None or len(args) > 3:
+        return None
+    placements = tuple(qkv[0].placements)
+    if any(tuple(t.placements) != placements for t in qkv) or not any(
+        isinstance(p, Shard) for p in placements
+    ):
+        return None
+    if not all(isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim < 2)
+               for p in placements):  # fmt: skip
+        return None
+    q, k, v = qkv
+    with torch.autograd.graph.saved_tensors_hooks(_same, _same):  # local tensors stay local
+        local = func(q.to_local(), k.to_local(), v.to_local(), **kwargs)
+    shape = (*q.shape[:-1], v.shape[-1])
+    stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
+    return DTensor.from_local(
+        local, q.device_mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride
+    )
+
+
+def _same(t: torch.Tensor) -> torch.Tensor:
+    return t
+
+
+def one_leading_split(x: DTensor) -> DTensor:
+    """A ``linear`` input split on at most one of its leading dims.
+
+    ``linear`` folds the leading dims into one before its matmul; with two of them split
+    (batch over ``dp``, sequence over ``tp``) DTensor makes the folded dim a ``_StridedShard``
+    that the unfolding view then refuses. The minor leading splits are gathered first (the
+    IR's reshape rule never folds such a layout; only ``apply``'s DTensor-chosen inner
+    layouts meet it)."""
+    leading = sorted({p.dim for p in x.placements if isinstance(p, Shard) and p.dim < x.ndim - 1})
+    if len(leading) < 2:
+        return x
+    placements = tuple(
+        Replicate() if isinstance(p, Shard) and p.dim in leading[1:] else p for p in x.placements
+    )
+    with follow.paused():
+        return x.redistribute(placements=placements)
+
+
+def pending_like(target: DTensor, other: Any) -> Any:
+    """``other`` made a pending sum on the mesh dims where ``target`` is one, for an in-place
+    add into ``target``: DTensor keeps an in-place op's placements and cannot make a shard
+    pending itself (HF Falcon's ``mlp_output += attention_output``). The split is gathered,
+    and each of the ``n`` ranks of the pending dims holds ``1/n`` of it (their sum is it; so
+    its gradient is pending over those dims too: each rank's ``1/n`` share adds up)."""
+    if not isinstance(other, DTensor):
+        return other
+    pending = [
+        isinstance(t, Partial) and not isinstance(o, Partial)
+        for t, o in zip(target.placements, other.placements, strict=True)
+    ]
+    if not any(pending):
+        return other
+    whole = tuple(
+        Replicate() if want else p for want, p in zip(pending, other.placements, strict=True)
+    )
+    with follow.paused():
+        gathered = other.redistribute(placements=whole)
+    n = math.prod(other.device_mesh.size(i) for i, want in enumerate(pending) if want)
+    placements = tuple(Partial() if want else p for want, p in zip(pending, whole, strict=True))
+    return DTensor.from_local(
+        gathered.to_local(grad_placements=placements) / n, other.device_mesh, placements,
+        run_check=False,
+        shape=other.shape, stride=other.stride(),
+    )  # fmt: skip
 
 
 def one_vocab_split(weight: DTensor) -> DTensor:

@@ -40,6 +40,7 @@ _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
 _MATMUL_ADD = {"aten.addmm.default": torch.ops.aten.mm, "aten.baddbmm.default": torch.ops.aten.bmm}
 _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 """Run-time calls that ``make_fx`` records under another name."""
+_ADD = "aten.add.Tensor"
 _LOOKAHEAD = 64
 """How many captured calls a run-time call may skip to find its match."""
 
@@ -115,6 +116,15 @@ class PlanFollower(TorchDispatchMode):
                     self.identity_of[s.results[0]] = (s.operands[0], s.ops[0])
         self.made: dict[str, tuple[torch.Tensor, DTensor]] = {}
         """Identity result -> (the run-time tensor it was made from, the tensor at its layout)."""
+        self.sum_terms: dict[str, tuple[str, ...]] = {}
+        """Result of a traced (or run-time) ``add`` -> the leaf values it sums."""
+        self.sums: dict[tuple[str, ...], int] = {}
+        """Sorted terms -> index of the traced ``add`` making that sum."""
+        for k, s in enumerate(self.steps):
+            if s.target == _ADD and len(s.operands) == 2 and s.results and s.results[0]:
+                terms = tuple(t for o in s.operands for t in self._terms(o or "?"))
+                self.sum_terms[s.results[0]] = terms
+                self.sums.setdefault(tuple(sorted(terms)), k)
         self.cursor = 0
         self.skipped: dict[int, AtenStep] = {}
         """Traced calls passed over by a later match, by index: the run may still make them."""
@@ -135,9 +145,15 @@ class PlanFollower(TorchDispatchMode):
             if tensors and tensors[0] in self.names and isinstance(out, torch.Tensor):
                 self.names[out] = self.names[tensors[0]]
             return out
-        step = self._match(target, [self.names.get(t) for t in tensors])
+        known = [self.names.get(t) for t in tensors]
+        step = self._match(target, known)
+        if step is None and target == _ADD:
+            step = self._match_sum(known)
         if step is None:
-            return func(*args, **kwargs)
+            out = func(*args, **kwargs)
+            if target == _ADD and None not in known and isinstance(out, torch.Tensor):
+                self.names[out] = self._partial_sum(known)  # a sum the trace made otherwise
+            return out
         out = self._run(step, func, args, kwargs)
         for t, name in zip(leaves(out, torch.Tensor), step.results, strict=False):
             if name is not None:
@@ -161,6 +177,34 @@ class PlanFollower(TorchDispatchMode):
                 return self.steps[k]
         self.deviations.append(f"call not in the trace: {target}")
         return None
+
+    def _terms(self, name: str) -> tuple[str, ...]:
+        return self.sum_terms.get(name, (name,))
+
+    def _match_sum(self, known: list[str | None]) -> AtenStep | None:
+        """A gradient sum added up in another order than the trace: autograd accumulates a
+        value's gradients as they arrive (``(g1 + g2) + g3`` where the trace has
+        ``(g2 + g3) + g1``). The traced ``add`` whose result sums the same terms is taken."""
+        if None in known:
+            return None
+        terms = tuple(sorted(t for k in known for t in self._terms(k or "")))
+        index = self.sums.get(terms)
+        if index is None:
+            return None
+        if index in self.skipped:
+            return self.skipped.pop(index)
+        if index < self.cursor:
+            return None
+        self.skipped.update((j, self.steps[j]) for j in range(self.cursor, index))
+        self.cursor = index + 1
+        return self.steps[index]
+
+    def _partial_sum(self, known: list[str | None]) -> str:
+        """A name for a run-time sum the trace never made (its terms are remembered)."""
+        name = "+".join(t for k in known for t in self._terms(k or ""))
+        self.sum_terms[name] = tuple(t for k in known for t in self._terms(k or ""))
+        self.deviations[-1:] = []  # the unmatched add is accounted for by the later total
+        return name
 
     def finish(self) -> None:
         """Report the traced calls the run never made."""

@@ -1,10 +1,10 @@
 """Run applied plans on simulated ranks in one process, and compare collectives with the plan.
 
 ``simulated_world`` starts a fake process group; ``local_ranks`` runs DTensor code on every
-rank at once (``LocalTensorMode``: real numerics); ``observed_collectives`` counts what a step
-issued (``CommDebugMode``), ``predicted_collectives`` what the plan's reshards issue when
-DTensor performs them and ``planned_collectives`` the plan's own (cost-model) collectives. The
-private torch APIs this needs are each isolated in one function below.
+rank at once (``LocalTensorMode``: real numerics); ``CollectiveLog`` records what a step issued
+as (kind, mesh axes, bytes) and ``planned_collective_list`` gives the plan's own (cost-model)
+collectives in the same terms. The private torch APIs this needs are each isolated in one
+function below.
 """
 
 from __future__ import annotations
@@ -17,24 +17,12 @@ from typing import Any
 import torch
 import torch.distributed as dist
 from torch.distributed.device_mesh import DeviceMesh
-from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
-from torch.distributed.tensor.debug import CommDebugMode
+from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode  # documented home of dispatch modes
 
 from ...ir import Sharding
 from ...solver.plan import Plan, Reshard
-from .emit import Placements, context_of, placements_of
-
-# CommDebugMode op names -> the plan's collective kinds.
-_KINDS = {
-    "all_reduce": "all-reduce", "allreduce_": "all-reduce",
-    "all_gather_into_tensor": "all-gather", "_allgather_base_": "all-gather",
-    "allgather_": "all-gather", "all_gather": "all-gather",
-    "reduce_scatter_tensor": "reduce-scatter", "_reduce_scatter_base_": "reduce-scatter",
-    "reduce_scatter_": "reduce-scatter", "all_to_all_single": "all-to-all",
-    "alltoall_base_": "all-to-all", "all_to_all": "all-to-all",
-    "shard_dim_alltoall": "all-to-all",  # DTensor's Shard(i) -> Shard(j) on one mesh dim
-}  # fmt: skip
+from .emit import context_of
 
 
 def simulated_world(world_size: int) -> None:
@@ -70,15 +58,6 @@ def rank0(tensor: Any) -> torch.Tensor:
     return tensor.detach()
 
 
-def observed_collectives(mode: CommDebugMode) -> Counter[str]:
-    """``{kind: count}`` of the collectives recorded by a CommDebugMode."""
-    counts: Counter[str] = Counter()
-    for op, n in mode.get_comm_counts().items():
-        name = str(op).rsplit(".", 1)[-1]
-        counts[_KINDS.get(name, name)] += n
-    return counts
-
-
 def planned_reshards(plan: Plan) -> list[Reshard]:
     """The reshards one applied forward + backward performs, in graph order.
 
@@ -100,20 +79,6 @@ def planned_reshards(plan: Plan) -> list[Reshard]:
             seen.add((reshard.value, reshard.dst))
         result.append(reshard)
     return result
-
-
-def planned_collectives(plan: Plan) -> Counter[str]:
-    """``{kind: count}`` of the plan's own collectives (its cost model's) for those reshards.
-
-    A collective over several mesh axes counts once per axis. DTensor carries some reshards
-    out differently (docs/torch.md, "Collectives"): compare run-time counts with
-    ``predicted_collectives``.
-    """
-    counts: Counter[str] = Counter()
-    for reshard in planned_reshards(plan):
-        for collective in reshard.collectives:
-            counts[collective.kind] += len(collective.axes)
-    return counts
 
 
 Collective = tuple[str, tuple[str, ...], int]
@@ -177,10 +142,15 @@ def axis_groups(device_mesh: DeviceMesh) -> dict[str, tuple[str, ...]]:
     from .emit import flattened_meshes
 
     names = tuple(device_mesh.mesh_dim_names or ())
-    groups = {device_mesh.get_group(i).group_name: (names[i],) for i in range(device_mesh.ndim)}
+    for i in range(device_mesh.ndim):
+        _GROUP_AXES[device_mesh.get_group(i).group_name] = (names[i],)
     for axes, flat in flattened_meshes(device_mesh).items():
-        groups[flat.get_group().group_name] = axes
-    return groups
+        _GROUP_AXES[flat.get_group().group_name] = axes
+    return dict(_GROUP_AXES)
+
+
+_GROUP_AXES: dict[str, tuple[str, ...]] = {}
+"""Every group seen so far: DTensor may reuse an earlier, equal mesh's groups (its caches)."""
 
 
 def collective_listing(counts: Counter[Collective]) -> str:
@@ -191,47 +161,3 @@ def collective_listing(counts: Counter[Collective]) -> str:
         )
         or "  none"
     )
-
-
-def predicted_collectives(plan: Plan, device_mesh: DeviceMesh) -> Counter[str]:
-    """``{kind: count}`` of the planned reshards as DTensor performs them.
-
-    Each planned reshard (value, source layout, target layout) is replayed alone with
-    ``DTensor.redistribute`` under ``CommDebugMode`` on ``device_mesh`` (a simulated world:
-    nothing is communicated), so the kinds are DTensor's per-mesh-dimension collectives
-    (an all-to-all over two axes may be an all-gather plus an all-to-all). Call it inside
-    ``local_ranks``, as the step it is compared with: on a CPU mesh outside it, gloo's missing
-    all-to-all makes DTensor fall back to all-gathers.
-    """
-    types = {v.name: v.type for v in plan.graph.values()}
-    counts: Counter[str] = Counter()
-    done: dict[tuple, Counter[str]] = {}
-    for reshard in planned_reshards(plan):
-        key = (
-            placements_of(reshard.src, plan.mesh),
-            placements_of(reshard.dst, plan.mesh),
-            types[reshard.value].shape,
-        )
-        if key not in done:
-            done[key] = _dtensor_reshard(*key, device_mesh)
-        counts += done[key]
-    return counts
-
-
-def _dtensor_reshard(
-    src: Placements, dst: Placements, shape: tuple[int, ...], mesh: DeviceMesh
-) -> Counter[str]:
-    replicated = [Replicate()] * mesh.ndim
-    full = distribute_tensor(torch.zeros(shape), mesh, replicated, src_data_rank=None)
-    start = full.redistribute(
-        placements=[Replicate() if isinstance(p, Partial) else p for p in src]
-    )
-    if start.placements != src:  # a pending sum: same local buffer, reinterpreted
-        start = DTensor.from_local(start.to_local(), mesh, src, run_check=False)
-    with CommDebugMode() as comm:
-        start.redistribute(placements=dst)
-    return observed_collectives(comm)
-
-
-def listing(counts: Counter[str]) -> str:
-    return ", ".join(f"{k}: {counts[k]}" for k in sorted(counts)) or "none"

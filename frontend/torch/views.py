@@ -31,6 +31,8 @@ def view_placements(
     """Placements of ``x.view(dst)`` for ``x`` of shape ``src`` at ``placements`` when the view
     is a reshape of each local shard; None when it is not (a split spans two result dims, an
     uneven split, or the result dim would list its axes out of mesh order)."""
+    if not all(type(p) in (Shard, Replicate) or isinstance(p, Partial) for p in placements):
+        return None  # e.g. DTensor's own _StridedShard: left to DTensor
     try:
         rule = reshape_rule((TensorType(tuple(src)),), (TensorType(tuple(dst)),), {})
     except ShardingError:
