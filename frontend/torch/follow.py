@@ -33,7 +33,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
-from . import context_parallel, emit, reshard, views  # a module import: emit imports this module too
+from . import context_parallel, emit, reshard, views  # modules: emit imports this one too
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
