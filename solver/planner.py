@@ -89,7 +89,7 @@ def plan_graph(
         share_layers, recompute, overlap, activation_scale, batch_split_limit, clock,
     )  # fmt: skip
     if len(live_axes(mesh)) >= AXIS_SEARCH_FROM:
-        best = axis_search(graph, mesh, semantics, partial(_plan_space, options), not pins)
+        best = axis_search(graph, mesh, semantics, partial(_plan_space, options))
     else:
         space = clock("enumerate", build_space, graph, mesh, semantics)
         best, _, _ = _plan_space(options, space)
