@@ -48,6 +48,11 @@ def evaluate(
     **options: Any,
 ) -> Evaluation:
     """Evaluate ``strategy`` on a graph (or a torch module / JAX callable with example inputs)."""
+    from .validate import check_evaluate_call
+
+    mesh, memory_limit, time_limit = check_evaluate_call(
+        model_or_graph, mesh, strategy, memory_limit, time_limit, options
+    )
     if strategy.pp > 1:
         raise NotImplementedError(
             f"{strategy.name}: pipeline parallelism (pp={strategy.pp}) is not evaluated yet; "

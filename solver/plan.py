@@ -184,9 +184,10 @@ class Plan:
 
 
 def load_plan(path: str | Path) -> Plan:
+    from ..validate import read_plan_text
     from .serialize import plan_from_json
 
-    return plan_from_json(Path(path).read_text())
+    return plan_from_json(read_plan_text(path))
 
 
 def _jax_emit():
