@@ -118,7 +118,7 @@ def _clusters_epilog() -> str:
 def _command(commands: Any, name: str, summary: str, description: str, **kw: Any) -> Any:
     return commands.add_parser(
         name, help=summary, description=description, epilog=_clusters_epilog(),
-        formatter_class=argparse.ArgumentDefaultsHelpFormatter, **kw,
+        **kw,
     )  # fmt: skip
 
 
@@ -143,13 +143,17 @@ def build_parser() -> argparse.ArgumentParser:
         "--mesh", type=parse_mesh, action=_Once, required=True, help="axes, major first: dp=2,tp=4"
     )
     plan.add_argument(
-        "--cluster", default=validate.DEFAULT_CLUSTER, help="catalogue name (below) or a file"
+        "--cluster",
+        default=validate.DEFAULT_CLUSTER,
+        help=f"catalogue name (below) or a .toml/.json file (default {validate.DEFAULT_CLUSTER})",
     )
     plan.add_argument(
         "--memory-limit", type=parse_size, help="bytes per device: 40GB, 512MiB (default: the "
         "cluster's device memory)",
     )  # fmt: skip
-    plan.add_argument("--time-limit", type=parse_seconds, default=30.0, help="solver seconds")
+    plan.add_argument(
+        "--time-limit", type=parse_seconds, default=30.0, help="solver seconds (default 30)"
+    )
     plan.add_argument(
         "--out", type=Path, help="also save the plan as JSON here (checked before planning, "
         "written atomically)",
@@ -159,7 +163,7 @@ def build_parser() -> argparse.ArgumentParser:
     show = _command(
         commands, "show", "print a saved plan", "Print a plan file.", aliases=["explain"]
     )
-    show.add_argument("plan_file", metavar="PLAN.json", type=Path)
+    show.add_argument("plan_file", metavar="PLAN.json", type=Path, help="saved by plan --out")
 
     _command(commands, "passes", "list the registered graph passes", "List the graph passes.")
     _add_costmodel_commands(commands)
@@ -179,13 +183,18 @@ def _add_costmodel_commands(commands: Any) -> None:
     what.add_argument(
         "--mesh", type=parse_mesh, action=_Once, required=True, help="axes, major first: dp=2,tp=4"
     )
-    what.add_argument("--cluster", default=validate.DEFAULT_CLUSTER, help="catalogue name or file")
+    what.add_argument(
+        "--cluster", default=validate.DEFAULT_CLUSTER,
+        help=f"catalogue name (below) or a .toml/.json file (default {validate.DEFAULT_CLUSTER})",
+    )  # fmt: skip
     what.add_argument(
         "--vary", action="append", required=True, metavar="PARAM=X,Y",
         help="e.g. link_bandwidth=0.5,1,2,4 (repeatable)",
     )  # fmt: skip
-    what.add_argument("--repeat", type=int, default=1, help="multiply times (layers stood for)")
-    what.add_argument("--plot", type=Path, help="write the PNG here")
+    what.add_argument(
+        "--repeat", type=int, default=1, help="multiply times by this (layers stood for; default 1)"
+    )
+    what.add_argument("--plot", type=Path, help="also write a PNG plot here")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
