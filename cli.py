@@ -229,12 +229,12 @@ def cmd_whatif(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 # -- commands -----------------------------------------------------------------------------------
 def _resolve_cluster(parser: argparse.ArgumentParser, name: str) -> str:
     """A catalogue name stays; a path is loaded and registered; anything else is a usage error."""
-    from .costmodel import get_cluster, load_cluster
+    from .costmodel import load_cluster
 
     if Path(name).suffix in (".toml", ".json") and Path(name).exists():
         return load_cluster(name).name
     try:
-        return get_cluster(name).name
+        return validate.check_cluster(name)
     except ShardplanError as exc:
         parser.error(f"argument --cluster: {_message(exc)}")
         raise  # parser.error exits; this line is for type checkers
@@ -337,12 +337,12 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             raise
         except Exception as exc:  # the user's model raised while it was captured
             raise UserCodeError(f"planning {args.target} failed: {_one_line(exc)}") from exc
+    if args.out is not None:  # saved first: a reader closing the pipe (| head) stops the print
+        validate.atomic_write_text(args.out, plan.to_json())
+        print(f"saved {args.out} ({time.perf_counter() - start:.1f} s to plan)", file=sys.stderr)
     if args.print_ir and not isinstance(model, Graph):
         sys.stdout.write(str(plan.graph) + "\n")
     _print_plan(plan)
-    if args.out is not None:
-        validate.atomic_write_text(args.out, plan.to_json())
-        print(f"saved {args.out} ({time.perf_counter() - start:.1f} s to plan)", file=sys.stderr)
     return 0
 
 
