@@ -6,6 +6,7 @@
 from . import strategies
 from .api import plan
 from .evaluate import Evaluation, evaluate
+from .ir.errors import ArgumentError, DefaultClusterWarning
 from .ir import (
     Graph,
     InfeasiblePlanError,
@@ -21,6 +22,8 @@ from .solver.plan import Plan, load_plan
 
 __version__ = "0.1.0"
 __all__ = [
+    "ArgumentError",
+    "DefaultClusterWarning",
     "Evaluation",
     "Graph",
     "InfeasiblePlanError",

@@ -13,7 +13,8 @@ import warnings
 import pytest
 import shardplan as sp
 from shardplan import validate
-from shardplan.ir.errors import ArgumentError, DefaultClusterWarning, ShardingError
+from shardplan import ArgumentError, DefaultClusterWarning
+from shardplan.ir.errors import ShardingError
 from shardplan.ir.graph import Graph, Origin, Role
 from shardplan.ir.types import TensorType
 
