@@ -6,7 +6,6 @@
 from . import strategies
 from .api import plan
 from .evaluate import Evaluation, evaluate
-from .ir.errors import ArgumentError, DefaultClusterWarning
 from .ir import (
     Graph,
     InfeasiblePlanError,
@@ -18,6 +17,7 @@ from .ir import (
     TensorType,
     UnsupportedOpWarning,
 )
+from .ir.errors import ArgumentError, DefaultClusterWarning
 from .solver.plan import Plan, load_plan
 
 __version__ = "0.1.0"

@@ -12,8 +12,7 @@ import warnings
 
 import pytest
 import shardplan as sp
-from shardplan import validate
-from shardplan import ArgumentError, DefaultClusterWarning
+from shardplan import ArgumentError, DefaultClusterWarning, validate
 from shardplan.ir.errors import ShardingError
 from shardplan.ir.graph import Graph, Origin, Role
 from shardplan.ir.types import TensorType
