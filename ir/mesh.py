@@ -36,7 +36,7 @@ class Mesh:
     ) -> None:
         from ..validate import MESH_DEFAULT_CLUSTER, mesh_axes
 
-        if cluster is not None and not isinstance(cluster, str):
+        if cluster is not None and (not isinstance(cluster, str) or not cluster):
             raise ShardingError(
                 f"cluster= must be a catalogue name like 'h100-sxm', got {cluster!r}"
             )

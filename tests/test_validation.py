@@ -76,6 +76,7 @@ def test_bad_time_limit_is_one_line(bad) -> None:
         ({1: 2}, "identifier"),
         ("dp=2", "dict of name -> size"),
         ([("dp", 2, 3)], "(name, size) pairs"),
+        ([("dp", 2), ("dp", 4)], "unique"),
     ],
 )
 def test_bad_mesh_axes_never_become_something_else(axes, words) -> None:
@@ -83,6 +84,12 @@ def test_bad_mesh_axes_never_become_something_else(axes, words) -> None:
     with pytest.raises(ShardingError) as exc:
         sp.Mesh(axes, cluster="h100-sxm")
     assert words in one_line(exc)
+
+
+@pytest.mark.parametrize("bad", ["", 80, ["h100-sxm"]])
+def test_mesh_cluster_must_be_a_name(bad) -> None:
+    with pytest.raises(ShardingError, match="catalogue name"):
+        sp.Mesh({"dp": 2}, cluster=bad)
 
 
 def test_numpy_style_integers_are_whole_sizes() -> None:
