@@ -175,7 +175,9 @@ class Plan:
         return plan_to_json(self)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json())
+        from ..validate import atomic_write_text
+
+        atomic_write_text(path, self.to_json())  # a failed write keeps the previous file
 
     def __str__(self) -> str:
         from .report import format_plan

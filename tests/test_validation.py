@@ -250,3 +250,17 @@ def test_jax_misspelt_keyword() -> None:
         sp.plan(lambda a: a * 2, x, mesh=MESH, memry_limit=1e9)
     assert "did you mean 'memory_limit'?" in one_line(exc)
     assert "the JAX frontend takes" in str(exc.value)
+
+
+def test_plan_save_is_atomic_and_loads_back(tmp_path, monkeypatch) -> None:
+    plan = sp.plan(tiny_graph(), mesh=MESH, time_limit=5)
+    path = tmp_path / "plan.json"
+    plan.save(path)
+    assert sp.load_plan(path).shardings == plan.shardings
+    monkeypatch.setattr(
+        validate.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "full"))
+    )
+    with pytest.raises(OSError, match="full"):
+        plan.save(path)
+    assert sp.load_plan(path).shardings == plan.shardings
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
