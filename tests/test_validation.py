@@ -257,9 +257,11 @@ def test_plan_save_is_atomic_and_loads_back(tmp_path, monkeypatch) -> None:
     path = tmp_path / "plan.json"
     plan.save(path)
     assert sp.load_plan(path).shardings == plan.shardings
-    monkeypatch.setattr(
-        validate.os, "replace", lambda *a: (_ for _ in ()).throw(OSError(28, "full"))
-    )
+
+    def full_disk(src, dst) -> None:
+        raise OSError(28, "full")
+
+    monkeypatch.setattr(validate.os, "replace", full_disk)
     with pytest.raises(OSError, match="full"):
         plan.save(path)
     assert sp.load_plan(path).shardings == plan.shardings
