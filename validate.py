@@ -58,15 +58,6 @@ def check_choice(value: Any, name: str, choices: Collection[Any]) -> Any:
     raise ArgumentError(f"{name}={value!r} is not one of {shown};{hint or ' pick one of those'}")
 
 
-def check_keywords(given: Iterable[str], known: Iterable[str], where: str) -> None:
-    """Reject keyword arguments ``where`` does not take, naming the closest known one."""
-    known = sorted(set(known))
-    for key in given:
-        if key not in known:
-            hint = did_you_mean(key, known) or f" it takes {', '.join(k + '=' for k in known)}"
-            raise ArgumentError(f"{where} got an unexpected keyword argument {key!r};{hint}")
-
-
 def frontend_keywords(capture: Callable[..., Any]) -> list[str]:
     """The keyword options a frontend's ``capture(model, *args, **options)`` declares."""
     kinds = (inspect.Parameter.KEYWORD_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
@@ -417,12 +408,15 @@ __all__ = [
     "check_choice",
     "check_cluster",
     "check_count",
-    "check_keywords",
+    "check_evaluate_call",
     "check_mesh",
     "check_model",
+    "check_options",
     "check_output_path",
+    "check_plan_call",
     "check_seconds",
     "check_size",
+    "check_whatif_call",
     "did_you_mean",
     "mesh_axes",
     "parse_size",
