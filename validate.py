@@ -224,7 +224,7 @@ def warn_default_cluster(mesh: Any) -> None:
             f"({memory:g} GB per device); pass sp.Mesh({{...}}, cluster={DEFAULT_CLUSTER!r}) "
             "or another catalogue name for real hardware"
         ),
-        stacklevel=4,
+        stacklevel=5,  # the caller of sp.plan / evaluate / whatif
     )
 
 

@@ -115,8 +115,13 @@ def test_a_mesh_without_cluster_warns_once_naming_cpu_test(monkeypatch) -> None:
     mesh = sp.Mesh({"dp": 2})
     assert mesh.cluster == "cpu-test"
     assert mesh == sp.Mesh({"dp": 2}, cluster="cpu-test")
-    with pytest.warns(DefaultClusterWarning, match="'cpu-test' cluster.*cluster='h100-sxm'"):
+    with pytest.warns(DefaultClusterWarning, match="'cpu-test' cluster.*cluster='h100-sxm'") as w:
         sp.plan(tiny_graph(), mesh=mesh, time_limit=5)
+    assert w[0].filename == __file__  # points at the caller's line
+    monkeypatch.setattr(validate, "_warned_default_cluster", False)
+    with pytest.warns(DefaultClusterWarning) as w:
+        sp.evaluate(tiny_graph(), mesh=mesh, strategy=sp.strategies.dp(), time_limit=5)
+    assert w[0].filename == __file__
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         sp.plan(tiny_graph(), mesh=mesh, time_limit=5)  # once per process
