@@ -17,10 +17,13 @@ from .ir import (
     TensorType,
     UnsupportedOpWarning,
 )
+from .ir.errors import ArgumentError, DefaultClusterWarning
 from .solver.plan import Plan, load_plan
 
 __version__ = "0.1.0"
 __all__ = [
+    "ArgumentError",
+    "DefaultClusterWarning",
     "Evaluation",
     "Graph",
     "InfeasiblePlanError",

@@ -24,7 +24,7 @@ def plan(
     microbatches: int | None = None,
     schedule: str = "1f1b",
     pins: Mapping[str, Sharding] | None = None,
-    memory_limit: float | None = None,
+    memory_limit: float | str | None = None,
     time_limit: float = 30.0,
     **options: Any,
 ) -> Plan:
@@ -34,21 +34,31 @@ def plan(
       model_or_fn: an IR ``Graph``, a ``torch.nn.Module`` (training step captured by default),
         or a JAX callable.
       example_args: example inputs; real, meta/fake tensors or ``jax.ShapeDtypeStruct``.
-      mesh: the device mesh and cluster. An axis named ``pipeline_axis`` ("pp") is pipelined:
+      mesh: the device mesh and cluster (a plain dict ``{"dp": 2}`` plans on ``cluster``). An
+        axis named ``pipeline_axis`` ("pp") is pipelined:
         stages and micro-batches are chosen too.
       devices: instead of a mesh, a device count: every (pp, dp, tp) shape on ``cluster`` is
         planned and the best returned (``plan.candidates`` has the table).
-      cluster: the cluster for ``devices``.
-      microbatches, schedule: pipeline options ("1f1b" or "gpipe").
+      cluster: the cluster for ``devices`` or a dict ``mesh`` (default h100-sxm).
+      microbatches, schedule: pipeline options (>= 1; "1f1b", "gpipe" or "interleaved").
       pins: value name or origin path -> required sharding (GSPMD-style user constraints).
-      memory_limit: per-device bytes; defaults to the cluster's device memory.
+      memory_limit: per-device bytes (a number or ``"40GB"`` / ``"512MiB"``); defaults to the
+        cluster's device memory.
       time_limit: solver wall-clock limit in seconds.
-      options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``).
+      options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``);
+        one the frontend does not take is an ``ArgumentError`` (a Graph takes none).
     Returns:
       the Plan (``print(plan)`` shows it).
     """
     from .solver.planner import plan_graph
+    from .validate import check_plan_call
 
+    given = dict(mesh=mesh, devices=devices, cluster=cluster, pipeline_axis=pipeline_axis,
+                 microbatches=microbatches, schedule=schedule, pins=pins,
+                 memory_limit=memory_limit, time_limit=time_limit)  # fmt: skip
+    checked = check_plan_call(model_or_fn, given, options)
+    mesh, devices, cluster = checked["mesh"], checked["devices"], checked["cluster"]
+    memory_limit, time_limit = checked["memory_limit"], checked["time_limit"]
     context: object | None = None
     start = time.perf_counter()
     if isinstance(model_or_fn, Graph):

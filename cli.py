@@ -4,15 +4,17 @@
     shardplan show plan.json
     shardplan passes
 
-Exit codes: 0 success, 1 a ShardplanError (message on stderr, no traceback unless ``--debug``),
-2 a usage error. torch and jax are imported only if the planned model needs them.
+Exit codes: 0 success (also when a reader such as ``head`` closes the pipe early), 1 an error
+(one line on stderr: a ShardplanError, or any exception raised by the user's file or model; the
+traceback with ``--debug`` anywhere on the line), 2 a usage error, 130 interrupted (Ctrl-C).
+torch and jax are imported only if the planned model needs them.
 """
 
 from __future__ import annotations
 
 import argparse
 import importlib.util
-import re
+import os
 import sys
 import threading
 import time
@@ -22,21 +24,37 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
+from . import validate
 from .ir import Graph, Mesh, ShardplanError
 
-_SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
-_UNITS = {
-    "": 1, "b": 1,
-    "kb": 10**3, "mb": 10**6, "gb": 10**9, "tb": 10**12,
-    "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
-    "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
-}  # fmt: skip
 SPINNER_DELAY = 1.0
 """Seconds of planning before a progress spinner appears (quick plans print no spinner)."""
 
 
 class CliError(ShardplanError):
     """A command-line problem found after parsing (missing file, bad factory result)."""
+
+
+class UserCodeError(CliError):
+    """The user's FILE.py, its factory or the model raised; the cause is chained (``--debug``)."""
+
+
+_TRACED_BRANCH = {
+    "TracerBoolConversionError", "ConcretizationTypeError", "TracerIntegerConversionError",
+}  # fmt: skip
+"""JAX's errors for Python control flow on a traced value (matched by name: no jax import)."""
+
+
+def _one_line(exc: BaseException) -> str:
+    """``Type: first line of the message``, or the fix for a JAX ``if`` on a traced value."""
+    name = type(exc).__name__
+    if name in _TRACED_BRANCH:
+        return (
+            f"{name}: the function branches in Python on a traced JAX value (an `if`, `int()` "
+            "or `bool()` on an array); use jnp.where or jax.lax.cond instead"
+        )
+    text = str(exc).strip().splitlines()
+    return f"{name}: {text[0]}" if text else name
 
 
 # -- argument types (argparse turns their ArgumentTypeError into exit code 2) -------------------
@@ -59,14 +77,14 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 
 def parse_size(text: str) -> int:
-    """Bytes from ``40GB`` (10^9), ``512MiB`` (2^20), ``24e9`` or ``1.5TB``."""
-    match = _SIZE.match(text)
-    unit = match.group(2).lower() if match else ""
-    if not match or unit not in _UNITS:
-        raise argparse.ArgumentTypeError(
-            f"bad size {text!r}: use a number with an optional unit, like 40GB, 512MiB or 24e9"
-        )
-    return int(float(match.group(1)) * _UNITS[unit])
+    """Bytes from ``40GB`` (10^9), ``512MiB`` (2^20), ``24e9`` or ``1.5TB`` (``validate``)."""
+    try:
+        size = validate.parse_size(text)
+    except ShardplanError as exc:
+        raise argparse.ArgumentTypeError(str(exc)) from None
+    if size <= 0:
+        raise argparse.ArgumentTypeError(f"bad size {text!r}: give a size > 0, like 40GB")
+    return size
 
 
 def parse_seconds(text: str) -> float:
@@ -74,9 +92,34 @@ def parse_seconds(text: str) -> float:
         value = float(text)
     except ValueError:
         value = -1.0
-    if value <= 0:
+    if not 0 < value < float("inf"):
         raise argparse.ArgumentTypeError(f"bad time limit {text!r}: give seconds > 0, like 30")
     return value
+
+
+class _Once(argparse.Action):
+    """An option that may be given once (a second ``--mesh`` would silently replace the first)."""
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:
+        if getattr(namespace, self.dest, None) is not None:
+            parser.error(f"argument {option_string}: given twice; give it once (like dp=2,tp=4)")
+        setattr(namespace, self.dest, values)
+
+
+def _clusters_epilog() -> str:
+    from .costmodel.cluster import known_clusters
+
+    return (
+        f"clusters: {', '.join(known_clusters())} (default {validate.DEFAULT_CLUSTER}), or a "
+        ".toml/.json cluster file. --debug anywhere on the line shows tracebacks."
+    )
+
+
+def _command(commands: Any, name: str, summary: str, description: str, **kw: Any) -> Any:
+    return commands.add_parser(
+        name, help=summary, description=description, epilog=_clusters_epilog(),
+        **kw,
+    )  # fmt: skip
 
 
 # -- the parser ---------------------------------------------------------------------------------
@@ -84,71 +127,91 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="shardplan",
         description="Plan how to shard an ML model's computation over a device mesh.",
+        epilog=_clusters_epilog(),
     )
     parser.add_argument("--debug", action="store_true", help="show tracebacks of errors")
     commands = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    plan = commands.add_parser(
-        "plan", help="plan a model", description="Plan FILE.py's model and print the plan."
-    )
+    plan = _command(commands, "plan", "plan a model", "Plan FILE.py's model and print the plan.")
     plan.add_argument(
         "target",
         metavar="FILE.py[:FACTORY]",
         help="a Python file and the function in it (default `make`) that returns an IR Graph "
         "or (model_or_fn, example_args)",
     )
-    plan.add_argument("--mesh", type=parse_mesh, required=True, help="axes, major first: dp=2,tp=4")
     plan.add_argument(
-        "--cluster", default="cpu-test", help="catalogue name (h100-sxm, a100-80gb...) or a file"
+        "--mesh", type=parse_mesh, action=_Once, required=True, help="axes, major first: dp=2,tp=4"
     )
-    plan.add_argument("--memory-limit", type=parse_size, help="bytes per device: 40GB, 512MiB")
+    plan.add_argument(
+        "--cluster",
+        default=validate.DEFAULT_CLUSTER,
+        help=f"catalogue name (below) or a .toml/.json file (default {validate.DEFAULT_CLUSTER})",
+    )
+    plan.add_argument(
+        "--memory-limit", type=parse_size, help="bytes per device: 40GB, 512MiB (default: the "
+        "cluster's device memory)",
+    )  # fmt: skip
     plan.add_argument(
         "--time-limit", type=parse_seconds, default=30.0, help="solver seconds (default 30)"
     )
-    plan.add_argument("--out", type=Path, help="also save the plan as JSON here")
+    plan.add_argument(
+        "--out", type=Path, help="also save the plan as JSON here (checked before planning, "
+        "written atomically)",
+    )  # fmt: skip
     plan.add_argument("--print-ir", action="store_true", help="print the graph's text form first")
     plan.add_argument(
         "--full", action="store_true", help="print every input, op and reshard, not the summary"
     )
 
-    show = commands.add_parser(
-        "show", aliases=["explain"], help="print a saved plan", description="Print a plan file."
+    show = _command(
+        commands, "show", "print a saved plan", "Print a plan file.", aliases=["explain"]
     )
-    show.add_argument("plan_file", metavar="PLAN.json", type=Path)
+    show.add_argument("plan_file", metavar="PLAN.json", type=Path, help="saved by plan --out")
     show.add_argument(
         "--full", action="store_true", help="print every input, op and reshard, not the summary"
     )
 
-    commands.add_parser("passes", help="list the registered graph passes")
+    _command(commands, "passes", "list the registered graph passes", "List the graph passes.")
     _add_costmodel_commands(commands)
     return parser
 
 
 # -- cost-model commands (calibrate, whatif; owned by the cost-model issue) ----------------------
 def _add_costmodel_commands(commands: Any) -> None:
-    cal = commands.add_parser("calibrate", help="fit efficiency factors from microbenchmarks")
+    fit = "fit efficiency factors from microbenchmarks"
+    cal = _command(commands, "calibrate", fit, fit[0].upper() + fit[1:] + ".")
     cal.add_argument("measurements", type=Path, help="JSON from bench/microbench_gpu.py")
     cal.add_argument("--cluster", help="catalogue cluster the numbers are relative to")
     cal.add_argument("--out", type=Path, help="write the calibration JSON here")
-    what = commands.add_parser("whatif", help="sweep hardware parameters and re-plan")
-    what.add_argument("target", metavar="FILE.py[:FACTORY]")
-    what.add_argument("--mesh", type=parse_mesh, required=True)
-    what.add_argument("--cluster", default="h100-sxm")
+    sweep = "sweep hardware parameters and re-plan"
+    what = _command(commands, "whatif", sweep, sweep[0].upper() + sweep[1:] + ".")
+    what.add_argument("target", metavar="FILE.py[:FACTORY]", help="as for plan")
+    what.add_argument(
+        "--mesh", type=parse_mesh, action=_Once, required=True, help="axes, major first: dp=2,tp=4"
+    )
+    what.add_argument(
+        "--cluster", default=validate.DEFAULT_CLUSTER,
+        help=f"catalogue name (below) or a .toml/.json file (default {validate.DEFAULT_CLUSTER})",
+    )  # fmt: skip
     what.add_argument(
         "--vary", action="append", required=True, metavar="PARAM=X,Y",
         help="e.g. link_bandwidth=0.5,1,2,4 (repeatable)",
     )  # fmt: skip
-    what.add_argument("--repeat", type=int, default=1, help="multiply times (layers stood for)")
-    what.add_argument("--plot", type=Path, help="write the PNG here")
+    what.add_argument(
+        "--repeat", type=int, default=1, help="multiply times by this (layers stood for; default 1)"
+    )
+    what.add_argument("--plot", type=Path, help="also write a PNG plot here")
 
 
 def cmd_calibrate(args: argparse.Namespace) -> int:
     from .costmodel.calibration import fit
 
+    if args.out is not None:
+        validate.check_output_path(args.out)
     calibration = fit(args.measurements, args.cluster)
     sys.stdout.write(calibration.to_json())
     if args.out is not None:
-        args.out.write_text(calibration.to_json())
+        validate.atomic_write_text(args.out, calibration.to_json())
     return 0
 
 
@@ -172,12 +235,12 @@ def cmd_whatif(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
 # -- commands -----------------------------------------------------------------------------------
 def _resolve_cluster(parser: argparse.ArgumentParser, name: str) -> str:
     """A catalogue name stays; a path is loaded and registered; anything else is a usage error."""
-    from .costmodel import get_cluster, load_cluster
+    from .costmodel import load_cluster
 
     if Path(name).suffix in (".toml", ".json") and Path(name).exists():
         return load_cluster(name).name
     try:
-        return get_cluster(name).name
+        return validate.check_cluster(name)
     except ShardplanError as exc:
         parser.error(f"argument --cluster: {_message(exc)}")
         raise  # parser.error exits; this line is for type checkers
@@ -201,12 +264,17 @@ def load_target(target: str) -> Any:
     sys.path.insert(0, str(path.resolve().parent))  # let the file import its neighbours
     try:
         spec.loader.exec_module(module)
+    except Exception as exc:
+        raise UserCodeError(f"importing {path_text} failed: {_one_line(exc)}") from exc
     finally:
         sys.path.remove(str(path.resolve().parent))
     factory = getattr(module, factory_name, None)
     if not callable(factory):
         raise CliError(f"{path_text} has no function {factory_name!r} (write FILE.py:FACTORY)")
-    return factory()
+    try:
+        return factory()
+    except Exception as exc:
+        raise UserCodeError(f"{path_text}:{factory_name}() failed: {_one_line(exc)}") from exc
 
 
 def _plan_arguments(made: Any, target: str) -> tuple[Any, tuple[Any, ...]]:
@@ -256,36 +324,39 @@ def _print_plan(plan: Any, full: bool = False) -> None:
 def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     from .api import plan as make_plan
 
+    if args.out is not None:
+        validate.check_output_path(args.out)  # before minutes of planning, not after
     mesh = Mesh(args.mesh, cluster=_resolve_cluster(parser, args.cluster))
     model, example_args = _plan_arguments(load_target(args.target), args.target)
     if args.print_ir and isinstance(model, Graph):
         sys.stdout.write(str(model) + "\n")
     start = time.perf_counter()
     with _progress(f"planning {args.target} on {mesh}..."):
-        plan = make_plan(
-            model,
-            *example_args,
-            mesh=mesh,
-            memory_limit=args.memory_limit,
-            time_limit=args.time_limit,
-        )
+        try:
+            plan = make_plan(
+                model,
+                *example_args,
+                mesh=mesh,
+                memory_limit=args.memory_limit,
+                time_limit=args.time_limit,
+            )
+        except ShardplanError:
+            raise
+        except Exception as exc:  # the user's model raised while it was captured
+            raise UserCodeError(f"planning {args.target} failed: {_one_line(exc)}") from exc
+    if args.out is not None:  # saved first: a reader closing the pipe (| head) stops the print
+        validate.atomic_write_text(args.out, plan.to_json())
+        print(f"saved {args.out} ({time.perf_counter() - start:.1f} s to plan)", file=sys.stderr)
     if args.print_ir and not isinstance(model, Graph):
         sys.stdout.write(str(plan.graph) + "\n")
     _print_plan(plan, args.full)
-    if args.out is not None:
-        plan.save(args.out)
-        print(f"saved {args.out} ({time.perf_counter() - start:.1f} s to plan)", file=sys.stderr)
     return 0
 
 
 def cmd_show(args: argparse.Namespace) -> int:
     from .solver.serialize import plan_from_json
 
-    try:
-        text = args.plan_file.read_text()
-    except OSError as exc:
-        raise CliError(f"cannot read {args.plan_file}: {exc.strerror or exc}") from None
-    _print_plan(plan_from_json(text), args.full)
+    _print_plan(plan_from_json(validate.read_plan_text(args.plan_file)), args.full)
     return 0
 
 
@@ -306,32 +377,68 @@ def _message(exc: BaseException) -> str:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Entry point of the ``shardplan`` console script; returns the exit code."""
+    argv = list(sys.argv[1:] if argv is None else argv)
+    debug = "--debug" in argv  # anywhere: before or after the subcommand
+    argv = [arg for arg in argv if arg != "--debug"]
+    try:
+        return _run(argv, debug)
+    except KeyboardInterrupt:
+        if debug:
+            traceback.print_exc()
+        print("shardplan: interrupted", file=sys.stderr)
+        return 130
+    except BrokenPipeError:  # `shardplan show plan.json | head`: the reader left; not an error
+        _silence_stdout()
+        return 0
+
+
+def _run(argv: list[str], debug: bool) -> int:
     parser = build_parser()
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:  # argparse: --help (0) or a usage error (2)
         return int(exc.code or 0)
     try:
-        match args.command:
-            case "plan":
-                return cmd_plan(args, parser)
-            case "show" | "explain":
-                return cmd_show(args)
-            case "calibrate":
-                return cmd_calibrate(args)
-            case "whatif":
-                return cmd_whatif(args, parser)
-            case _:
-                return cmd_passes()
+        code = _dispatch(args, parser)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handlers, not at exit
+        return code
     except SystemExit as exc:  # parser.error after parsing (unknown cluster)
         return int(exc.code or 0)
-    except ShardplanError as exc:
-        if args.debug:
+    except (KeyboardInterrupt, BrokenPipeError):
+        raise
+    except Exception as exc:
+        if debug:
             traceback.print_exc()
-        print(f"shardplan: error: {_message(exc)}", file=sys.stderr)
-        if not args.debug:
-            print("(run with --debug for the traceback)", file=sys.stderr)
+        # a ShardplanError in its own words (a parse error shows a caret line); anything else,
+        # and errors of the user's code, as one line with the traceback on request
+        text = _message(exc) if isinstance(exc, ShardplanError) else _one_line(exc)
+        traced = isinstance(exc, UserCodeError) or not isinstance(exc, ShardplanError)
+        hint = " (run with --debug for the traceback)" if traced and not debug else ""
+        print(f"shardplan: error: {text}{hint}", file=sys.stderr)
         return 1
+
+
+def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
+    match args.command:
+        case "plan":
+            return cmd_plan(args, parser)
+        case "show" | "explain":
+            return cmd_show(args)
+        case "calibrate":
+            return cmd_calibrate(args)
+        case "whatif":
+            return cmd_whatif(args, parser)
+        case _:
+            return cmd_passes()
+
+
+def _silence_stdout() -> None:
+    """Point stdout at /dev/null so the interpreter's final flush does not fail again."""
+    try:
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, sys.stdout.fileno())
+    except (OSError, ValueError):
+        pass
 
 
 if __name__ == "__main__":

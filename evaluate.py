@@ -55,6 +55,11 @@ def evaluate(
     The returned ``Evaluation.plan`` keeps the capture context, so a torch module's plan can
     be applied (``plan.apply``) and a JAX function's jitted (``plan.jit``) like ``sp.plan``'s.
     """
+    from .validate import check_evaluate_call
+
+    mesh, memory_limit, time_limit = check_evaluate_call(
+        model_or_graph, mesh, strategy, memory_limit, time_limit, options
+    )
     strategy.check(mesh)
     graph, context = _graph(model_or_graph, example_args, options, strategy)
     limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity

@@ -341,6 +341,9 @@ def tp_fsdp(
 
 
 def _suffix(recompute: str | None) -> str:
+    from .validate import RECOMPUTE, check_choice
+
+    check_choice(recompute, "recompute", RECOMPUTE)  # every constructor names itself through here
     return f"+{recompute}-recompute" if recompute else ""
 
 

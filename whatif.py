@@ -148,6 +148,11 @@ def whatif(
     Returns:
       a ``WhatIf`` with ``.table()`` and ``.plot(path)``.
     """
+    from .validate import check_whatif_call
+
+    given = dict(mesh=mesh, vary=vary, strategy=strategy, repeat=repeat, time_limit=time_limit)
+    checked = check_whatif_call(model_or_graph, given, options)
+    mesh, repeat, time_limit = checked["mesh"], checked["repeat"], checked["time_limit"]
     graph = _graph(model_or_graph, example_args, options)
     base = get_cluster(mesh.cluster)
     baseline = _layouts(_plan(graph, mesh, strategy, time_limit))

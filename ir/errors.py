@@ -27,5 +27,14 @@ class FrontendError(ShardplanError):
     """The model or function could not be captured or emitted by a framework binding."""
 
 
+class ArgumentError(ShardplanError, ValueError):
+    """A public function got a bad argument: wrong type, out of range, an unknown name or
+    keyword; the one-line message names the argument, the value and the fix."""
+
+
+class DefaultClusterWarning(UserWarning):
+    """A mesh without ``cluster=`` is planned on the synthetic ``cpu-test`` cluster."""
+
+
 class UnsupportedOpWarning(UserWarning):
     """An op has no sharding rule; it was given the safe all-need-replication rule."""

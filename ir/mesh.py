@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from .errors import ShardingError
 
@@ -24,25 +24,25 @@ class Mesh:
     axes: tuple[tuple[str, int], ...]
     """(name, size) pairs, major to minor."""
     cluster: str
-    """Name of a cluster in the cost-model catalogue (or a user cluster registered there)."""
+    """Name of a cluster in the cost-model catalogue (or a user cluster registered there);
+    without ``cluster=`` it is the synthetic ``cpu-test``, and planning on it warns once."""
+    cluster_given: bool = field(default=True, compare=False, repr=False)
+    """Whether ``cluster=`` was passed (planning warns once when it was not)."""
 
     def __init__(
         self,
         axes: Mapping[str, int] | Iterable[tuple[str, int]],
-        cluster: str = "cpu-test",
+        cluster: str | None = None,
     ) -> None:
-        pairs = tuple(axes.items()) if isinstance(axes, Mapping) else tuple(axes)
-        pairs = tuple((str(name), int(size)) for name, size in pairs)
-        names = [name for name, _ in pairs]
-        if len(set(names)) != len(names):
-            raise ShardingError(f"mesh axis names must be unique, got {names}")
-        for name, size in pairs:
-            if not name.isidentifier():
-                raise ShardingError(f"mesh axis name {name!r} must be an identifier like 'dp'")
-            if size < 1:
-                raise ShardingError(f"mesh axis {name!r} has size {size}; sizes must be >= 1")
-        object.__setattr__(self, "axes", pairs)
-        object.__setattr__(self, "cluster", cluster)
+        from ..validate import MESH_DEFAULT_CLUSTER, mesh_axes
+
+        if cluster is not None and (not isinstance(cluster, str) or not cluster):
+            raise ShardingError(
+                f"cluster= must be a catalogue name like 'h100-sxm', got {cluster!r}"
+            )
+        object.__setattr__(self, "axes", mesh_axes(axes))
+        object.__setattr__(self, "cluster", cluster or MESH_DEFAULT_CLUSTER)
+        object.__setattr__(self, "cluster_given", cluster is not None)
 
     @property
     def axis_names(self) -> tuple[str, ...]:

@@ -193,7 +193,9 @@ class Plan:
         return plan_to_json(self)
 
     def save(self, path: str | Path) -> None:
-        Path(path).write_text(self.to_json())
+        from ..validate import atomic_write_text
+
+        atomic_write_text(path, self.to_json())  # a failed write keeps the previous file
 
     def report(self, full: bool = False) -> str:
         """The one-screen summary ``print(plan)`` shows; ``full=True`` adds every input, the
@@ -207,9 +209,10 @@ class Plan:
 
 
 def load_plan(path: str | Path) -> Plan:
+    from ..validate import read_plan_text
     from .serialize import plan_from_json
 
-    return plan_from_json(Path(path).read_text())
+    return plan_from_json(read_plan_text(path))
 
 
 def _jax_emit():

@@ -147,3 +147,153 @@ def test_plan_prints_the_summary_and_full_every_table(capsys):
     full = capsys.readouterr().out
     assert "Parameter layouts" in full
     assert "Inputs" in full
+
+
+# -- hygiene (issue 16): errors as one line, --out checked first and written atomically, signals
+def _shardplan() -> list[str]:
+    script = Path(sys.executable).parent / "shardplan"
+    return [str(script)] if script.exists() else [sys.executable, "-m", "shardplan.cli"]
+
+
+def _stderr_lines(capsys) -> list[str]:
+    return capsys.readouterr().err.strip().splitlines()
+
+
+@pytest.mark.parametrize(
+    ("out", "words"),
+    [("missing/plan.json", "no directory"), (".", "is a directory")],
+)
+def test_out_is_checked_before_the_model_is_even_loaded(tmp_path, capsys, out, words):
+    marker = tmp_path / "loaded"
+    model = tmp_path / "model.py"
+    model.write_text(f"def make():\n    open({str(marker)!r}, 'w').close()\n")
+    code = main(["plan", str(model), "--mesh", "dp=2", "--out", str(tmp_path / out)])
+    lines = _stderr_lines(capsys)
+    assert code == 1
+    assert len(lines) == 1
+    assert words in lines[0]
+    assert not marker.exists()
+
+
+@pytest.mark.skipif(not Path("/proc/self").is_dir(), reason="needs Linux /proc")
+def test_out_in_a_read_only_place_is_refused(capsys):
+    """/proc refuses new files even to root (a chmod'ed directory would not stop root)."""
+    assert main(["plan", EXAMPLE, "--mesh", "dp=2", "--out", "/proc/plan.json"]) == 1
+    assert "cannot write /proc/plan.json" in capsys.readouterr().err
+
+
+def test_a_failed_write_keeps_the_previous_plan(tmp_path, capsys, monkeypatch):
+    """A full disk at the write (simulated at fsync) leaves the old file whole, and no temp."""
+    import errno
+    import os
+
+    out = tmp_path / "plan.json"
+    out.write_text("previous good plan")
+
+    def full_disk(fd):
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    monkeypatch.setattr(os, "fsync", full_disk)
+    args = ["plan", EXAMPLE, "--mesh", "dp=2", "--time-limit", "5", "--out", str(out)]
+    assert main(args) == 1
+    assert "No space left on device" in capsys.readouterr().err
+    assert out.read_text() == "previous good plan"
+    assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+@pytest.mark.parametrize(
+    ("source", "words"),
+    [
+        ("raise RuntimeError('no GPU here')\n", "importing"),
+        ("def make():\n    return {}['missing key']\n", ":make() failed: KeyError"),
+        ("def make():\n    raise ValueError('bad config\\nsecond line')\n", "ValueError: bad"),
+    ],
+)
+def test_an_exception_in_the_users_file_is_one_line(tmp_path, capsys, source, words):
+    model = tmp_path / "model.py"
+    model.write_text(source)
+    assert main(["plan", str(model), "--mesh", "dp=2"]) == 1
+    lines = _stderr_lines(capsys)
+    assert len(lines) == 1, lines
+    assert words in lines[0]
+    assert "--debug" in lines[0]
+    assert main(["plan", str(model), "--mesh", "dp=2", "--debug"]) == 1  # --debug at the end
+    err = capsys.readouterr().err
+    assert "Traceback" in err
+    assert words in err
+
+
+@pytest.mark.jax
+def test_a_jax_if_on_a_traced_value_is_one_line(tmp_path, capsys):
+    pytest.importorskip("jax")
+    model = tmp_path / "branchy.py"
+    model.write_text(
+        "import jax\n\n"
+        "def step(x):\n    if x.sum() > 0:\n        return x * 2\n    return x\n\n"
+        "def make():\n    return step, (jax.ShapeDtypeStruct((8, 4), 'float32'),)\n"
+    )
+    assert main(["plan", str(model), "--mesh", "dp=2"]) == 1
+    lines = _stderr_lines(capsys)
+    assert len(lines) == 1, lines
+    assert "branches in Python on a traced JAX value" in lines[0]
+    assert "jax.lax.cond" in lines[0]
+
+
+def test_show_on_a_binary_file_is_one_line(tmp_path, capsys):
+    binary = tmp_path / "plan.json"
+    binary.write_bytes(bytes(range(256)))
+    assert main(["show", str(binary)]) == 1
+    lines = _stderr_lines(capsys)
+    assert lines == [f"shardplan: error: {binary} is not a plan file (binary, not JSON text)"]
+
+
+def test_repeated_mesh_is_a_usage_error(capsys):
+    assert main(["plan", EXAMPLE, "--mesh", "dp=2", "--mesh", "tp=4"]) == 2
+    assert "--mesh: given twice" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("command", ["plan", "show", "passes", "calibrate", "whatif"])
+def test_every_subcommand_help_lists_the_clusters_and_default(capsys, command):
+    assert main([command, "--help"]) == 0
+    out = " ".join(capsys.readouterr().out.split())  # argparse wraps to the terminal width
+    listed = out.split("clusters: ")[1].split(" (default")[0].split(", ")
+    assert {"a100-80gb", "b200", "cpu-test", "h100-sxm", "h200-sxm", "tpu-v5p"} <= set(listed)
+    assert "(default h100-sxm)" in out
+
+
+def test_ctrl_c_prints_interrupted_and_exits_130(tmp_path):
+    """SIGINT while the user's factory runs: one line, exit 130 (the factory says when it is
+    inside, so the signal never lands during interpreter start-up)."""
+    import signal
+
+    model = tmp_path / "slow.py"
+    model.write_text(
+        "import sys, time\n\ndef make():\n"
+        "    print('ready', file=sys.stderr, flush=True)\n    time.sleep(60)\n"
+    )
+    proc = subprocess.Popen(
+        [*_shardplan(), "plan", str(model), "--mesh", "dp=2"],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert proc.stderr.readline() == "ready\n"
+        proc.send_signal(signal.SIGINT)
+        _, err = proc.communicate(timeout=60)
+    finally:
+        proc.kill()
+    assert proc.returncode == 130
+    assert err == "shardplan: interrupted\n"
+
+
+def test_a_closed_pipe_is_quiet(tmp_path):
+    """``shardplan passes | head -0``: the reader is gone before anything is written."""
+    import os
+
+    read_end, write_end = os.pipe()
+    os.close(read_end)
+    result = subprocess.run(
+        [*_shardplan(), "passes"], stdout=write_end, stderr=subprocess.PIPE, text=True, timeout=120
+    )
+    os.close(write_end)
+    assert result.returncode == 0
+    assert result.stderr == ""
