@@ -21,8 +21,8 @@ def main() -> None:
     from shardplan.frontend.torch.pipeline import pipeline_schedule, pipeline_spec
 
     model, inputs = load_factory(FACTORY)(**SHAPES)
-    # Stages on "pp", tensor parallelism inside each stage on "tp" (the intra-stage layouts are
-    # planned; running them inside a stage is not emitted yet, see docs/torch.md).
+    # Stages on "pp", tensor parallelism inside each stage on "tp" (run_pipeline_on_gloo runs
+    # such a plan on pp x tp processes, see docs/torch.md; below, a pp-only plan on 2).
     plan = sp.plan(model, *inputs, mesh=sp.Mesh({"pp": 2, "tp": 2}), microbatches=2)
     print(plan)
     pipe = plan.pipeline

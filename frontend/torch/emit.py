@@ -266,8 +266,8 @@ class _ApplyMode(TorchFunctionMode):
             out = local_attention(func, args, kwargs)
             if out is not None:
                 return out
-        elif func is F.linear and args and isinstance(args[0], DTensor):
-            args = (one_leading_split(args[0]), *args[1:])
+        elif func is F.linear and args and isinstance(args[0], DTensor) and args[0].ndim > 2:
+            return linear(*args, **kwargs)
         elif func in _IN_PLACE_ADDS and len(args) > 1 and isinstance(args[0], DTensor):
             args = (args[0], pending_like(args[0], args[1]), *args[2:])
         return func(*args, **kwargs)
@@ -317,21 +317,45 @@ def _same(t: torch.Tensor) -> torch.Tensor:
 
 
 def one_leading_split(x: DTensor) -> DTensor:
-    """A ``linear`` input split on at most one of its leading dims.
+    """``x`` split, among its leading dims (all but the last), on the first one at most.
 
-    ``linear`` folds the leading dims into one before its matmul; with two of them split
-    (batch over ``dp``, sequence over ``tp``) DTensor makes the folded dim a ``_StridedShard``
-    that the unfolding view then refuses. The minor leading splits are gathered first (the
-    IR's reshape rule never folds such a layout; only ``apply``'s DTensor-chosen inner
-    layouts meet it)."""
-    leading = sorted({p.dim for p in x.placements if isinstance(p, Shard) and p.dim < x.ndim - 1})
-    if len(leading) < 2:
+    ``linear`` and its backward fold the leading dims into one around their matmuls; a split
+    of a later leading dim (sequence over ``tp``, alone or under a batch split) becomes a
+    ``_StridedShard`` there, which a view cannot unfold and a redistribution over a flattened
+    mesh refuses. Such splits are gathered first (the IR's reshape rule never folds them
+    either; only ``apply``'s DTensor-chosen inner layouts meet them)."""
+    if not any(isinstance(p, Shard) and 0 < p.dim < x.ndim - 1 for p in x.placements):
         return x
     placements = tuple(
-        Replicate() if isinstance(p, Shard) and p.dim in leading[1:] else p for p in x.placements
+        Replicate() if isinstance(p, Shard) and 0 < p.dim < x.ndim - 1 else p for p in x.placements
     )
     with follow.paused():
         return x.redistribute(placements=placements)
+
+
+class _FoldedLinear(torch.autograd.Function):
+    """``linear`` whose input and output gradient are split on the first leading dim at most
+    (``one_leading_split``), in forward and in backward."""
+
+    @staticmethod
+    def forward(ctx: Any, x: DTensor, weight: Any, bias: Any) -> Any:  # type: ignore[override]
+        ctx.save_for_backward(x, weight)
+        ctx.bias = bias is not None
+        return F.linear(x, weight, bias)
+
+    @staticmethod
+    def backward(ctx: Any, grad: Any) -> tuple:  # type: ignore[override]
+        x, weight = ctx.saved_tensors
+        grad = one_leading_split(grad) if isinstance(grad, DTensor) else grad
+        grad_x = grad @ weight
+        flat = grad.reshape(-1, grad.shape[-1])
+        grad_w = flat.t() @ x.reshape(-1, x.shape[-1])
+        grad_b = flat.sum(0) if ctx.bias else None
+        return grad_x, grad_w, grad_b
+
+
+def linear(x: DTensor, weight: Any, bias: Any = None) -> Any:
+    return _FoldedLinear.apply(one_leading_split(x), weight, bias)
 
 
 def pending_like(target: DTensor, other: Any) -> Any:

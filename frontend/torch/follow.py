@@ -41,6 +41,7 @@ _MATMUL_ADD = {"aten.addmm.default": torch.ops.aten.mm, "aten.baddbmm.default": 
 _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 """Run-time calls that ``make_fx`` records under another name."""
 _ADD = "aten.add.Tensor"
+_IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
 _LOOKAHEAD = 64
 """How many captured calls a run-time call may skip to find its match."""
 
@@ -150,6 +151,8 @@ class PlanFollower(TorchDispatchMode):
         if step is None and target == _ADD:
             step = self._match_sum(known)
         if step is None:
+            if target in _IN_PLACE_ADDS and isinstance(args[0], DTensor):  # e.g. `a += b`
+                args = (args[0], emit.pending_like(args[0], args[1]), *args[2:])
             out = func(*args, **kwargs)
             if target == _ADD and None not in known and isinstance(out, torch.Tensor):
                 self.names[out] = self._partial_sum(known)  # a sum the trace made otherwise

@@ -107,15 +107,17 @@ class _LocalView(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx: Any, grad: DTensor) -> tuple:  # type: ignore[override]
-        (src, src_placements), (dst, dst_placements) = ctx.source, ctx.result
+        (src, _), (dst, dst_placements) = ctx.source, ctx.result
         sizes = tuple(grad.device_mesh.shape)
-        keep = tuple(  # a pending sum stays pending through a (linear) view
-            g if isinstance(g, Partial) else p
+        keep = tuple(  # a pending sum stays pending through a (linear) view; none is made
+            g if isinstance(g, Partial) else Replicate() if isinstance(p, Partial) else p
             for g, p in zip(grad.placements, dst_placements, strict=True)
         )
         back = view_placements(dst, src, keep, sizes)
         if back is None:
-            keep, back = dst_placements, src_placements
+            keep = tuple(Replicate() if isinstance(p, Partial) else p for p in dst_placements)
+            back = view_placements(dst, src, keep, sizes)
+            assert back is not None  # the forward's placements, with whole dims for sums
         moved = grad if tuple(grad.placements) == keep else grad.redistribute(placements=keep)
         return reshape_local(moved, src, back), None, None
 
