@@ -42,7 +42,7 @@ def main() -> None:
     from checks import print_placements, torch_check
 
     model, inputs = make()
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}))
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"))
     print(plan)
     print_placements(plan)
     torch_check(plan, model, inputs)

@@ -1,4 +1,5 @@
-"""A tiny Hugging Face LlamaForCausalLM (no weights downloaded), planned and trained on 4 ranks.
+"""A tiny Hugging Face LlamaForCausalLM (no weights downloaded), planned on the README's 2x4
+mesh and checked on 8 simulated ranks.
 
 Run: ``python examples/hf_llama.py``. Tests import ``make()``, which returns ``(model, inputs)``
 with HF keyword inputs ``{"input_ids": ids, "labels": ids}`` (the model computes its own loss).
@@ -43,7 +44,7 @@ def main() -> None:
     from checks import print_placements, torch_check
 
     model, inputs = make()
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}))
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 4}, cluster="cpu-test"))
     print(plan)
     print_placements(plan)
     torch_check(plan, model, inputs)

@@ -182,7 +182,7 @@ def main() -> None:
     # Adam's eps well above |gradient|: with 1e-8 the first update is sign(g) where |g| ~ 1e-8,
     # which no other reduction order reproduces, and the check below compares updated weights.
     step, args = make(GPTConfig(scan_layers="--scan" in sys.argv, adam_eps=1e-4))
-    mesh = sp.Mesh({"dp": 2, "tp": 4})
+    mesh = sp.Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
     plan = sp.plan(step, *args, mesh=mesh)
     print(plan)
     jax_check(plan, step, args, steps=3)

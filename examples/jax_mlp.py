@@ -78,7 +78,7 @@ def main() -> None:
     from checks import jax_check
 
     step, args = make()
-    mesh = sp.Mesh({"dp": 2, "tp": 4})
+    mesh = sp.Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
     plan = sp.plan(step, *args, mesh=mesh)
     print(plan)
     jax_check(plan, step, args, steps=3)

@@ -37,7 +37,7 @@ def main() -> None:
     from checks import torch_check
 
     model, inputs = make()
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}))
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"))
     print(plan)
     print("DTensor placements on the (dp, tp) device mesh:")
     for fqn, placements in plan.to_placements().items():

@@ -23,7 +23,9 @@ def main() -> None:
     model, inputs = load_factory(FACTORY)(**SHAPES)
     # Stages on "pp", tensor parallelism inside each stage on "tp" (run_pipeline_on_gloo runs
     # such a plan on pp x tp processes, see docs/torch.md; below, a pp-only plan on 2).
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"pp": 2, "tp": 2}), microbatches=2)
+    plan = sp.plan(
+        model, *inputs, mesh=sp.Mesh({"pp": 2, "tp": 2}, cluster="cpu-test"), microbatches=2
+    )
     print(plan)
     pipe = plan.pipeline
     step_us = pipe.step_time * 1e6
@@ -37,7 +39,7 @@ def main() -> None:
     schedule, microbatches = pipeline_schedule(plan)
     print(f"schedule: {schedule.__name__} with {microbatches} micro-batches")
 
-    pp_only = sp.plan(model, *inputs, mesh=sp.Mesh({"pp": 2}), microbatches=2)
+    pp_only = sp.plan(model, *inputs, mesh=sp.Mesh({"pp": 2}, cluster="cpu-test"), microbatches=2)
     spec = pipeline_spec(pp_only)
     print("running", spec)
     result = run_pipeline_on_gloo(spec, FACTORY, **SHAPES)

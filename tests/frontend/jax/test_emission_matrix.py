@@ -118,7 +118,39 @@ def test_plan_jit_matches_the_unsharded_step(model, mesh, kind):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
-@pytest.mark.parametrize(("model", "mesh", "kind"), CELLS)
+_PERMUTES = (
+    "XLA moves this multi-axis reshard with collective-permutes where the cost model prices "
+    "all-to-alls (numerics match; the cost model's all-to-all price is the gap)"
+)
+_REDUCE_SCATTER = (
+    "XLA reduce-scatters a row-parallel output that is only read sliced, where the plan "
+    "all-reduces it (numerics match; the plan over-prices it)"
+)
+KNOWN_COLLECTIVE_GAPS = {
+    ("gqa", "2x4", "free"): _REDUCE_SCATTER,
+    ("gqa", "4x2", "free"): _REDUCE_SCATTER,
+    ("gqa", "2x2x2", "free"): _REDUCE_SCATTER,
+    ("gpt1", "2x4", "megatron"): _PERMUTES,
+    ("gpt1", "4x2", "megatron"): _PERMUTES,
+    ("gpt1", "2x2x2", "megatron"): _PERMUTES,
+    ("mlp", "2x2x2", "megatron"): _PERMUTES,
+}
+"""Cells whose compiled collectives differ from the plan's, as measured: strict, so a cell that
+starts matching fails here until it is taken off this list."""
+
+
+def _collective_cells() -> list:
+    return [
+        pytest.param(
+            *cell, marks=pytest.mark.xfail(strict=True, reason=KNOWN_COLLECTIVE_GAPS[cell])
+        )
+        if cell in KNOWN_COLLECTIVE_GAPS
+        else cell
+        for cell in CELLS
+    ]
+
+
+@pytest.mark.parametrize(("model", "mesh", "kind"), _collective_cells())
 def test_xla_collectives_are_the_planned_ones(model, mesh, kind):
     _, args, plan, jitted, _ = _cell(model, mesh, kind)
     found = check_plan_collectives(plan, jitted, *args)
