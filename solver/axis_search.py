@@ -17,6 +17,7 @@ model (docs/design.md, "Meshes of three and four axes"). Instead:
    solve the best step's neighbourhood as a one- or two-axis mesh is solved (every objective
    variant, the simulator picks).
 
+Pins are honoured: on the merged mesh where they can be expressed, in every step exactly.
 Each step's space grows linearly with the mesh rank. The solver is exact on what it keeps (the
 neighbourhood); the result is a local optimum of the full space, not a certified global one.
 """
@@ -24,9 +25,10 @@ neighbourhood); the result is a local optimum of the full space, not a certified
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 
-from ..ir import Graph, Mesh
+from ..ir import Graph, Mesh, Sharding
 from ..passes.enumerate_strategies import Coords, layout_coords, op_coords
 from .costs import PartialSemantics, Space, build_space
 from .plan import Plan
@@ -55,7 +57,6 @@ def axis_search(
     mesh: Mesh,
     semantics: PartialSemantics | None,
     plan_space: PlanSpace,
-    flat_start: bool = True,
 ) -> Plan:
     """The best plan found from the flat start by one-axis moves.
 
@@ -64,23 +65,20 @@ def axis_search(
     objective (``quick``); the last neighbourhood is then solved with every objective variant
     and the simulator picks the plan, as for one- and two-axis meshes."""
     axes = live_axes(mesh)
-    nodes = len(graph.inputs) + len(graph.ops)
-    repeated = None
-    if flat_start:
-        outer, inner = axes[:-1], axes[-1]
-        merged = Mesh(
-            {
-                "_".join(outer): math.prod(mesh.axis_size(a) for a in outer),
-                inner: mesh.axis_size(inner),
-            },
-            mesh.cluster,
-        )
+    outer, inner = axes[:-1], axes[-1]
+    name = "_".join(outer)
+    merged = Mesh(
+        {name: math.prod(mesh.axis_size(a) for a in outer), inner: mesh.axis_size(inner)},
+        mesh.cluster,
+    )
+    with _merged_pins(graph, outer, name):  # pins the merged mesh cannot express are left out
         start_space = build_space(graph, merged, semantics)
         _, choice, _ = plan_space(start_space, None, STEP_SHARE, True)
-        center = [c[:1] * len(outer) + c[1:] for c in coordinates(start_space, choice)]
-        repeated = start_space.repeated
-    else:  # pins name the real axes: start from the replicated plan
-        center = [(None,) * len(axes)] * nodes
+    center = [c[:1] * len(outer) + c[1:] for c in coordinates(start_space, choice)]
+    for n, value in enumerate(graph.inputs):  # a pinned input sits on its pin
+        if value.pinned and value.sharding is not None:
+            center[n] = layout_coords(value.sharding, mesh)
+    repeated = start_space.repeated
     prices: dict = {}
     lists: dict = {}
     tables: dict = {}
@@ -108,6 +106,41 @@ def axis_search(
     plan, _, _ = plan_space(space, _index(space, center), 1.0, False)
     assert plan is not None
     return plan
+
+
+@contextmanager
+def _merged_pins(graph: Graph, outer: list[str], name: str) -> Iterator[None]:
+    """Pins rewritten for the merged mesh while the start is planned (restored after): a pin
+    that splits a dim by all outer axes in order takes the merged axis; one that uses only some
+    of them is dropped for the start (the steps then honour it)."""
+    saved = [(v, v.sharding, v.pinned) for v in graph.values() if v.pinned]
+    try:
+        for value, sharding, _ in saved:
+            translated = _to_merged(sharding, outer, name) if sharding is not None else None
+            value.sharding, value.pinned = translated, translated is not None
+        yield
+    finally:
+        for value, sharding, pinned in saved:
+            value.sharding, value.pinned = sharding, pinned
+
+
+def _to_merged(layout: Sharding, outer: list[str], name: str) -> Sharding | None:
+    """``layout`` on the merged mesh, or None when it splits by only some outer axes."""
+    dims = []
+    for group in layout.dims:
+        mine = [a for a in group if a in outer]
+        if not mine:
+            dims.append(tuple(group))
+        elif list(group[: len(outer)]) == list(outer):
+            dims.append((name, *group[len(outer) :]))
+        else:
+            return None
+    partial = set(layout.partial)
+    if partial & set(outer):
+        if not set(outer) <= partial:
+            return None
+        partial = (partial - set(outer)) | {name}
+    return Sharding(tuple(dims), frozenset(partial))
 
 
 def coordinates(space: Space, choice: list[int]) -> list[Coords]:

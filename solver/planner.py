@@ -96,7 +96,7 @@ def plan_graph(
     )  # fmt: skip
     try:
         if len(live_axes(mesh)) >= AXIS_SEARCH_FROM:
-            best = axis_search(graph, mesh, semantics, partial(_plan_space, options), not pins)
+            best = axis_search(graph, mesh, semantics, partial(_plan_space, options))
         else:
             space = clock("enumerate", build_space, graph, mesh, semantics)
             best, _, _ = _plan_space(options, space)
