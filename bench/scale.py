@@ -121,7 +121,7 @@ def memory_table(rows: list[dict]) -> str:
         lines.append(
             f"{r['name']:9} {r['plan_s']:7.1f} {r['plan_cpu_s']:6.1f} {r['status']:>9} "
             f"{r['gap'] * 100:5.1f}% {r['step_ms']:8.1f} {r['peak_gib']:8.1f} {r['rss_mb']:7.0f} "
-            f"{str(r['baseline']):>22} {base}  {r['strategy']}"
+            f"{r['baseline']!s:>22} {base}  {r['strategy']}"
         )
     return "\n".join(lines)
 

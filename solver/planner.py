@@ -165,9 +165,9 @@ def _plan_space(
     plans: list[tuple[Plan, list[int], float]] = []
     chosen: list[list[int]] = []
     warm = {**_hints(space), **(hints or {})}
-    if o.baseline is not None and not quick and o.recompute is not False:
-        if not memory.cannot_bind(problem):  # the limit binds: start from the best baseline
-            warm = {**clock("seed", _seed, space, memory, o.baseline()), **warm}
+    seeded = o.baseline is not None and not quick and o.recompute is not False
+    if seeded and not memory.cannot_bind(problem):  # the limit binds: start from a baseline
+        warm = {**clock("seed", _seed, space, memory, o.baseline()), **warm}
     started = time.perf_counter()
     for index, (candidate, merge) in enumerate(variants):
         clock("shrink", shrink, candidate, space, o.share_layers, merge)
