@@ -165,7 +165,7 @@ def _plan_space(
     plans: list[tuple[Plan, list[int], float]] = []
     chosen: list[list[int]] = []
     warm = {**_hints(space), **(hints or {})}
-    seeded = o.baseline is not None and not quick and o.recompute is not False
+    seeded = o.baseline is not None and not quick and o.recompute is True
     if seeded and not memory.cannot_bind(problem):  # the limit binds: start from a baseline
         warm = {**clock("seed", _seed, space, memory, o.baseline()), **warm}
     started = time.perf_counter()

@@ -11,6 +11,7 @@ TINY = TransformerConfig("tiny", 2, 256, 4, 1024, 512, 64)
 MESH = sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")
 
 
+@pytest.mark.slow  # ~20 s per limit alone on the 2-core box (15 baselines priced twice)
 @pytest.mark.parametrize("limit_mib", [12, 16])
 def test_plan_is_never_slower_than_the_best_fitting_baseline(limit_mib: int) -> None:
     limit = limit_mib * 2**20
