@@ -7,6 +7,13 @@ device), then the planner's phases (``plan.timings``) and the total wall time.
 
     .venv/bin/python bench/scale.py                 # table + bench/results/scale.json
     .venv/bin/python bench/scale.py --quick         # fewer rows
+    .venv/bin/python bench/scale.py --memory        # the memory-bound rows only (issue 15)
+
+Memory-bound rows (issue 15): HF Llama shapes where the 80 GB limit binds (Llama-3-70B in bf16,
+80 layers; Llama-3-8B left in float32, 32 layers), 16 x 8192 tokens on dp=8 x tp=8: the
+``sp.plan`` call (capture included; wall and CPU seconds), the solver status and gap, the plan's
+step and peak, and the best fitting hand-written strategy (``evaluate.best_baseline``) priced
+by the same cost model.
 """
 
 from __future__ import annotations
@@ -55,6 +62,70 @@ print(json.dumps(dict(source=source, layers=layers, mesh=mesh_text, batch=batch,
 """
 
 
+MEMORY_CHILD = r"""
+import json, resource, sys, time, warnings
+warnings.simplefilter("ignore")
+name = sys.argv[1]
+import torch
+from transformers import LlamaConfig, LlamaForCausalLM
+import shardplan as sp
+from shardplan.evaluate import best_baseline
+from shardplan.solver.summary import strategy_words
+shapes = {
+    "70b-bf16": (dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8), torch.bfloat16),
+    "8b-f32": (dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8), torch.float32),
+}
+shape, dtype = shapes[name]
+config = LlamaConfig(vocab_size=128256, max_position_embeddings=8192, **shape)
+with torch.device("meta"):
+    model = LlamaForCausalLM(config).to(dtype)
+ids = torch.empty((16, 8192), dtype=torch.long, device="meta")
+mesh = sp.Mesh({"dp": 8, "tp": 8}, cluster="h100-sxm")
+wall, cpu = time.perf_counter(), time.process_time()
+plan = sp.plan(model, {"input_ids": ids, "labels": ids}, mesh=mesh)
+wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
+s = plan.solver
+gap = (s.objective - s.bound) / s.objective if s.objective > 0 else 0.0
+base = best_baseline(plan.graph, mesh)
+print(json.dumps(dict(name=name, plan_s=wall, plan_cpu_s=cpu, status=s.status, gap=gap,
+    step_ms=plan.step_time * 1e3, peak_gib=plan.peak_memory_bytes / 2**30,
+    strategy=strategy_words(plan),
+    recompute={m: list(plan.recompute.values()).count(m) for m in set(plan.recompute.values())},
+    baseline=base[0] if base else None, baseline_step_ms=base[1].step_time * 1e3 if base else None,
+    rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
+"""
+MEMORY_ROWS = ("70b-bf16", "8b-f32")
+
+
+def run_memory(name: str) -> dict:
+    out = subprocess.run(
+        [sys.executable, "-c", MEMORY_CHILD, name], capture_output=True, text=True, cwd=ROOT,
+        timeout=1800,
+    )  # fmt: skip
+    if out.returncode:
+        return dict(name=name, error=out.stderr.strip()[-300:])
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def memory_table(rows: list[dict]) -> str:
+    head = f"{'model':9} {'plan s':>7} {'cpu s':>6} {'status':>9} {'gap':>6} {'step ms':>8} "
+    head += f"{'peak GiB':>8} {'RSS MB':>7} {'baseline':>22} {'its ms':>8}  plan"
+    lines = [head]
+    for r in rows:
+        if "error" in r:
+            lines.append(f"{r['name']:9} error: {r['error']}")
+            continue
+        base = f"{r['baseline_step_ms']:8.1f}" if r["baseline_step_ms"] else f"{'-':>8}"
+        lines.append(
+            f"{r['name']:9} {r['plan_s']:7.1f} {r['plan_cpu_s']:6.1f} {r['status']:>9} "
+            f"{r['gap'] * 100:5.1f}% {r['step_ms']:8.1f} {r['peak_gib']:8.1f} {r['rss_mb']:7.0f} "
+            f"{r['baseline']!s:>22} {base}  {r['strategy']}"
+        )
+    return "\n".join(lines)
+
+
 def run(source: str, layers: int, mesh: str, per_dp: int = 2) -> dict:
     out = subprocess.run(
         [sys.executable, "-c", CHILD, source, str(layers), mesh, str(per_dp)],
@@ -87,7 +158,15 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sources", default="ir,torch")
+    parser.add_argument("--memory", action="store_true", help="only the memory-bound rows")
     args = parser.parse_args()
+    out = ROOT / "bench" / "results"
+    out.mkdir(parents=True, exist_ok=True)
+    if args.memory:
+        memory_rows = [run_memory(name) for name in MEMORY_ROWS]
+        print(memory_table(memory_rows))
+        (out / "scale_memory.json").write_text(json.dumps(memory_rows, indent=2, sort_keys=True))
+        return
     layer_counts = [1, 4, 32] if args.quick else [1, 4, 8, 16, 32]
     rows = []
     for source in args.sources.split(","):
@@ -103,8 +182,6 @@ def main() -> None:
                 )
     text = table(rows)
     print(text)
-    out = ROOT / "bench" / "results"
-    out.mkdir(parents=True, exist_ok=True)
     (out / "scale.json").write_text(json.dumps(rows, indent=2, sort_keys=True))
     for source in args.sources.split(","):
         ratio = _ratio(rows, source, "dp=8,tp=8")

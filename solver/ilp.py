@@ -110,10 +110,13 @@ def _warm_start(problem: Problem, hints: dict[int, int], memory, start: float):
     full = problem.expand(choice)
     if not np.isfinite(objective) or not _feasible(problem, choice):
         return None
-    if memory is not None and not memory.fits(full):
-        return None
+    decisions = None
     if memory is not None:
-        memory.read(None)
+        decisions = {**(memory.hint_decisions or {}), **memory.fixed_decisions()}
+        if memory.profile(full, decisions).peak > (memory.limit or float("inf")):
+            return None
+        memory.decisions = decisions
+        objective += memory.recompute_cost(full, decisions)
     return Solution(full, objective, 0.0, "FEASIBLE", time.perf_counter() - start, 0)
 
 

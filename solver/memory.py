@@ -75,6 +75,8 @@ class MemoryModel:
     allow_recompute: bool = True
     decisions: dict[str, str] = field(default_factory=dict)
     """Layer -> mode of the last solution (empty: nothing recomputed)."""
+    hint_decisions: dict[str, str] | None = None
+    """Layer -> mode of a warm start (the seed's recomputation); None: hint full everywhere."""
 
     # -- exact evaluation ------------------------------------------------------------------
     def items(self, choice: list[int], decisions: dict[str, str] | None = None) -> list:
@@ -238,8 +240,10 @@ class _Builder:
             self.model.Add(sum(pair.values()) <= 1)
             # CP-SAT only runs when the LP's layouts do not fit: start from the choice that
             # frees the most memory, so a feasible point is at hand (it then trades back).
-            self.model.AddHint(pair["full"], 1)
-            self.model.AddHint(pair["selective"], 0)
+            # A seed (the best fitting hand-written strategy, ``planner._seed``) brings its own.
+            seeded = mem.hint_decisions.get(layer, "full") if mem.hint_decisions else "full"
+            self.model.AddHint(pair["full"], int(seeded == "full"))
+            self.model.AddHint(pair["selective"], int(seeded == "selective"))
             if mem.forced is not None:
                 wanted = mem.forced.get(layer)
                 for m, var in pair.items():
