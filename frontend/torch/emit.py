@@ -79,7 +79,7 @@ def to_placements(plan: Plan) -> dict[str, Placements]:
     context = plan.frontend_context
     if not isinstance(context, TorchContext):
         return {
-            v.origin.path or v.name: placements_of(plan.shardings[v.name], plan.mesh)
+            v.origin.path or v.name: placements_of(plan.shardings[v.name], plan.stage_mesh)
             for v in plan.graph.inputs
             if v.role is Role.PARAMETER
         }
@@ -93,7 +93,7 @@ def _param_placements(plan: Plan, value: str) -> Placements:
     """A parameter's placements; a (meaningless) partial parameter is stored replicated."""
     return tuple(
         Replicate() if isinstance(p, Partial) else p
-        for p in placements_of(plan.shardings[value], plan.mesh)
+        for p in placements_of(plan.shardings[value], plan.stage_mesh)
     )
 
 

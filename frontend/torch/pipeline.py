@@ -9,7 +9,7 @@ the first stage and the final norm and head on the last, and wraps them in a ``P
 The tracer front end (``pipeline(model, mb_args, split_spec)``) takes the same split spec, but
 ``torch.export``'s unflattening of Hugging Face models loses inputs of nested modules
 (``position_ids``), so it is not used here. Tensor parallelism inside a stage: the plan's
-intra-stage layouts are for the sub-mesh (``plan.mesh``); each stage's parameters become
+intra-stage layouts are for the sub-mesh (``plan.stage_mesh``); each stage's parameters become
 DTensors on that stage's slice of the device mesh (``TensorParallelStage``), and the stage
 sends and receives whole (replicated) activations.
 """
@@ -58,7 +58,7 @@ class PipelineSpec:
     stage_layers: tuple[tuple[int, ...], ...] = ()
     """Layer indices of each stage."""
     stage_mesh: tuple[tuple[str, int], ...] = ()
-    """Axes of the mesh inside one stage (``plan.mesh``); empty or size 1: no parallelism."""
+    """Axes of the mesh inside one stage (``plan.stage_mesh``); empty or size 1: no parallelism."""
     placements: tuple[tuple[str, tuple[Placement, ...]], ...] = ()
     """Parameter FQN -> DTensor placements on the stage mesh (``plan.to_placements()``)."""
 
@@ -95,7 +95,7 @@ def pipeline_spec(plan: Plan) -> PipelineSpec:
     points = tuple(stage.first_module for stage in pipe.stages[1:])
     layers = tuple(stage.layers for stage in pipe.stages)
     stack = pipe.stages[0].stack
-    inner = tuple(plan.mesh.axes) if plan.mesh.size > 1 else ()
+    inner = tuple(plan.stage_mesh.axes) if plan.stage_mesh.size > 1 else ()
     placements = tuple(plan.to_placements().items()) if inner else ()
     return PipelineSpec(
         points, pipe.schedule, pipe.microbatches, len(pipe.stages), stack, layers, inner,

@@ -153,7 +153,9 @@ HAND: dict[str, list[str]] = {
         "bhsd,bhtd,bhte->bhse,bhs need=dt",  # and the log-sum-exp per query
     ],
     # dK and dV sum over queries while dQ keeps them: no one factor kind fits s, so it is whole
-    "attention_backward": ["bhse,bhsd,bhtd,bhte,bhse,bhs->bhsd,bhtd,bhte need=dest"],
+    # queries split too (context parallelism): dQ rows are final, dK/dV are each rank's share of
+    # a sum over queries, so s is summed into results 1 and 2; keys and head dims stay whole
+    "attention_backward": ["bhse,bhsd,bhtd,bhte,bhse,bhs->bhsd,bhtd,bhte need=det sum=s:12"],
     "broadcast": BROADCAST_HAND,
     "broadcast_in_dim": BROADCAST_HAND,
     "concat": ["ab,cb->eb need=ac"],  # the joined dim is whole in the operands
@@ -213,20 +215,28 @@ def _hand(kind: str) -> list[str]:
     return HAND.get(kind, ELEMENTWISE_HAND)
 
 
-def canonical(spec: str, need: frozenset[str], red: frozenset[str]) -> tuple:
-    """The rule up to factor names: letters renamed in order of first appearance."""
+def canonical(spec: str, need: frozenset[str], red: frozenset[str], summed: tuple = ()) -> tuple:
+    """The rule up to factor names: letters renamed in order of first appearance; ``summed`` is
+    ``((factor, result indices), ...)``."""
     names: dict[str, str] = {}
     for ch in spec:
         if ch.isalpha() and ch not in names:
             names[ch] = chr(ord("a") + len(names))
     text = "".join(names.get(ch, ch) for ch in spec)
-    return text, frozenset(names[f] for f in need), frozenset(names[f] for f in red)
+    sums = frozenset((names[f], tuple(sorted(i))) for f, i in summed)
+    return text, frozenset(names[f] for f in need), frozenset(names[f] for f in red), sums
 
 
 def _expected(line: str) -> tuple:
+    """``spec [need=F..] [red=F..] [sum=F:RESULTS]`` (``sum=s:12``: s summed into results 1, 2)."""
     spec, *marks = line.split()
-    flags = {m.split("=")[0]: frozenset(m.split("=")[1]) for m in marks}
-    return canonical(spec, flags.get("need", frozenset()), flags.get("red", frozenset()))
+    flags = dict(m.split("=") for m in marks)
+    summed = ()
+    if "sum" in flags:
+        factor, results = flags["sum"].split(":")
+        summed = ((factor, tuple(int(r) for r in results)),)
+    need, red = frozenset(flags.get("need", "")), frozenset(flags.get("red", ""))
+    return canonical(spec, need, red, summed)
 
 
 @pytest.mark.parametrize("kind", core_kinds())
@@ -236,7 +246,7 @@ def test_registry_rules_match_hand_written_factors(kind: str) -> None:
     assert len(hand) == len(cases(kind)), f"{kind}: one hand-written line per case"
     for (ins, outs, attrs), line in zip(cases(kind), hand, strict=True):
         rule = rule_for(kind, [tensor(t) for t in ins], [tensor(t) for t in outs], attrs)
-        got = canonical(rule.spec, rule.need_replication, rule.reduction)
+        got = canonical(rule.spec, rule.need_replication, rule.reduction, rule.summed)
         assert got == _expected(line), f"{kind}({', '.join(ins)}): {rule} vs hand {line}"
         # sizes: each factor's size divides every dim it is part of, and dims multiply out
         size = rule.size_of
