@@ -77,8 +77,9 @@ def parse_size(text: str) -> int:
     return int(float(match.group(1)) * _UNITS[unit])
 
 
-def check_size(value: Any, name: str) -> float | None:
-    """Bytes > 0 from a number or a string like ``"40GB"``; ``None`` stays ``None``."""
+def check_size(value: Any, name: str, unbounded: bool = False) -> float | None:
+    """Bytes > 0 from a number or a string like ``"40GB"``; ``None`` stays ``None``.
+    ``unbounded``: ``math.inf`` is accepted too (no limit)."""
     if value is None:
         return None
     if isinstance(value, str):
@@ -89,7 +90,7 @@ def check_size(value: Any, name: str) -> float | None:
                 f"{name}={value!r} is not a size: use bytes or a unit, like 40e9, '40GB', '512MiB'"
             ) from None
     number = _number(value, name, "bytes, like 40e9 or '40GB'")
-    if not number > 0 or math.isinf(number):
+    if not number > 0 or (math.isinf(number) and not unbounded):
         raise ArgumentError(f"{name}={value!r} must be a finite size > 0, like 40e9 or '40GB'")
     return number
 
@@ -368,7 +369,7 @@ def check_evaluate_call(
     check_choice(strategy.recompute, "recompute", RECOMPUTE)
     return (
         check_mesh(mesh),
-        check_size(memory_limit, "memory_limit"),
+        check_size(memory_limit, "memory_limit", unbounded=True),  # price it whether it fits or not
         check_seconds(time_limit, "time_limit"),
     )
 

@@ -271,3 +271,14 @@ def test_plan_save_is_atomic_and_loads_back(tmp_path, monkeypatch) -> None:
         plan.save(path)
     assert sp.load_plan(path).shardings == plan.shardings
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]
+
+
+def test_evaluate_takes_an_unbounded_memory_limit() -> None:
+    """``sp.evaluate`` prices a strategy whether it fits or not: ``memory_limit=math.inf`` is
+    "no limit" there (``sp.plan`` refuses it, above); NaN and negatives stay refused."""
+    strategy = sp.strategies.dp()
+    ev = sp.evaluate(tiny_graph(), mesh=MESH, strategy=strategy, memory_limit=math.inf)
+    assert ev.fits
+    for bad in (math.nan, -5):
+        with pytest.raises(ArgumentError):
+            sp.evaluate(tiny_graph(), mesh=MESH, strategy=strategy, memory_limit=bad)
