@@ -6,12 +6,19 @@ import time
 from collections.abc import Mapping
 from typing import Any
 
+from . import progress
 from .ir import FrontendError, Graph, Mesh, Sharding
 from .solver.plan import Plan
 
 
 def _is_torch_module(obj: object) -> bool:
     return any(c.__module__.startswith("torch.nn") for c in type(obj).__mro__)
+
+
+def _model_name(model: object) -> str:
+    if isinstance(model, Graph):
+        return f"graph @{model.name}"
+    return getattr(model, "__name__", None) or type(model).__name__
 
 
 def plan(
@@ -26,6 +33,7 @@ def plan(
     pins: Mapping[str, Sharding] | None = None,
     memory_limit: float | str | None = None,
     time_limit: float = 30.0,
+    verbose: bool = False,
     **options: Any,
 ) -> Plan:
     """Plan shardings for a model on ``mesh``.
@@ -45,18 +53,36 @@ def plan(
       memory_limit: per-device bytes (a number or ``"40GB"`` / ``"512MiB"``); defaults to the
         cluster's device memory.
       time_limit: solver wall-clock limit in seconds.
+      verbose: print progress on stderr (each phase with the seconds since the call began:
+        capture, enumerate, price, solve with its bound and gap, simulate). Progress always
+        goes to the ``logging`` logger ``"shardplan"`` at INFO (``progress.py``).
       options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``);
         one the frontend does not take is an ``ArgumentError`` (a Graph takes none).
     Returns:
       the Plan (``print(plan)`` shows it).
     """
-    from .solver.planner import plan_graph
     from .validate import check_plan_call
 
     given = dict(mesh=mesh, devices=devices, cluster=cluster, pipeline_axis=pipeline_axis,
-                 microbatches=microbatches, schedule=schedule, pins=pins,
+                 microbatches=microbatches, schedule=schedule, pins=pins, verbose=verbose,
                  memory_limit=memory_limit, time_limit=time_limit)  # fmt: skip
     checked = check_plan_call(model_or_fn, given, options)
+    with progress.planning(verbose):
+        result = _plan(model_or_fn, example_args, checked, options)
+        progress.report(
+            "done", "step %s modelled, peak %.1f GiB per device",
+            progress.seconds_text(result.step_time), result.peak_memory_bytes / 2**30,
+        )  # fmt: skip
+        return result
+
+
+def _plan(model_or_fn: Any, example_args: tuple, checked: dict, options: dict) -> Plan:
+    """``plan`` after its arguments were checked (``checked``: the normalised keywords)."""
+    from .solver.planner import plan_graph
+
+    progress.report("start", "planner loaded (%.1f s)", progress.elapsed())
+    pipeline_axis, pins = checked["pipeline_axis"], checked["pins"]
+    schedule, microbatches = checked["schedule"], checked["microbatches"]
     mesh, devices, cluster = checked["mesh"], checked["devices"], checked["cluster"]
     memory_limit, time_limit = checked["memory_limit"], checked["time_limit"]
     context: object | None = None
@@ -79,6 +105,10 @@ def plan(
             "with example inputs, or a JAX callable with example arguments"
         )
     capture_seconds = time.perf_counter() - start
+    progress.report(
+        "capture", "%s -> %d ops, %d inputs (%.1f s)", _model_name(model_or_fn),
+        len(graph.ops), len(graph.inputs), capture_seconds,
+    )  # fmt: skip
     semantics = getattr(context, "partial_semantics", None)  # what the target runtime does
     if mesh is None:
         if devices is None:

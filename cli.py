@@ -16,19 +16,14 @@ import argparse
 import importlib.util
 import os
 import sys
-import threading
 import time
 import traceback
-from collections.abc import Iterator, Sequence
-from contextlib import contextmanager
+from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import validate
+from . import progress, validate
 from .ir import Graph, Mesh, ShardplanError
-
-SPINNER_DELAY = 1.0
-"""Seconds of planning before a progress spinner appears (quick plans print no spinner)."""
 
 
 class CliError(ShardplanError):
@@ -162,6 +157,10 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--full", action="store_true", help="print every input, op and reshard, not the summary"
     )
+    plan.add_argument(
+        "--quiet", "-q", action="store_true", help="no progress lines on stderr (by default each "
+        "planning phase prints one, with the seconds since the start)",
+    )  # fmt: skip
 
     show = _command(
         commands, "show", "print a saved plan", "Print a plan file.", aliases=["explain"]
@@ -290,24 +289,6 @@ def _plan_arguments(made: Any, target: str) -> tuple[Any, tuple[Any, ...]]:
     )
 
 
-@contextmanager
-def _progress(message: str) -> Iterator[None]:
-    """A spinner on stderr, shown only on a terminal and only once planning passes a second."""
-    if not sys.stderr.isatty():
-        yield
-        return
-    from rich.console import Console
-
-    status = Console(stderr=True).status(message)
-    timer = threading.Timer(SPINNER_DELAY, status.start)
-    timer.start()
-    try:
-        yield
-    finally:
-        timer.cancel()
-        status.stop()
-
-
 def _print_plan(plan: Any, full: bool = False) -> None:
     """The one-screen summary, or with ``full`` every table (in colour on a terminal);
     deterministic fixed-width text when piped."""
@@ -327,11 +308,12 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.out is not None:
         validate.check_output_path(args.out)  # before minutes of planning, not after
     mesh = Mesh(args.mesh, cluster=_resolve_cluster(parser, args.cluster))
-    model, example_args = _plan_arguments(load_target(args.target), args.target)
-    if args.print_ir and isinstance(model, Graph):
-        sys.stdout.write(str(model) + "\n")
     start = time.perf_counter()
-    with _progress(f"planning {args.target} on {mesh}..."):
+    with progress.planning(verbose=not args.quiet):
+        model, example_args = _plan_arguments(load_target(args.target), args.target)
+        progress.report("load", "%s built the model (%.1f s)", args.target, progress.elapsed())
+        if args.print_ir and isinstance(model, Graph):
+            sys.stdout.write(str(model) + "\n")
         try:
             plan = make_plan(
                 model,

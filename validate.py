@@ -294,7 +294,7 @@ def atomic_write_text(path: Any, text: str) -> None:
 
 # -- the entry points -------------------------------------------------------------------------
 PLAN_KEYWORDS = (
-    "mesh", "devices", "cluster", "pipeline_axis", "microbatches", "schedule", "pins",
+    "mesh", "devices", "cluster", "pipeline_axis", "microbatches", "schedule", "pins", "verbose",
     "memory_limit", "time_limit",
 )  # fmt: skip
 RECOMPUTE = (None, "selective", "full")
@@ -350,6 +350,8 @@ def check_plan_call(model: Any, args: Mapping[str, Any], options: Mapping[str, A
         )
     out["memory_limit"] = check_size(args["memory_limit"], "memory_limit")
     out["time_limit"] = check_seconds(args["time_limit"], "time_limit")
+    if not isinstance(args.get("verbose", False), bool):
+        raise ArgumentError(f"verbose={args['verbose']!r} must be True or False")
     return out
 
 

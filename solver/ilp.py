@@ -16,6 +16,7 @@ from dataclasses import dataclass
 import numpy as np
 from ortools.sat.python import cp_model
 
+from .. import progress
 from .dominance import prune_dominated
 from .lp import solve_relaxation
 from .problem import Edge, Problem
@@ -181,7 +182,8 @@ def _solve_cpsat(
         solver.parameters.max_deterministic_time = work_limit
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
-    status = solver.Solve(model)
+    progress_callback = _Progress(constant, scale) if progress.enabled() else None
+    status = solver.Solve(model, progress_callback)
     name = _STATUS.get(status, str(status))
     if name not in ("OPTIMAL", "FEASIBLE"):
         return Solution([], float("inf"), float("inf"), name, time.perf_counter() - start, 0)
@@ -196,6 +198,32 @@ def _solve_cpsat(
     return Solution(
         problem.expand(choice), objective, bound, name, time.perf_counter() - start, nvars
     )
+
+
+class _Progress(cp_model.CpSolverSolutionCallback):
+    """Logs each better solution CP-SAT finds with its bound and gap (``progress.py``), at
+    most one line per ``EVERY`` seconds; attached only when progress is shown."""
+
+    EVERY = 0.5
+
+    def __init__(self, constant: float, scale: float) -> None:
+        super().__init__()
+        self.constant, self.scale, self.last = constant, scale, -self.EVERY
+
+    def on_solution_callback(self) -> None:
+        if time.perf_counter() - self.last < self.EVERY:
+            return
+        self.last = time.perf_counter()
+        value = self.constant + self.ObjectiveValue() / self.scale
+        bound = min(value, self.constant + self.BestObjectiveBound() / self.scale)
+        gap = 0.0 if value <= 0 else 1 - bound / value
+        progress.report(
+            "solve",
+            "CP-SAT incumbent %s, bound %s, gap %.2f%%",
+            progress.seconds_text(value),
+            progress.seconds_text(bound),
+            100 * gap,
+        )
 
 
 def _add_hints(model, x: dict, hints: dict[int, int]) -> None:

@@ -11,6 +11,7 @@ from functools import partial
 
 import numpy as np
 
+from .. import progress
 from ..costmodel import get_cluster, reshard, reshard_time
 from ..costmodel.cluster import Cluster
 from ..costmodel.fusion import unfused_penalty
@@ -277,7 +278,8 @@ def _not_slower(best: Plan, found: tuple[str, Plan] | None) -> Plan:
 
 
 class _Clock:
-    """Accumulates wall seconds per planning phase (reported as ``plan.timings``)."""
+    """Accumulates wall seconds per planning phase (reported as ``plan.timings``) and logs each
+    phase's end with what it found (``progress.py``: ``verbose=True``, on in the CLI)."""
 
     def __init__(self) -> None:
         self.seconds: dict[str, float] = {}
@@ -285,9 +287,38 @@ class _Clock:
     def __call__(self, phase: str, fn, *args, **kwargs):
         start = time.perf_counter()
         try:
-            return fn(*args, **kwargs)
+            result = fn(*args, **kwargs)
         finally:
             self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
+        seconds = time.perf_counter() - start
+        if progress.enabled() and (phase in _REPORTED or seconds >= 1.0):
+            progress.report(phase, "%s (%.1f s)", _found(result), seconds)
+        return result
+
+
+_REPORTED = frozenset({"enumerate", "price", "seed", "solve", "simulate"})
+"""Phases that always print a progress line; the others only when they take a second or more."""
+
+
+def _found(result: object) -> str:
+    """What a phase produced, in a few words for its progress line."""
+    if isinstance(result, Space):
+        lists = {id(s): len(s) for s in result.strategies}
+        return (
+            f"{len(result.graph.ops)} ops, {len(result.strategies)} decision nodes, "
+            f"{sum(lists.values())} distinct strategies"
+        )
+    if isinstance(result, Problem):
+        return f"{len(result.live_nodes())} live choices, {len(result.edge_table)} priced edges"
+    if isinstance(result, Solution):
+        gap = 0.0 if result.objective <= 0 else max(0.0, 1 - result.bound / result.objective)
+        return (
+            f"{result.status}, objective {progress.seconds_text(result.objective)}, bound "
+            f"{progress.seconds_text(result.bound)}, gap {gap:.2%}"
+        )
+    if isinstance(result, Plan):
+        return f"step {progress.seconds_text(result.step_time)} modelled"
+    return "done"
 
 
 def _simulated(plan: Plan) -> Plan:

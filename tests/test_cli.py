@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -155,8 +156,14 @@ def _shardplan() -> list[str]:
     return [str(script)] if script.exists() else [sys.executable, "-m", "shardplan.cli"]
 
 
+PROGRESS_LINE = re.compile(r"^\[ *\d+\.\d s\] [a-z]+: ")
+"""A planning-progress line (``progress.py``): printed before an error, not part of it."""
+
+
 def _stderr_lines(capsys) -> list[str]:
-    return capsys.readouterr().err.strip().splitlines()
+    """stderr without the progress lines: what an error printed."""
+    lines = capsys.readouterr().err.strip().splitlines()
+    return [line for line in lines if not PROGRESS_LINE.match(line)]
 
 
 @pytest.mark.parametrize(
