@@ -14,6 +14,7 @@ import math
 from dataclasses import dataclass
 from typing import Any
 
+from . import progress
 from .costmodel import get_cluster
 from .ir import Graph, InfeasiblePlanError, Mesh, Role, op_flops
 from .solver.plan import Plan
@@ -104,9 +105,14 @@ def best_baseline(
     best: tuple[str, Plan] | None = None
     for strategy in baselines(mesh):
         try:
-            plan = _solve(graph, mesh, strategy, limit, time_limit, semantics, pins)
+            with progress.muted():  # one progress line per strategy, not one per phase
+                plan = _solve(graph, mesh, strategy, limit, time_limit, semantics, pins)
         except InfeasiblePlanError:
+            progress.report("baseline", "%s does not fit", strategy.name)
             continue  # does not fit (or not solved in time either)
+        step = progress.seconds_text(plan.step_time)
+        progress.report("baseline", "%s: step %s, peak %.1f GiB", strategy.name, step,
+                        _peak(plan) / 2**30)  # fmt: skip
         if _peak(plan) > limit:
             continue
         if best is None or plan.step_time < best[1].step_time:

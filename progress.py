@@ -29,9 +29,23 @@ _started: list[float] = []
 """Start times of the planning calls in progress (nested calls report from the outermost)."""
 
 
+_muted: list[bool] = []
+"""Non-empty inside ``muted()``: the phases of a sub-computation that reports as one line."""
+
+
 def enabled() -> bool:
     """Whether progress records would be shown (callers skip costly detail otherwise)."""
-    return logger.isEnabledFor(logging.INFO)
+    return not _muted and logger.isEnabledFor(logging.INFO)
+
+
+@contextmanager
+def muted() -> Iterator[None]:
+    """No phase lines inside (pricing a dozen hand-written strategies reports one line each)."""
+    _muted.append(True)
+    try:
+        yield
+    finally:
+        _muted.pop()
 
 
 def elapsed() -> float:
@@ -85,4 +99,4 @@ def seconds_text(seconds: float) -> str:
     return f"{seconds * 1e3:.1f} ms" if seconds < 1 else f"{seconds:.2f} s"
 
 
-__all__ = ["elapsed", "enabled", "logger", "planning", "report", "seconds_text"]
+__all__ = ["elapsed", "enabled", "logger", "muted", "planning", "report", "seconds_text"]

@@ -288,6 +288,7 @@ def simulate_graph(
     op_times: Sequence[float],
     transfers: Sequence[Transfer],
     options: SimulationOptions | None = None,
+    timeline: list[tuple[str, int, float, float]] | None = None,
 ) -> SimulationResult:
     """Schedule ``graph``'s ops (``op_times[i]`` seconds each) and ``transfers`` on two streams.
 
@@ -296,6 +297,8 @@ def simulate_graph(
       op_times: seconds of each op on one device.
       transfers: collectives per edge (see ``Transfer``).
       options: prefetch window for collectives on graph inputs.
+      timeline: if given, receives ``("compute", op index, start, end)`` per op and
+        ``("comm", transfer index, start, end)`` per transfer (the HTML report draws them).
     Returns:
       compute, exposed and overlapped communication (``SimulationResult``).
     """
@@ -315,9 +318,13 @@ def simulate_graph(
             key = phases[op].value
             exposed[key] = exposed.get(key, 0.0) + idle
         streams.compute_clock = end
+        if timeline is not None:
+            timeline.append(("compute", i, end - op_times[i], end))
         for r in op.results:
             streams.produced(r, end, began=end - op_times[i])
     streams.drain_until(None)
+    if timeline is not None:
+        timeline += [("comm", j, streams.start[j], streams.end[j]) for j in sorted(streams.end)]
     step = max(streams.compute_clock, streams.comm_clock)
     if step > streams.compute_clock:
         exposed["tail"] = step - streams.compute_clock
@@ -338,11 +345,16 @@ def serial_result(op_times: Sequence[float], transfers: Sequence[Transfer]) -> S
 # -- plans --------------------------------------------------------------------------------------
 
 
-def simulate(plan: Plan, options: SimulationOptions | None = None) -> SimulationResult:
+def simulate(
+    plan: Plan,
+    options: SimulationOptions | None = None,
+    timeline: list[tuple[str, int, float, float]] | None = None,
+) -> SimulationResult:
     """Simulate one step of a ``Plan`` on its mesh's cluster (op roofline + planned reshards).
 
     Reshards of one value to one layout for several readers run once (``shared_reshards``):
-    the first reader's transfer carries the later readers in ``Transfer.also``."""
+    the first reader's transfer carries the later readers in ``Transfer.also``. ``timeline``:
+    as for ``simulate_graph``, with a ``"comm"`` entry's index that of ``plan.reshards``."""
     graph = plan.graph
     times = plan_op_times(plan)
     by_name = {v.name: v for v in graph.values()}
@@ -361,7 +373,13 @@ def simulate(plan: Plan, options: SimulationOptions | None = None) -> Simulation
             continue
         t = _transfer(r.consumer, by_name[r.value], r.time, graph, position)
         transfers[n] = _pipelined(t, r, graph, plan.mesh, axes) if axes else t
-    return simulate_graph(graph, times, list(transfers.values()), options)
+    if timeline is None:
+        return simulate_graph(graph, times, list(transfers.values()), options)
+    jobs: list[tuple[str, int, float, float]] = []
+    result = simulate_graph(graph, times, list(transfers.values()), options, jobs)
+    index = list(transfers)  # transfer j runs reshard index[j]
+    timeline += [(k, i if k == "compute" else index[i], a, b) for k, i, a, b in jobs]
+    return result
 
 
 def shared_reshards(reshards: Sequence) -> list[int | None]:  # type: ignore[type-arg]
