@@ -170,6 +170,18 @@ def build_parser() -> argparse.ArgumentParser:
         "--full", action="store_true", help="print every input, op and reshard, not the summary"
     )
 
+    report = _command(
+        commands, "report", "write a saved plan as an HTML page",
+        "Write a plan file as one self-contained HTML page (no network): mesh, layout map, "
+        "memory against the budget, the two-stream step timeline, the pipeline schedule and a "
+        "sortable table of reshards.",
+    )  # fmt: skip
+    report.add_argument("plan_file", metavar="PLAN.json", type=Path, help="saved by plan --out")
+    report.add_argument(
+        "-o", "--out", type=Path, required=True, metavar="PLAN.html",
+        help="the page to write (checked first, written atomically)",
+    )  # fmt: skip
+
     _command(commands, "passes", "list the registered graph passes", "List the graph passes.")
     _add_costmodel_commands(commands)
     return parser
@@ -342,6 +354,17 @@ def cmd_show(args: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_report(args: argparse.Namespace) -> int:
+    from .solver.html_report import write_html
+    from .solver.serialize import plan_from_json
+
+    validate.check_output_path(args.out)
+    plan = plan_from_json(validate.read_plan_text(args.plan_file))
+    write_html(plan, args.out)
+    print(f"wrote {args.out}", file=sys.stderr)
+    return 0
+
+
 def cmd_passes() -> int:
     from .passes import get_pass, list_passes
 
@@ -406,6 +429,8 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return cmd_plan(args, parser)
         case "show" | "explain":
             return cmd_show(args)
+        case "report":
+            return cmd_report(args)
         case "calibrate":
             return cmd_calibrate(args)
         case "whatif":

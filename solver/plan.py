@@ -207,6 +207,17 @@ class Plan:
     def __str__(self) -> str:
         return self.report()
 
+    def to_html(self, path: str | Path | None = None) -> str:
+        """The plan as one self-contained HTML page (``solver/html_report.py``): mesh, layout
+        map, memory against the budget, the two-stream step timeline, the pipeline schedule,
+        every reshard in a sortable table. Written to ``path`` when given; returns the HTML."""
+        from .html_report import plan_html, write_html
+
+        if path is not None:
+            write_html(self, path)
+            return Path(path).read_text(encoding="utf-8")
+        return plan_html(self)
+
 
 def load_plan(path: str | Path) -> Plan:
     from ..validate import read_plan_text

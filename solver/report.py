@@ -31,8 +31,9 @@ MAX_PICTURE_CELLS = 8
 def format_bytes(n: float) -> str:
     """Binary units, three significant digits: ``1.50 GiB``."""
     for unit, scale in (("GiB", 2**30), ("MiB", 2**20), ("KiB", 2**10)):
-        if abs(n) >= scale:
-            return f"{n / scale:.3g} {unit}"
+        if abs(n) >= scale:  # 1000-1023 MiB: whole units, not "1e+03 MiB"
+            value = n / scale
+            return f"{value:.3g} {unit}" if abs(value) < 999.5 else f"{value:.0f} {unit}"
     return f"{int(n)} B"
 
 
