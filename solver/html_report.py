@@ -108,7 +108,8 @@ def _layouts(plan: Plan) -> str:
         count = f" ×{len(at)}" if len(at) > 1 else ""
         update = "".join(layout_cells(u, value.type.shape, mesh) for u in g["update"])
         rows.append(
-            f'<tr class="layout" data-name="{_e(name)}" data-layout="{_e(g["layout"])}">'
+            f'<tr class="layout" data-name="{_e(name)}" data-layout="{_e(g["layout"])}" '
+            f'data-count="{max(len(at), 1)}">'
             f"<td>{_e(name)}{count}</td><td>{_e(value.type)}</td>"
             f"<td>{layout_cells(g['layout'], value.type.shape, mesh)}</td><td>{update}</td></tr>"
         )
