@@ -162,13 +162,23 @@ def build_parser() -> argparse.ArgumentParser:
         "planning phase prints one, with the seconds since the start)",
     )  # fmt: skip
 
-    show = _command(
-        commands, "show", "print a saved plan", "Print a plan file.", aliases=["explain"]
-    )
+    show = _command(commands, "show", "print a saved plan", "Print a plan file.")
     show.add_argument("plan_file", metavar="PLAN.json", type=Path, help="saved by plan --out")
     show.add_argument(
         "--full", action="store_true", help="print every input, op and reshard, not the summary"
     )
+    explain = _command(
+        commands, "explain", "why a tensor has its layout",
+        "Explain a plan's choice for one tensor: the chosen layout, the cheapest alternatives "
+        "with their modelled compute / communication / memory difference, and what decided. "
+        "Without NAME: the plan's summary, as show.",
+    )  # fmt: skip
+    explain.add_argument("plan_file", metavar="PLAN.json", type=Path, help="saved by plan --out")
+    explain.add_argument(
+        "name", metavar="NAME", nargs="?",
+        help="a parameter path (model.layers.3.mlp.up_proj.weight) or a value name (%%mm_12)",
+    )  # fmt: skip
+    explain.add_argument("--full", action="store_true", help="without NAME: every table")
 
     report = _command(
         commands, "report", "write a saved plan as an HTML page",
@@ -350,7 +360,11 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from .solver.serialize import plan_from_json
 
-    _print_plan(plan_from_json(validate.read_plan_text(args.plan_file)), args.full)
+    plan = plan_from_json(validate.read_plan_text(args.plan_file))
+    if getattr(args, "name", None):
+        print(plan.explain(args.name))
+    else:
+        _print_plan(plan, args.full)
     return 0
 
 

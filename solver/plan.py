@@ -207,6 +207,14 @@ class Plan:
     def __str__(self) -> str:
         return self.report()
 
+    def explain(self, name: str):
+        """Why the tensor ``name`` (value name or parameter path) has its layout: the chosen
+        sharding, the cheapest alternatives with their modelled compute / communication /
+        memory difference, and what decided (``solver/explain.py``); ``print`` it."""
+        from .explain import explain
+
+        return explain(self, name)
+
     def to_html(self, path: str | Path | None = None) -> str:
         """The plan as one self-contained HTML page (``solver/html_report.py``): mesh, layout
         map, memory against the budget, the two-stream step timeline, the pipeline schedule,

@@ -18,3 +18,17 @@ def pytest_addoption(parser: pytest.Parser) -> None:
 def update_golden(request: pytest.FixtureRequest) -> bool:
     """True when the run was started with --update-golden."""
     return bool(request.config.getoption("--update-golden"))
+
+
+@pytest.fixture(scope="session")
+def tiny_llama_plan():
+    """A 2-layer Llama-shaped training step (``shardplan.models``) planned on dp=2 x tp=4 H100s:
+    alike layers, ZeRO-style update, hundreds of reshards. Shared by the report tests (HTML,
+    explain) because planning it takes 5-20 s on the loaded 2-core box."""
+    import shardplan as sp
+    from shardplan.models import TransformerConfig, training_step
+
+    config = TransformerConfig("tiny", 2, 256, 4, 1024, 512, 128)
+    return sp.plan(
+        training_step(config, batch=8), mesh=sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")
+    )

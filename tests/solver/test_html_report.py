@@ -25,11 +25,9 @@ BROWSER_TIMEOUT = 180
 
 
 # -- fixtures -----------------------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def transformer_plan():
-    config = TransformerConfig("tiny", 2, 256, 4, 1024, 512, 128)
-    mesh = sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")
-    return sp.plan(training_step(config, batch=8), mesh=mesh)
+@pytest.fixture
+def transformer_plan(tiny_llama_plan):
+    return tiny_llama_plan
 
 
 @pytest.fixture(scope="module")
