@@ -142,12 +142,24 @@ class _Pricer:
         return count * reshard_time(src, dst, value.type, self.mesh, self.cluster)
 
     def to_consumers(self, value: Value, layout: Sharding) -> float:
-        """Collectives from ``layout`` to every consumer's planned operand layout."""
+        """Collectives from ``layout`` to every consumer's planned operand layout, and to the
+        layout a graph output leaves in (an updated parameter: its stored layout)."""
         total = 0.0
         for use in value.uses:
             i = self.position[use.op]
             wanted = self.plan.operand_shardings[(i, use.index)]
             total += self.move(layout, wanted, value, use.op.repeat)
+        graph = self.plan.graph
+        for j, out in enumerate(graph.outputs):
+            if out is not value:
+                continue
+            if j in graph.output_aliases:
+                wanted = self.plan.shardings[graph.inputs[graph.output_aliases[j]].name]
+            elif j < len(self.plan.output_shardings):
+                wanted = self.plan.output_shardings[j]
+            else:
+                wanted = layout.without_partial()
+            total += self.move(layout, wanted, value)
         return total
 
     def stored_back(self, value: Value, layout: Sharding) -> float:
