@@ -299,11 +299,24 @@ def _reshards(plan: Plan) -> str:
     )
 
 
+def _candidates(plan: Plan) -> str:
+    """The mesh shapes a ``devices=N`` plan tried (``solver/mesh_search.py``), best first."""
+    if not plan.candidates:
+        return ""
+    from .mesh_search import format_candidates
+
+    return (
+        f'<h2>Mesh shapes tried</h2><pre id="candidates">'
+        f"{_e(format_candidates(plan.candidates))}</pre>"
+    )
+
+
 def plan_html(plan: Plan) -> str:
     """The report as one HTML document (UTF-8 text)."""
     title = f"shardplan: @{plan.graph.name} on {plan.mesh}"
     sections = [
-        f"<h1>{_e(title)}</h1>", _summary(plan), _mesh(plan), _layouts(plan), _memory(plan),
+        f"<h1>{_e(title)}</h1>", _summary(plan), _mesh(plan), _candidates(plan), _layouts(plan),
+        _memory(plan),
         _timeline(plan), _pipeline(plan), _reshards(plan),
     ]  # fmt: skip
     return (
