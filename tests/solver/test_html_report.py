@@ -94,6 +94,14 @@ def test_memory_bars_and_timeline_equal_the_plan(transformer_plan):
     comm = page.find("rect", **{"class": "comm"})
     shared = shared_reshards(transformer_plan.reshards)
     assert len(comm) == sum(1 for s in shared if s is None)  # one box per collective run
+    kinds = {op.kind for op in transformer_plan.graph.ops}
+    for box in compute:  # the hover text names the op (or the first and last of a merged run)
+        assert box["data-tip"].split()[0] in kinds | {str(int(box["data-count"]))}
+    moved = {r.value for r in transformer_plan.reshards if r.collectives}
+    collective_kinds = {c.kind for r in transformer_plan.reshards for c in r.collectives}
+    for box in comm:  # ... and the collective: kind, axes, bytes, the value moved
+        assert box["data-tip"].split("[")[0] in collective_kinds
+        assert re.search(r": %(\S+) -> ", box["data-tip"])[1] in moved
     step = simulate(transformer_plan).step_time
     ends = [float(a["data-end"]) for a in compute + comm]
     assert max(ends) == pytest.approx(step)
