@@ -76,12 +76,13 @@ def planning(verbose: bool = False, stream: TextIO | None = None) -> Iterator[No
     if outermost:
         _started.append(time.perf_counter())
     handler: logging.Handler | None = None
-    level = logger.level
+    level, propagate = logger.level, logger.propagate
     if verbose and not any(getattr(h, "_shardplan_progress", False) for h in logger.handlers):
         handler = logging.StreamHandler(stream if stream is not None else sys.stderr)
         handler.setFormatter(_Formatter())
         handler._shardplan_progress = True  # type: ignore[attr-defined]
         logger.addHandler(handler)
+        logger.propagate = False  # printed once, not again by a root handler the app set up
         if not logger.isEnabledFor(logging.INFO):
             logger.setLevel(logging.INFO)
     try:
@@ -90,6 +91,7 @@ def planning(verbose: bool = False, stream: TextIO | None = None) -> Iterator[No
         if handler is not None:
             logger.removeHandler(handler)
             logger.setLevel(level)
+            logger.propagate = propagate
         if outermost:
             _started.clear()
 
