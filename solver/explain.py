@@ -19,6 +19,7 @@ from __future__ import annotations
 
 import difflib
 import math
+import textwrap
 from dataclasses import dataclass, field
 
 from ..costmodel import get_cluster, reshard_time
@@ -80,6 +81,7 @@ class Explanation:
     def __str__(self) -> str:
         v = self.value
         origin = v.origin.path or v.origin.module or ""
+        origin = "" if origin == self.name else origin
         lines = [
             f"{self.name}: %{v.name} {v.type} ({v.role.value}{', ' + origin if origin else ''})",
             f"  chosen     {self.chosen}  ({format_bytes(self.bytes_per_device)} per device)",
@@ -98,7 +100,9 @@ class Explanation:
             )
         if not self.alternatives:
             lines.append("    none: this is the only layout the tensor can have here")
-        lines.append(f"  decided by {self.decided_by}")
+        lines += textwrap.wrap(
+            self.decided_by, 100, initial_indent="  decided by ", subsequent_indent=" " * 13
+        )
         return "\n".join(lines)
 
 
