@@ -149,10 +149,28 @@ def _memory(plan: Plan) -> str:
     budget = f", budget {format_bytes(limit)} (dashed line)" if limit else ""
     return (
         f"<h2>Memory per device</h2><p>peak {format_bytes(plan.peak_memory_bytes)}{budget}</p>"
+        f"{_stage_memory(plan)}"
         f'<div class="bar" id="memory-bar" data-peak="{plan.peak_memory_bytes}" '
         f'data-limit="{int(limit)}">{"".join(parts)}{marker}</div>'
         f'<table id="memory"><thead><tr><th>category</th><th>bytes</th><th>of peak</th></tr>'
         f"</thead><tbody>{''.join(rows)}</tbody></table>"
+    )
+
+
+def _stage_memory(plan: Plan) -> str:
+    """A pipelined plan: each stage's modelled peak (the bar below is the sub-mesh solve's
+    view of the whole model, under the stage count times the per-device budget)."""
+    if plan.pipeline is None:
+        return ""
+    rows = "".join(
+        f'<tr data-stage="{s.index}" data-bytes="{s.memory_bytes!r}"><td>stage {s.index}</td>'
+        f'<td class="num">{format_bytes(s.memory_bytes)}</td></tr>'
+        for s in plan.pipeline.stages
+    )
+    return (
+        '<p>Per stage (the devices of one pipeline stage):</p><table id="stage-memory">'
+        f"<thead><tr><th>stage</th><th>peak</th></tr></thead><tbody>{rows}</tbody></table>"
+        "<p>Whole model as the sub-mesh solve sees it (a stage holds its share):</p>"
     )
 
 

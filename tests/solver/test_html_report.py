@@ -115,6 +115,9 @@ def test_pipeline_schedule_is_drawn(pipeline_plan):
     assert len(tasks) == len(pipe.stages) * pipe.microbatches
     assert len(page.find("rect", **{"class": "task backward"})) == len(tasks)
     assert not page.find("svg", id="timeline")  # one stage's streams would mislead
+    for stage in pipe.stages:  # each stage's peak, as planned
+        (row,) = page.find("tr", **{"data-stage": str(stage.index)})
+        assert float(row["data-bytes"]) == stage.memory_bytes
 
 
 # -- in a real browser --------------------------------------------------------------------------
