@@ -1,20 +1,23 @@
 """Context parallelism on a tiny HF Llama: planned, applied and followed on simulated ranks.
 
 One sequence of 256 tokens on the ``cpu-test`` cluster: the planner splits attention's
-queries (one key/value head, so heads cannot split). Under ``follow_plan`` the fused CPU kernel
-runs on each rank's query rows with the causal mask shifted to their offset
-(``frontend/torch/context_parallel.py``); loss and every gradient must equal the plain model.
+queries (one key/value head, so heads cannot split). Under ``follow_plan`` the step runs in the
+head-tail token order the cost model prices (inputs from ``balance_inputs``, positions from the
+order) and the fused CPU kernel runs on each rank's query rows with the causal mask of their
+permuted positions (``frontend/torch/context_parallel.py``); loss and every gradient must equal
+the plain model's on the unpermuted inputs.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import pytest
 import shardplan as sp
 import torch
+from shardplan.costmodel.context_parallel import head_tail_order
 from shardplan.frontend.torch import simulate
+from shardplan.frontend.torch.context_parallel import balance_inputs
 from shardplan.frontend.torch.follow import follow_plan
 from shardplan.frontend.torch.train import step_loss
 from torch.distributed.device_mesh import init_device_mesh
@@ -30,8 +33,9 @@ def _plan(examples, axes: dict[str, int], pins=None):  # type: ignore[no-untyped
     return sp.plan(model, *inputs, mesh=mesh, pins=pins, time_limit=30), model, inputs
 
 
-def _check_numerics(plan, model, inputs, follow: bool) -> None:  # type: ignore[no-untyped-def]
-    """Loss and every parameter gradient of the applied plan (rank 0) vs the plain model."""
+def _check_numerics(plan, model, inputs, follow: bool, ranks: int = 0) -> None:  # type: ignore[no-untyped-def]
+    """Loss and every parameter gradient of the applied plan (rank 0) vs the plain model.
+    Followed, the plan runs in the head-tail order over ``ranks`` query devices."""
     reference = copy.deepcopy(model)
     ref_loss = step_loss(reference, inputs)
     ref_loss.backward()
@@ -40,9 +44,17 @@ def _check_numerics(plan, model, inputs, follow: bool) -> None:  # type: ignore[
     mesh = init_device_mesh("cpu", sizes, mesh_dim_names=plan.mesh.axis_names)
     with simulate.local_ranks(plan.mesh.size):
         sharded = plan.apply(copy.deepcopy(model), mesh)
-        with follow_plan(plan, mesh) if follow else contextlib.nullcontext():
+        if not follow:  # DTensor's own attention: contiguous chunks, the inputs as they are
             loss = step_loss(sharded, inputs)
             loss.backward()
+        else:
+            balanced = balance_inputs(plan, inputs)
+            assert not torch.equal(balanced[0]["input_ids"], inputs[0]["input_ids"])
+            with follow_plan(plan, mesh) as follower:
+                loss = step_loss(sharded, balanced)
+                loss.backward()
+            assert follower.order == head_tail_order(inputs[0]["input_ids"].shape[1], ranks)
+            assert not [d for d in follower.deviations if "context" in d], follower.deviations
         grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
         loss = simulate.rank0(loss)
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-4, atol=1e-6)
@@ -68,7 +80,7 @@ def _query_axes(plan: sp.Plan) -> set[str]:
 def test_hf_llama_context_parallel_matches_plain_model(examples, cp, follow) -> None:  # type: ignore[no-untyped-def]
     plan, model, inputs = _plan(examples, {"cp": cp})
     assert _query_axes(plan) == {"cp"}
-    _check_numerics(plan, model, inputs, follow=follow)
+    _check_numerics(plan, model, inputs, follow=follow, ranks=cp)
 
 
 def test_hf_llama_cp2_with_tp2_matches_plain_model(examples) -> None:  # type: ignore[no-untyped-def]
@@ -76,5 +88,6 @@ def test_hf_llama_cp2_with_tp2_matches_plain_model(examples) -> None:  # type: i
     pins = {f"{ATTENTION}.{n}_proj.weight": sp.Sharding.of("tp", None) for n in "qkv"}
     pins[f"{ATTENTION}.o_proj.weight"] = sp.Sharding.of(None, "tp")
     plan, model, inputs = _plan(examples, {"cp": 2, "tp": 2}, pins)
-    assert "cp" in _query_axes(plan)
-    _check_numerics(plan, model, inputs, follow=True)
+    axes = _query_axes(plan)
+    assert "cp" in axes
+    _check_numerics(plan, model, inputs, follow=True, ranks=2 * len(axes))
