@@ -14,9 +14,10 @@ things then differ from a batch/head split:
 
 Causal load balancing (what the cost model prices): the follower runs the whole step in the
 head-tail token order of ``costmodel.context_parallel.head_tail_order``, so the contiguous
-query rows each rank holds are two chunks of equal total work. The data comes in that order
-(``balance_inputs``: token ids permuted, labels permuted for the model's own label shift); the
-traced ``arange`` of the sequence positions yields the order instead (rotary embeddings follow);
+query rows each rank holds are two chunks of equal total work. The follower reorders the
+data where the step first reads it (``sequence_inputs``: token ids by the order, Hugging Face
+labels by ``shifted_order`` for the model's own label shift); the traced ``arange`` of the
+sequence positions yields the order instead (rotary embeddings follow);
 the causal mask compares the permuted positions of queries and keys. Token-wise ops and sums
 over tokens do not see the order, so loss and gradients are the plain model's.
 """
@@ -30,6 +31,7 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ...costmodel.context_parallel import balanced_query_split, head_tail_order, shifted_order
+from ...ir import Role
 from ...solver.plan import Plan
 
 QUERY_SEQUENCE_DIM = 2
@@ -52,36 +54,26 @@ def plan_order(plan: Plan) -> list[int] | None:
     return None if split is None else head_tail_order(*split)
 
 
-def balance_inputs(
-    plan: Plan, inputs: Sequence[Any], shifted: Sequence[str] = ("labels",), seq_dim: int = 1
-) -> tuple:
-    """``inputs`` in the token order ``follow_plan`` runs the plan in (unchanged without a
-    causal query split). Every tensor whose ``seq_dim`` is the sequence is permuted by the
-    order; keyword tensors named in ``shifted`` (Hugging Face ``labels``: the model shifts
-    them itself) by ``shifted_order``. Give labels already shifted to their tokens under a
-    name not in ``shifted``. A padding ``attention_mask`` is not supported (the model would
-    build its own mask from unpermuted positions). Outputs with a sequence dim (logits) come
-    back in the same order; losses and gradients do not depend on it.
-    """
-    order = plan_order(plan)
-    if order is None:
-        return tuple(inputs)
-    index = torch.tensor(order)
-    label_index = torch.tensor(shifted_order(order))
+SHIFTED_INPUTS = ("labels",)
+"""Inputs the model shifts itself (Hugging Face ``labels``: token ``i``'s target is
+``labels[i + 1]``); they are fed in ``shifted_order``."""
 
-    def permute(x: Any, by: torch.Tensor) -> Any:
-        if isinstance(x, torch.Tensor) and x.dim() > seq_dim and x.shape[seq_dim] == len(order):
-            return x.index_select(seq_dim, by.to(x.device))
-        return x
 
-    out = []
-    for item in inputs:
-        if isinstance(item, dict):
-            out.append({k: permute(v, label_index if k in shifted else index)
-                        for k, v in item.items()})  # fmt: skip
-        else:
-            out.append(permute(item, index))
-    return tuple(out)
+def sequence_inputs(plan: Plan, order: Sequence[int]) -> dict[str, torch.Tensor]:
+    """Data inputs ``[batch, seq, ...]`` of the plan -> the index to reorder their sequence by:
+    the order itself, or ``shifted_order`` for the labels the model shifts itself."""
+    index, shifted = torch.tensor(order), torch.tensor(shifted_order(order))
+    out = {}
+    for v in plan.graph.inputs:
+        if v.role is Role.INPUT and v.type.rank >= 2 and v.type.shape[1] == len(order):
+            label = v.name in SHIFTED_INPUTS or v.origin.path in SHIFTED_INPUTS
+            out[v.name] = shifted if label else index
+    return out
+
+
+def reorder(t: torch.Tensor, index: torch.Tensor) -> torch.Tensor:
+    """``t`` (plain or replicated DTensor, ``[batch, seq, ...]``) in the balanced order."""
+    return t.index_select(1, index.to(t.device))
 
 
 def local_causal_mask(q: DTensor, keys: int, order: Sequence[int] | None = None) -> torch.Tensor:

@@ -14,9 +14,11 @@ Three calls are run differently from DTensor's own dispatch (docs/torch.md, "Fol
   - the CPU fused attention kernels have no DTensor strategy: they run on the local shards
     (batch and heads split, head dims and keys whole: what the IR rule allows; a query
     sequence split gets its shifted causal mask from ``context_parallel``);
-  - under a causal query split the step runs in the head-tail token order
-    (``context_parallel.balance_inputs``): the traced ``arange`` of the sequence positions
-    yields that order, so rotary positions and the causal mask follow it;
+  - under a causal query split the step runs in the head-tail token order the cost model
+    prices (``context_parallel``): the data inputs are reordered where they are read, the
+    traced ``arange`` of the sequence positions yields that order, so rotary positions and
+    the causal mask follow it (logits come back in that order; loss and gradients do not
+    depend on it);
   - calls the trace did not record (``_fused_sdp_choice``, autograd bookkeeping) run untouched
     and are listed in ``deviations``.
 """
@@ -143,6 +145,12 @@ class PlanFollower(TorchDispatchMode):
             self.order = context_parallel.plan_order(plan)
         except ValueError as e:
             self.deviations.append(f"context parallelism runs contiguous chunks: {e}")
+        self.sequence_inputs = (
+            {} if self.order is None else context_parallel.sequence_inputs(plan, self.order)
+        )
+        """Data input -> the index its sequence is reordered by (balanced order only)."""
+        self.reordered: dict[str, WeakIdKeyDictionary] = {}
+        """Data input -> {run-time tensor: the same in the balanced order}, one copy each."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -239,6 +247,7 @@ class PlanFollower(TorchDispatchMode):
                                    f"{len(step.operands)}")  # fmt: skip
             return func(*args, **kwargs)
         inplace = func._schema.is_mutable
+        tensors = [self._balanced(t, name) for t, name in zip(tensors, step.operands, strict=True)]
         moved = [
             t
             if (inplace and i == 0) or name is None or _legacy_empty(t)
@@ -266,6 +275,16 @@ class PlanFollower(TorchDispatchMode):
             if step.target.startswith("aten.arange") and self.order is not None:
                 out = self._positions(out)
         return out if inplace else self._results(step, out)
+
+    def _balanced(self, t: torch.Tensor, name: str | None) -> torch.Tensor:
+        """A data input in the balanced token order (reordered once per run-time tensor)."""
+        index = self.sequence_inputs.get(name or "")
+        if index is None:
+            return t
+        done = self.reordered.setdefault(name or "", WeakIdKeyDictionary())
+        if t not in done:
+            done[t] = context_parallel.reorder(t, index)
+        return done[t]
 
     def _positions(self, out: torch.Tensor) -> torch.Tensor:
         """The sequence positions in the balanced token order (``arange`` of that length)."""

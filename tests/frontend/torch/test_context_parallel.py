@@ -2,10 +2,10 @@
 
 One sequence of 256 tokens on the ``cpu-test`` cluster: the planner splits attention's
 queries (one key/value head, so heads cannot split). Under ``follow_plan`` the step runs in the
-head-tail token order the cost model prices (inputs from ``balance_inputs``, positions from the
-order) and the fused CPU kernel runs on each rank's query rows with the causal mask of their
-permuted positions (``frontend/torch/context_parallel.py``); loss and every gradient must equal
-the plain model's on the unpermuted inputs.
+head-tail token order the cost model prices (the follower reorders ids and labels, positions
+come from the order) and the fused CPU kernel runs on each rank's query rows with the causal
+mask of their permuted positions (``frontend/torch/context_parallel.py``); loss and every
+gradient must equal the plain model's.
 """
 
 from __future__ import annotations
@@ -17,7 +17,6 @@ import shardplan as sp
 import torch
 from shardplan.costmodel.context_parallel import head_tail_order
 from shardplan.frontend.torch import simulate
-from shardplan.frontend.torch.context_parallel import balance_inputs
 from shardplan.frontend.torch.follow import follow_plan
 from shardplan.frontend.torch.train import step_loss
 from torch.distributed.device_mesh import init_device_mesh
@@ -44,17 +43,16 @@ def _check_numerics(plan, model, inputs, follow: bool, ranks: int = 0) -> None: 
     mesh = init_device_mesh("cpu", sizes, mesh_dim_names=plan.mesh.axis_names)
     with simulate.local_ranks(plan.mesh.size):
         sharded = plan.apply(copy.deepcopy(model), mesh)
-        if not follow:  # DTensor's own attention: contiguous chunks, the inputs as they are
+        if not follow:  # DTensor's own attention: contiguous chunks
             loss = step_loss(sharded, inputs)
             loss.backward()
         else:
-            balanced = balance_inputs(plan, inputs)
-            assert not torch.equal(balanced[0]["input_ids"], inputs[0]["input_ids"])
             with follow_plan(plan, mesh) as follower:
-                loss = step_loss(sharded, balanced)
+                loss = step_loss(sharded, inputs)
                 loss.backward()
             assert follower.order == head_tail_order(inputs[0]["input_ids"].shape[1], ranks)
             assert not [d for d in follower.deviations if "context" in d], follower.deviations
+            assert set(follower.reordered) == {"input_ids", "labels"}
         grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
         loss = simulate.rank0(loss)
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-4, atol=1e-6)
