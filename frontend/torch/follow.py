@@ -277,11 +277,13 @@ class PlanFollower(TorchDispatchMode):
         return out if inplace else self._results(step, out)
 
     def _balanced(self, t: torch.Tensor, name: str | None) -> torch.Tensor:
-        """A data input in the balanced token order (reordered once per run-time tensor)."""
-        index = self.sequence_inputs.get(name or "")
-        if index is None:
+        """A data input in the balanced token order (reordered once per run-time tensor); also
+        when the trace reads it through identity calls (GPT-2 views its ``input_ids``)."""
+        name = self.same.get(name or "", name or "")
+        index = self.sequence_inputs.get(name)
+        if index is None or t.dim() < 2:
             return t
-        done = self.reordered.setdefault(name or "", WeakIdKeyDictionary())
+        done = self.reordered.setdefault(name, WeakIdKeyDictionary())
         if t not in done:
             done[t] = context_parallel.reorder(t, index)
         return done[t]
