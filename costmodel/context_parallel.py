@@ -51,3 +51,73 @@ def attention_work_factor(
         return kernel
     balanced = bool(op.attrs.get("load_balance", True))
     return kernel * causal_imbalance(query_ranks(op, operands, mesh), balanced)
+
+
+def head_tail_order(length: int, ranks: int) -> list[int]:
+    """The token order the emitters run a causal query split over ``ranks`` devices in.
+
+    The sequence is cut into ``2 * ranks`` chunks; device ``r`` (the ``r``-th contiguous
+    block of the permuted order, as every sharding lays it out) holds chunks ``ranks - 1 - r``
+    and ``ranks + r``. Each pair sums to ``2 * ranks - 1`` chunks of causal work, so every
+    device does the average, and so does every group of consecutive devices: a coarser query
+    split by a divisor of ``ranks`` is balanced by the same order. The last position stays
+    last (device ``ranks - 1`` ends with chunk ``2 * ranks - 1``), which lets a loss that
+    shifts its labels internally follow the order (``shifted_order``).
+    """
+    if ranks < 1 or length % (2 * ranks):
+        raise ValueError(f"{length} tokens do not cut into 2 x {ranks} equal chunks")
+    chunk = length // (2 * ranks)
+    order: list[int] = []
+    for r in range(ranks):
+        for c in (ranks - 1 - r, ranks + r):
+            order.extend(range(c * chunk, (c + 1) * chunk))
+    return order
+
+
+def shifted_order(order: Sequence[int]) -> list[int]:
+    """The order to feed labels in when the model shifts them itself (Hugging Face:
+    ``labels[i + 1]`` is token ``i``'s target, the last padded with the ignore index).
+
+    Feeding ``labels[sigma]`` makes the model's shift give token ``order[j]`` its own target:
+    ``sigma[j + 1] = order[j] + 1``; ``sigma[0]`` is never read (it is ``0``, so ``sigma`` is a
+    permutation). Needs ``order[-1]`` to be the last position, as ``head_tail_order`` keeps it.
+    """
+    if order and order[-1] != len(order) - 1:
+        raise ValueError("the order must keep the last position last")
+    return [0] + [p + 1 for p in order[:-1]]
+
+
+def balanced_query_split(
+    ops: Sequence[Op], operand_shardings: dict[tuple[int, int], Sharding], mesh: Mesh
+) -> tuple[int, int] | None:
+    """``(sequence length, devices)`` of the causal query split the emitters must balance,
+    or None when no causal attention splits its queries.
+
+    Every causal attention op of the plan is looked at: the one token order must balance all
+    of them, so their query lengths must agree and every op's number of query devices must
+    divide the largest (``head_tail_order`` then balances each). Otherwise a ``ValueError``
+    says why (the emitters then run contiguous chunks and report it).
+    """
+    splits: set[tuple[int, int]] = set()
+    for i, op in enumerate(ops):
+        if op.kind not in ATTENTION_KINDS or not op.attrs.get("causal"):
+            continue
+        q = 1 if op.kind == "attention_backward" else 0
+        sharding = operand_shardings.get((i, q))
+        if sharding is None or len(sharding.dims) < 3:
+            continue
+        splits.add((op.operands[q].type.shape[2], mesh.group_size(sharding.dims[2])))
+    split = {(length, n) for length, n in splits if n > 1}
+    if not split:
+        return None
+    lengths = {length for length, _ in splits}
+    if len(lengths) > 1:
+        raise ValueError(f"attention ops with query lengths {sorted(lengths)}: one order for all")
+    ranks = max(n for _, n in split)
+    (length,) = lengths
+    if any(ranks % n for _, n in split) or length % (2 * ranks):
+        raise ValueError(
+            f"query splits over {sorted(n for _, n in split)} devices of a {length}-token "
+            f"sequence: no head-tail order balances them all"
+        )
+    return length, ranks

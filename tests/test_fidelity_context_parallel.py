@@ -14,6 +14,8 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import fidelity
+import fidelity_builder
+import pytest
 import transformer_cost
 from shardplan.costmodel.calibration import default_calibration
 
@@ -46,3 +48,19 @@ def test_context_parallel_divides_layer_work() -> None:
     f_cp, b_cp, _ = transformer_cost.layer_times(model, cp, row.cluster, cal)
     f_one, b_one, _ = transformer_cost.layer_times(model, one, row.cluster, cal)
     assert f_cp + b_cp < (f_one + b_one) / 8
+
+
+@pytest.mark.slow
+def test_context_parallel_row_through_sp_evaluate_on_the_builder() -> None:
+    """Issue 22 point 5: the 128K row end to end through ``sp.evaluate`` on the IR builder's
+    405B (126 layers, 16 x 131,072 tokens per DP rank) under ``megatron(tp, pp=16, cp="cp")``
+    on the 16 x 8 x 16 x 8 mesh. Published 380 TF/GPU: within 15% when causal attention is
+    counted at half its FLOPs; with it counted dense (the bench's convention; the paper says
+    neither) the predicted TF/GPU is higher, within the bench's 25% worst-row bound."""
+    (row,) = fidelity.llama3_context_parallel_rows()
+    p = fidelity_builder.builder_prediction(row.model, row.config, row.cluster)
+    causal = fidelity.causal_flops(row) / row.gpus / p.step_time / 1e12
+    dense = row.flops() / row.gpus / p.step_time / 1e12
+    assert abs(causal / row.published_tflops - 1) <= 0.15, causal
+    assert abs(dense / row.published_tflops - 1) <= 0.25, dense
+    assert causal < row.published_tflops < dense

@@ -14,6 +14,11 @@ Three calls are run differently from DTensor's own dispatch (docs/torch.md, "Fol
   - the CPU fused attention kernels have no DTensor strategy: they run on the local shards
     (batch and heads split, head dims and keys whole: what the IR rule allows; a query
     sequence split gets its shifted causal mask from ``context_parallel``);
+  - under a causal query split the step runs in the head-tail token order the cost model
+    prices (``context_parallel``): the data inputs are reordered where they are read, the
+    traced ``arange`` of the sequence positions yields that order, so rotary positions and
+    the causal mask follow it (logits come back in that order; loss and gradients do not
+    depend on it);
   - calls the trace did not record (``_fused_sdp_choice``, autograd bookkeeping) run untouched
     and are listed in ``deviations``.
 """
@@ -134,6 +139,18 @@ class PlanFollower(TorchDispatchMode):
         """Run-time calls not in the trace, skipped trace calls and layouts not as planned."""
         self.names: WeakIdKeyDictionary = WeakIdKeyDictionary()
         """Run-time tensor -> the IR value it holds (results of replayed calls)."""
+        self.order: list[int] | None = None
+        """The head-tail token order of a causal query split (None: contiguous)."""
+        try:
+            self.order = context_parallel.plan_order(plan)
+        except ValueError as e:
+            self.deviations.append(f"context parallelism runs contiguous chunks: {e}")
+        self.sequence_inputs = (
+            {} if self.order is None else context_parallel.sequence_inputs(plan, self.order)
+        )
+        """Data input -> the index its sequence is reordered by (balanced order only)."""
+        self.reordered: dict[str, WeakIdKeyDictionary] = {}
+        """Data input -> {run-time tensor: the same in the balanced order}, one copy each."""
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
@@ -230,6 +247,7 @@ class PlanFollower(TorchDispatchMode):
                                    f"{len(step.operands)}")  # fmt: skip
             return func(*args, **kwargs)
         inplace = func._schema.is_mutable
+        tensors = [self._balanced(t, name) for t, name in zip(tensors, step.operands, strict=True)]
         moved = [
             t
             if (inplace and i == 0) or name is None or _legacy_empty(t)
@@ -254,7 +272,28 @@ class PlanFollower(TorchDispatchMode):
         else:
             self._check_internal(step)
             out = func(*args, **kwargs)
+            if step.target.startswith("aten.arange") and self.order is not None:
+                out = self._positions(out)
         return out if inplace else self._results(step, out)
+
+    def _balanced(self, t: torch.Tensor, name: str | None) -> torch.Tensor:
+        """A data input in the balanced token order (reordered once per run-time tensor); also
+        when the trace reads it through identity calls (GPT-2 views its ``input_ids``)."""
+        name = self.same.get(name or "", name or "")
+        index = self.sequence_inputs.get(name)
+        if index is None or t.dim() < 2:
+            return t
+        done = self.reordered.setdefault(name, WeakIdKeyDictionary())
+        if t not in done:
+            done[t] = context_parallel.reorder(t, index)
+        return done[t]
+
+    def _positions(self, out: torch.Tensor) -> torch.Tensor:
+        """The sequence positions in the balanced token order (``arange`` of that length)."""
+        order = self.order or []
+        if out.dim() != 1 or out.shape[0] != len(order) or out.is_floating_point():
+            return out
+        return out.index_select(0, torch.tensor(order, device=out.device))
 
     def _through_identities(self, t: torch.Tensor, name: str, step: AtenStep) -> torch.Tensor:
         """``t`` moved along the traced identity calls that lead to ``name``, each once.
@@ -382,7 +421,7 @@ class PlanFollower(TorchDispatchMode):
         split = context_parallel.query_split_dims(q)
         if split:
             local_args, local_kwargs = context_parallel.causal_arguments(
-                func, local_args, local_kwargs, q, k.shape[2]
+                func, local_args, local_kwargs, q, k.shape[2], self.order
             )
         out = func(*local_args, **local_kwargs)
         outs = leaves(out, torch.Tensor)

@@ -1,19 +1,21 @@
 """Context parallelism on a tiny HF Llama: planned, applied and followed on simulated ranks.
 
 One sequence of 256 tokens on the ``cpu-test`` cluster: the planner splits attention's
-queries (one key/value head, so heads cannot split). Under ``follow_plan`` the fused CPU kernel
-runs on each rank's query rows with the causal mask shifted to their offset
-(``frontend/torch/context_parallel.py``); loss and every gradient must equal the plain model.
+queries (one key/value head, so heads cannot split). Under ``follow_plan`` the step runs in the
+head-tail token order the cost model prices (the follower reorders ids and labels, positions
+come from the order) and the fused CPU kernel runs on each rank's query rows with the causal
+mask of their permuted positions (``frontend/torch/context_parallel.py``); loss and every
+gradient must equal the plain model's.
 """
 
 from __future__ import annotations
 
-import contextlib
 import copy
 
 import pytest
 import shardplan as sp
 import torch
+from shardplan.costmodel.context_parallel import head_tail_order
 from shardplan.frontend.torch import simulate
 from shardplan.frontend.torch.follow import follow_plan
 from shardplan.frontend.torch.train import step_loss
@@ -30,8 +32,9 @@ def _plan(examples, axes: dict[str, int], pins=None):  # type: ignore[no-untyped
     return sp.plan(model, *inputs, mesh=mesh, pins=pins, time_limit=30), model, inputs
 
 
-def _check_numerics(plan, model, inputs, follow: bool) -> None:  # type: ignore[no-untyped-def]
-    """Loss and every parameter gradient of the applied plan (rank 0) vs the plain model."""
+def _check_numerics(plan, model, inputs, follow: bool, ranks: int = 0) -> None:  # type: ignore[no-untyped-def]
+    """Loss and every parameter gradient of the applied plan (rank 0) vs the plain model.
+    Followed, the plan runs in the head-tail order over ``ranks`` query devices."""
     reference = copy.deepcopy(model)
     ref_loss = step_loss(reference, inputs)
     ref_loss.backward()
@@ -40,9 +43,16 @@ def _check_numerics(plan, model, inputs, follow: bool) -> None:  # type: ignore[
     mesh = init_device_mesh("cpu", sizes, mesh_dim_names=plan.mesh.axis_names)
     with simulate.local_ranks(plan.mesh.size):
         sharded = plan.apply(copy.deepcopy(model), mesh)
-        with follow_plan(plan, mesh) if follow else contextlib.nullcontext():
+        if not follow:  # DTensor's own attention: contiguous chunks
             loss = step_loss(sharded, inputs)
             loss.backward()
+        else:
+            with follow_plan(plan, mesh) as follower:
+                loss = step_loss(sharded, inputs)
+                loss.backward()
+            assert follower.order == head_tail_order(inputs[0]["input_ids"].shape[1], ranks)
+            assert not [d for d in follower.deviations if "context" in d], follower.deviations
+            assert set(follower.reordered) == {"input_ids", "labels"}
         grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
         loss = simulate.rank0(loss)
     torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-4, atol=1e-6)
@@ -68,7 +78,7 @@ def _query_axes(plan: sp.Plan) -> set[str]:
 def test_hf_llama_context_parallel_matches_plain_model(examples, cp, follow) -> None:  # type: ignore[no-untyped-def]
     plan, model, inputs = _plan(examples, {"cp": cp})
     assert _query_axes(plan) == {"cp"}
-    _check_numerics(plan, model, inputs, follow=follow)
+    _check_numerics(plan, model, inputs, follow=follow, ranks=cp)
 
 
 def test_hf_llama_cp2_with_tp2_matches_plain_model(examples) -> None:  # type: ignore[no-untyped-def]
@@ -76,5 +86,15 @@ def test_hf_llama_cp2_with_tp2_matches_plain_model(examples) -> None:  # type: i
     pins = {f"{ATTENTION}.{n}_proj.weight": sp.Sharding.of("tp", None) for n in "qkv"}
     pins[f"{ATTENTION}.o_proj.weight"] = sp.Sharding.of(None, "tp")
     plan, model, inputs = _plan(examples, {"cp": 2, "tp": 2}, pins)
-    assert "cp" in _query_axes(plan)
-    _check_numerics(plan, model, inputs, follow=True)
+    axes = _query_axes(plan)
+    assert "cp" in axes
+    _check_numerics(plan, model, inputs, follow=True, ranks=2 * len(axes))
+
+
+def test_hf_gpt2_context_parallel_follows_absolute_positions(examples) -> None:  # type: ignore[no-untyped-def]
+    """GPT-2: learned position embeddings read the positions' ``arange`` and the ids through a
+    view; the balanced order must reach both (cp 2, loss and every gradient)."""
+    model, inputs = examples["hf_gpt2"].make(batch=1, seq=256, layers=1)
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"cp": 2}, cluster="cpu-test"), time_limit=30)
+    assert _query_axes(plan) == {"cp"}
+    _check_numerics(plan, model, inputs, follow=True, ranks=2)
