@@ -36,6 +36,7 @@ from .ilp import Solution, solve
 from .memory import build_memory_model, infeasible_error
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
+from .seed import price_baselines
 
 STEP_WORK = 1.0
 """CP-SAT deterministic-time cap of one axis-search step (``solver/axis_search.py``): a step is
@@ -167,6 +168,11 @@ def _plan_space(
     warm = {**_hints(space), **(hints or {})}
     seeded = o.baseline is not None and not quick and o.recompute is True
     if seeded and not memory.cannot_bind(problem):  # the limit binds: start from a baseline
+        if not o.baseline.called:  # priced on this problem, not one plan_graph per strategy
+            shrunk = partial(shrink, space=space, share_layers=o.share_layers, merge_followers=True)
+            found = clock("seed", price_baselines, space, problem, memory, cluster, shrunk,
+                          o.time_limit)  # fmt: skip
+            o.baseline.set(found)
         warm = {**clock("seed", _seed, space, memory, o.baseline()), **warm}
     started = time.perf_counter()
     for index, (candidate, merge) in enumerate(variants):
@@ -226,6 +232,10 @@ class _Once:
 
     def __init__(self, fn: Callable[[], tuple[str, Plan] | None]) -> None:
         self.fn, self.called, self.value = fn, False, None
+
+    def set(self, value: tuple[str, Plan] | None) -> None:
+        """The value, priced another way (``solver/seed.py``): ``fn`` is then never called."""
+        self.value, self.called = value, True
 
     def __call__(self) -> tuple[str, Plan] | None:
         if not self.called:
