@@ -63,7 +63,11 @@ def price_baselines(
     resolve = _resolution(base)
     persistent = _persistent_minimum(space, memory)
     priced: list[Priced] = []
-    for strategy in baselines(mesh):
+    settled: set[str] = set()
+    for strategy in baselines(mesh):  # per family: no recomputation, selective, full
+        family = strategy.name.split("+")[0]
+        if family in settled:
+            continue
         try:
             pins = strategy.pins(graph, mesh)
         except (ValueError, ShardplanError):
@@ -95,6 +99,10 @@ def price_baselines(
         )
         forced.decisions = decisions
         priced.append(Priced(strategy.name, score, solution, forced))
+        if solution.status == "OPTIMAL" and solution.num_variables == 0:
+            # the LP's optimum fits without the memory rows: the family's best layouts; more
+            # recomputation (selective, then full re-runs a superset) only adds time
+            settled.add(family)
     if not priced:
         return None
     best = min(priced, key=lambda p: p.score)  # ties: the earlier (simpler) strategy
