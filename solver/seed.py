@@ -100,8 +100,10 @@ def price_baselines(
         forced.decisions = decisions
         priced.append(Priced(strategy.name, score, solution, forced))
         if solution.status == "OPTIMAL" and solution.num_variables == 0:
-            # the LP's optimum fits without the memory rows: the family's best layouts; more
-            # recomputation (selective, then full re-runs a superset) only adds time
+            # the LP's optimum fits without the memory rows: the family's cheapest layouts, and
+            # more recomputation (full re-runs a superset of selective) only adds time. Exact
+            # from no recomputation; from selective, the LP ignores the recomputed ops' price,
+            # so full could recompute cheaper layouts (by at most that price's spread)
             settled.add(family)
     if not priced:
         return None
