@@ -10,7 +10,8 @@ device), then the planner's phases (``plan.timings``) and the total wall time.
     .venv/bin/python bench/scale.py --memory        # the memory-bound rows only (issue 15)
 
 Memory-bound rows (issue 15): HF Llama shapes where the 80 GB limit binds (Llama-3-70B in bf16,
-80 layers; Llama-3-8B left in float32, 32 layers), 16 x 8192 tokens on dp=8 x tp=8: the
+80 layers; Llama-3-8B left in float32, 32 layers), 16 x 8192 tokens on dp=8 x tp=8, and a
+Llama-3-405B shape (126 layers, hidden 16384, 128/8 heads, ffn 53248) on pp=8 x dp=2 x tp=8: the
 ``sp.plan`` call (capture included; wall and CPU seconds), the solver status and gap, the plan's
 step and peak, and the best fitting hand-written strategy (``evaluate.best_baseline``) priced
 by the same cost model.
@@ -73,30 +74,34 @@ from shardplan.evaluate import best_baseline
 from shardplan.solver.summary import strategy_words
 shapes = {
     "70b-bf16": (dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-        num_attention_heads=64, num_key_value_heads=8), torch.bfloat16),
+        num_attention_heads=64, num_key_value_heads=8), torch.bfloat16, {"dp": 8, "tp": 8}),
     "8b-f32": (dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8), torch.float32),
+        num_attention_heads=32, num_key_value_heads=8), torch.float32, {"dp": 8, "tp": 8}),
+    "405b-pp": (dict(hidden_size=16384, intermediate_size=53248, num_hidden_layers=126,
+        num_attention_heads=128, num_key_value_heads=8), torch.bfloat16,
+        {"pp": 8, "dp": 2, "tp": 8}),
 }
-shape, dtype = shapes[name]
+shape, dtype, axes = shapes[name]
 config = LlamaConfig(vocab_size=128256, max_position_embeddings=8192, **shape)
 with torch.device("meta"):
     model = LlamaForCausalLM(config).to(dtype)
 ids = torch.empty((16, 8192), dtype=torch.long, device="meta")
-mesh = sp.Mesh({"dp": 8, "tp": 8}, cluster="h100-sxm")
+mesh = sp.Mesh(axes, cluster="h100-sxm")
 wall, cpu = time.perf_counter(), time.process_time()
 plan = sp.plan(model, {"input_ids": ids, "labels": ids}, mesh=mesh)
 wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 s = plan.solver
 gap = (s.objective - s.bound) / s.objective if s.objective > 0 else 0.0
-base = best_baseline(plan.graph, mesh)
+base = best_baseline(plan.graph, mesh) if "pp" not in axes else None
 print(json.dumps(dict(name=name, plan_s=wall, plan_cpu_s=cpu, status=s.status, gap=gap,
+    seed=s.fallback or None, timings=plan.timings,
     step_ms=plan.step_time * 1e3, peak_gib=plan.peak_memory_bytes / 2**30,
     strategy=strategy_words(plan),
     recompute={m: list(plan.recompute.values()).count(m) for m in set(plan.recompute.values())},
     baseline=base[0] if base else None, baseline_step_ms=base[1].step_time * 1e3 if base else None,
     rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """
-MEMORY_ROWS = ("70b-bf16", "8b-f32")
+MEMORY_ROWS = ("70b-bf16", "8b-f32", "405b-pp")
 
 
 def run_memory(name: str) -> dict:
@@ -159,11 +164,12 @@ def main() -> None:
     parser.add_argument("--quick", action="store_true")
     parser.add_argument("--sources", default="ir,torch")
     parser.add_argument("--memory", action="store_true", help="only the memory-bound rows")
+    parser.add_argument("--rows", default=",".join(MEMORY_ROWS), help="memory-bound rows to run")
     args = parser.parse_args()
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     if args.memory:
-        memory_rows = [run_memory(name) for name in MEMORY_ROWS]
+        memory_rows = [run_memory(name) for name in args.rows.split(",")]
         print(memory_table(memory_rows))
         (out / "scale_memory.json").write_text(json.dumps(memory_rows, indent=2, sort_keys=True))
         return

@@ -22,6 +22,7 @@ their bound by the row or the objective, so the linearisation is exact for 0/1 v
 from __future__ import annotations
 
 import bisect
+import itertools
 from dataclasses import dataclass, field, replace
 
 import numpy as np
@@ -211,6 +212,12 @@ class _Builder:
                 windows.setdefault(t.freed_by, []).append(t)
             else:
                 fixed.append(t)
+        if mem.forced is None:
+            for outer, inner in alike_pairs(mem, windows, self):  # symmetry breaking (exact)
+                full_o, full_i = r_vars[(outer, "full")], r_vars[(inner, "full")]
+                sel_o, sel_i = r_vars[(outer, "selective")], r_vars[(inner, "selective")]
+                self.model.Add(full_o >= full_i)
+                self.model.Add(full_o + sel_o >= full_i + sel_i)
         q_terms = []
         for (layer, cls), group in sorted(windows.items()):
             expr, bound = self.expr([(t.node, t.nbytes) for t in group])
@@ -259,6 +266,51 @@ class _Builder:
                 self.model.Add(f >= expr).OnlyEnforceIf(var)  # the forward again, if recomputed
                 terms.append((f, 1))
         return r_vars
+
+
+def alike_pairs(memory: MemoryModel, windows: dict, builder: _Builder) -> list[tuple[str, str]]:
+    """(outer, inner) layer pairs whose recomputation may be ordered without losing the optimum.
+
+    Two layers are alike when recomputing either in a mode frees the same bytes (window terms on
+    the same solver nodes, which repeated layers share) and re-runs ops of the same cost. If the
+    outer layer's window (forward end to backward start) contains the inner one's, giving the
+    outer layer the inner one's mode and vice versa costs the same and frees at least as much
+    at every time point, since ``full`` frees all that ``selective`` does. So some optimum
+    recomputes outer layers at least as much as inner ones: ``full_o >= full_i`` and
+    ``full_o + sel_o >= full_i + sel_i``. Without these rows CP-SAT explores every permutation
+    of which alike layers recompute (2 x 80 Booleans on Llama-3-70B)."""
+    if not memory.allow_recompute:
+        return []
+    groups: dict[tuple, list[str]] = {}
+    for name, layer in memory.live.layers.items():
+        if layer.forward_end + 1 > layer.backward_start - 1:
+            continue  # no window: recomputing it frees nothing
+        key = []
+        for cls in ("selective", "full"):
+            vecs = sorted(
+                _signature(builder, t.node, t.nbytes) for t in windows.get((name, cls), ())
+            )
+            key.append(tuple(vecs))
+        for mode in ("selective", "full"):
+            ops = memory.recompute_ops.get((name, mode), [])
+            key.append(tuple(sorted(_signature(builder, n, v) for n, v in ops)))
+        groups.setdefault(tuple(key), []).append(name)
+    pairs = []
+    for names in groups.values():
+        spans = sorted(
+            (memory.live.layers[n].forward_end, memory.live.layers[n].backward_start, n)
+            for n in names
+        )
+        for (fe_o, bs_o, outer), (fe_i, bs_i, inner) in itertools.pairwise(spans):
+            if fe_o < fe_i and bs_i < bs_o:
+                pairs.append((outer, inner))
+    return pairs
+
+
+def _signature(builder: _Builder, node: int, values: np.ndarray) -> tuple[int, bytes]:
+    leader, mapping = builder.resolve.get(node, (node, None))
+    vec = np.asarray(values if mapping is None else values[mapping])
+    return leader, vec.tobytes()
 
 
 def _rows(fixed: list[Term], kept: list[int], builder: _Builder) -> list[list]:

@@ -37,6 +37,7 @@ from .ilp import Solution, solve
 from .memory import build_memory_model, infeasible_error
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
+from .seed import price_baselines
 
 STEP_WORK = 1.0
 """CP-SAT deterministic-time cap of one axis-search step (``solver/axis_search.py``): a step is
@@ -167,12 +168,20 @@ def _plan_space(
     chosen: list[list[int]] = []
     warm = {**_hints(space), **(hints or {})}
     seeded = o.baseline is not None and not quick and o.recompute is True
+    priced = 0.0  # seconds spent pricing the hand-written strategies: not the solver's time
     if seeded and not memory.cannot_bind(problem):  # the limit binds: start from a baseline
+        if not o.baseline.called:  # priced on this problem, not one plan_graph per strategy
+            shrunk = partial(shrink, space=space, share_layers=o.share_layers, merge_followers=True)
+            priced = time.perf_counter()
+            found = clock("seed", price_baselines, space, problem, memory, cluster, shrunk,
+                          o.time_limit)  # fmt: skip
+            priced = time.perf_counter() - priced
+            o.baseline.set(found)
         warm = {**clock("seed", _seed, space, memory, o.baseline()), **warm}
     started = time.perf_counter()
     for index, (candidate, merge) in enumerate(variants):
         clock("shrink", shrink, candidate, space, o.share_layers, merge)
-        deadline = min(o.deadline, started + share * o.time_limit)
+        deadline = min(o.deadline + priced, started + share * o.time_limit)
         left = max(1.0, deadline - time.perf_counter())
         budget = left / (len(variants) - index)  # the user's limit covers every variant
         work = STEP_WORK if share < 1 else None  # a step cut short is still deterministic
@@ -227,6 +236,10 @@ class _Once:
 
     def __init__(self, fn: Callable[[], tuple[str, Plan] | None]) -> None:
         self.fn, self.called, self.value = fn, False, None
+
+    def set(self, value: tuple[str, Plan] | None) -> None:
+        """The value, priced another way (``solver/seed.py``): ``fn`` is then never called."""
+        self.value, self.called = value, True
 
     def __call__(self) -> tuple[str, Plan] | None:
         if not self.called:

@@ -8,6 +8,7 @@ that cost the most. ``plan.report(full=True)`` (``--full`` in the CLI) keeps eve
 
 from __future__ import annotations
 
+import itertools
 import re
 from collections import defaultdict
 from dataclasses import dataclass, field
@@ -125,6 +126,69 @@ def strategy_words(plan: Plan) -> str:
     recompute = ", ".join(f"{mode} on {n} layer{'s' * (n != 1)}" for mode, n in modes.items())
     parts.append(f"recompute {recompute or 'none'}")
     return ", ".join(parts)
+
+
+MEMORY_BOUND_SHARE = 0.8
+"""A plan whose peak is at least this share of the limit, or that recomputes, is memory-bound:
+its summary says what was traded for memory (``memory_trade``)."""
+
+
+def memory_trade(plan: Plan) -> str | None:
+    """What a memory-bound plan gave up for memory: which layers recompute, which persistent
+    states are sharded over which axes, and the headroom left under the limit. None when the
+    plan is not memory-bound (no recomputation, peak under ``MEMORY_BOUND_SHARE`` of the limit)."""
+    from .report import format_bytes
+
+    limit = plan.memory_limit
+    peak = plan.peak_memory_bytes
+    if not limit or (not plan.recompute and peak < MEMORY_BOUND_SHARE * limit):
+        return None
+    parts = []
+    by_mode: dict[str, list[str]] = defaultdict(list)
+    for layer, mode in plan.recompute.items():
+        by_mode[mode].append(layer)
+    for mode, layers in sorted(by_mode.items()):
+        parts.append(f"{mode} recomputation of {fold_layers(layers)}")
+    if not parts:
+        parts.append("no recomputation")
+    for role, words in ((Role.PARAMETER, "parameters"), (Role.OPTIMIZER_STATE, "optimizer states")):
+        per_axis, total = _sharded_bytes(plan, role)
+        if not total:
+            continue
+        axes = _ordered(plan.mesh, {a for a, n in per_axis.items() if n})
+        if axes:
+            share = max(per_axis[a] for a in axes) / total
+            parts.append(f"{words} sharded over {_axes_text(axes)} ({share:.0%} of bytes)")
+        else:
+            parts.append(f"{words} replicated")
+    parts.append(
+        f"headroom {format_bytes(max(limit - peak, 0))} ({max(limit - peak, 0) / limit:.1%})"
+    )
+    return ", ".join(parts)
+
+
+def fold_layers(names: list[str]) -> str:
+    """``model.layers.0`` .. ``model.layers.31`` -> ``model.layers.0-31`` (runs of indices)."""
+    by_pattern: dict[str, list[int]] = defaultdict(list)
+    plain: list[str] = []
+    for name in names:
+        pattern, index = _pattern(name)
+        if index is None:
+            plain.append(name)
+        else:
+            by_pattern[pattern].append(index)
+    out = list(plain)
+    for pattern, indices in sorted(by_pattern.items()):
+        indices = sorted(set(indices))
+        runs, start = [], indices[0]
+        for prev, cur in itertools.pairwise([*indices, None]):
+            if cur is None or cur != prev + 1:
+                runs.append(f"{start}-{prev}" if prev != start else f"{start}")
+                start = cur
+        text = ",".join(runs)
+        out.append(pattern.format(text if len(runs) == 1 else "{" + text + "}"))
+    count = len(names)
+    return f"{', '.join(out)} ({count} layer{'s' * (count != 1)})"
 
 
 # -- alike layers folded ------------------------------------------------------------------------
@@ -325,6 +389,8 @@ def header_lines(plan: Plan, width: int) -> list[str]:
     lines += _row("memory/device", f"{peak} peak ({breakdown or 'no breakdown'})", width)
     if plan.memory_limit:
         lines[-1] += f", limit {format_bytes(plan.memory_limit)}"
+        if (trade := memory_trade(plan)) is not None:
+            lines += _row("memory trade", trade, width)
     lines += _row("strategy", strategy_words(plan), width)
     wall = format_seconds(solver.wall_time) if solver.wall_time > 0 else "solve time not saved"
     lines += _row(

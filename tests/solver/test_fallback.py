@@ -12,6 +12,7 @@ from shardplan.models import TransformerConfig, training_step
 from shardplan.solver.ilp import Solution
 from shardplan.solver.planner import FallbackWarning
 from shardplan.solver.serialize import plan_from_json, plan_to_json
+from shardplan.solver.summary import memory_trade
 
 evaluate = importlib.import_module("shardplan.evaluate")  # sp.evaluate is the function
 TINY = TransformerConfig("tiny", 2, 256, 4, 1024, 512, 64)
@@ -65,6 +66,16 @@ def test_no_solution_in_time_returns_the_best_fitting_baseline(monkeypatch) -> N
     assert plan.peak_memory_bytes <= LIMIT
     loaded = plan_from_json(plan_to_json(plan))  # the flag survives a save
     assert (loaded.solver.status, loaded.solver.fallback) == ("FALLBACK", "fsdp")
+
+    # issue 15 point 5: the summary of a memory-bound plan says what was traded for memory
+    plan.recompute = {"layers.0": "selective", "layers.1": "selective"}
+    trade = memory_trade(plan)
+    assert trade is not None
+    assert trade.startswith("selective recomputation of layers.0-1 (2 layers)")
+    assert "parameters sharded over dp×tp (100% of bytes)" in trade  # fsdp: every axis is data
+    headroom = LIMIT - plan.peak_memory_bytes
+    assert f"({headroom / LIMIT:.1%})" in trade
+    assert "memory trade" in str(plan)
 
 
 def test_without_a_fitting_baseline_the_error_stands(monkeypatch) -> None:  # type: ignore[no-untyped-def]

@@ -1,0 +1,156 @@
+"""Price the hand-written strategies on the free problem: the memory-bound solve's warm start.
+
+When the memory limit binds, CP-SAT needs a point that fits to start from (without one it may
+find none in time) and ``sp.plan`` promises a plan never slower than the best fitting
+hand-written strategy. Pricing each strategy as ``sp.evaluate`` does (a pinned ``plan_graph``
+per strategy: enumerate, price, shrink, solve, build, simulate) took 38-57 s of CPU for 15
+strategies on Llama-3 8B/70B shapes (docs/design.md, "Memory-bound planning").
+
+A strategy pins only graph inputs and fixes recomputation, so on the same graph, mesh and
+semantics its problem *is* the free problem with each pinned input restricted to its pin's
+layout and each layer's recomputation forced. Here the free problem is priced and shrunk once
+(alike layers share variables, followers merged, as ``sp.evaluate`` merges them), and each
+strategy is a restricted copy solved with its recomputation fixed. A strategy whose persistent
+state cannot fit even at its smallest is skipped without a solve (replicated 70B states). Only
+the fastest fitting one is built into a ``Plan`` and simulated.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import numpy as np
+
+from ..costmodel.cluster import Cluster
+from ..ir import ShardplanError
+from .costs import Space
+from .ilp import Solution, solve
+from .memory import MemoryModel, _resolution
+from .problem import Problem
+
+SEED_WORK = 2.0
+"""CP-SAT deterministic-time cap per strategy (most are proven optimal by the LP, all inputs
+being fixed); the cap keeps pricing deterministic on a busy machine."""
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Priced:
+    """One hand-written strategy solved on the free problem."""
+
+    name: str
+    score: float
+    """Linear objective plus recomputation seconds (comparable across strategies)."""
+    solution: Solution
+    memory: MemoryModel
+
+
+def price_baselines(
+    space: Space,
+    problem: Problem,
+    memory: MemoryModel,
+    cluster: Cluster,
+    shrink,  # type: ignore[no-untyped-def]
+    time_limit: float,
+) -> tuple[str, object] | None:
+    """``(name, plan)`` of the fastest fitting hand-written strategy (``strategies.baselines``)
+    priced on ``problem`` (unshrunk, unmodified), or None when none fits or none is a layout
+    of this space. ``shrink(problem)`` shares layers and merges followers in place."""
+    from ..strategies import baselines
+
+    graph, mesh = space.graph, space.mesh
+    base = problem.copy()
+    shrink(base)
+    resolve = _resolution(base)
+    persistent = _persistent_minimum(space, memory)
+    priced: list[Priced] = []
+    settled: set[str] = set()
+    for strategy in baselines(mesh):  # per family: no recomputation, selective, full
+        family = strategy.name.split("+")[0]
+        if family in settled:
+            continue
+        try:
+            pins = strategy.pins(graph, mesh)
+        except (ValueError, ShardplanError):
+            continue  # e.g. a sequence not divisible by a cp axis
+        allowed = _allowed(space, base, resolve, pins)
+        if allowed is None or _cannot_fit(allowed[1], persistent, memory.limit):
+            continue
+        mask = allowed[0]
+        restricted = base.copy()
+        for node, ok in mask.items():
+            restricted.node_costs[node] = np.where(ok, restricted.node_costs[node], np.inf)
+        forced = dataclasses.replace(
+            memory,
+            forced=dict.fromkeys(memory.live.layers, strategy.recompute),
+            decisions={},
+            hint_decisions=dict.fromkeys(memory.live.layers, strategy.recompute),
+        )
+        solution = solve(restricted, time_limit, memory=forced, work_limit=SEED_WORK)
+        if not solution.choice:
+            continue
+        decisions = forced.fixed_decisions()
+        if (
+            memory.limit is not None
+            and forced.profile(solution.choice, decisions).peak > memory.limit
+        ):
+            continue
+        score = problem.evaluate(solution.choice) + forced.recompute_cost(
+            solution.choice, decisions
+        )
+        forced.decisions = decisions
+        priced.append(Priced(strategy.name, score, solution, forced))
+        if solution.status == "OPTIMAL" and solution.num_variables == 0:
+            # the LP's optimum fits without the memory rows: the family's cheapest layouts, and
+            # more recomputation (full re-runs a superset of selective) only adds time. Exact
+            # from no recomputation; from selective, the LP ignores the recomputed ops' price,
+            # so full could recompute cheaper layouts (by at most that price's spread)
+            settled.add(family)
+    if not priced:
+        return None
+    best = min(priced, key=lambda p: p.score)  # ties: the earlier (simpler) strategy
+    from .planner import _simulated, build_plan
+
+    plan = _simulated(build_plan(space, cluster, best.solution, base, best.memory))
+    return best.name, plan
+
+
+def _persistent_minimum(space: Space, memory: MemoryModel) -> list[tuple[int, np.ndarray]]:
+    """(input node, bytes per strategy) of every graph input: live all step, whatever else."""
+    return [(t.node, t.nbytes) for t in memory.terms if t.node < space.num_inputs]
+
+
+def _allowed(space: Space, problem: Problem, resolve, pins):  # type: ignore[no-untyped-def]
+    """(per live node, per input node): the strategies consistent with ``pins`` (graph-input
+    name -> layout); None when some pin is not a layout of this space. A user pin (already in
+    the graph) wins."""
+    mask: dict[int, np.ndarray] = {}
+    own: dict[int, np.ndarray] = {}
+    for n, value in enumerate(space.graph.inputs):
+        wanted = pins.get(value.name)
+        if wanted is None or value.pinned:
+            continue
+        ok = np.array([s.results[0] == wanted for s in space.strategies[n]])
+        if not ok.any():
+            return None
+        own[n] = ok
+        leader, mapping = resolve.get(n, (n, None))
+        ok = ok if mapping is None else ok[mapping]
+        mask[leader] = mask[leader] & ok if leader in mask else ok
+        if not mask[leader].any():
+            return None
+    for leader, ok in mask.items():
+        if not (ok & np.isfinite(problem.node_costs[leader])).any():
+            return None
+    return mask, own
+
+
+def _cannot_fit(own: dict[int, np.ndarray], persistent, limit: float | None) -> bool:  # type: ignore[no-untyped-def]
+    """True when the graph inputs alone, each at its smallest allowed layout, exceed ``limit``
+    (inputs are live the whole step, so this is a lower bound on any peak)."""
+    if limit is None:
+        return False
+    total = 0.0
+    for node, nbytes in persistent:
+        ok = own.get(node)
+        total += float(nbytes[ok].min() if ok is not None else nbytes.min())
+    return total > limit
