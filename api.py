@@ -79,6 +79,9 @@ def plan(
             "with example inputs, or a JAX callable with example arguments"
         )
     capture_seconds = time.perf_counter() - start
+    annotated = context.user_pins(mesh) if hasattr(context, "user_pins") else {}
+    if annotated:  # annotations in the user's code (constraints, DTensor placements); an
+        pins = {**annotated, **(pins or {})}  # explicit pin of the same value wins
     semantics = getattr(context, "partial_semantics", None)  # what the target runtime does
     if mesh is None:
         if devices is None:
