@@ -114,3 +114,16 @@ def plan(
     if not isinstance(model_or_fn, Graph):
         result.timings = {"capture": capture_seconds, **result.timings}
     return result
+
+
+def annotate(tensor: Any, sharding: Any = None, **placements: Any) -> Any:
+    """Pin a torch tensor's layout from inside ``forward``: ``sp.annotate(h, ("dp", None))``.
+
+    A ``Sharding``, a PartitionSpec-like tuple naming planner mesh axes, or
+    ``placements=[Shard(0), Replicate()], mesh=device_mesh``. Identity outside a capture; in
+    JAX write ``jax.lax.with_sharding_constraint``, which capture reads the same way. See
+    ``frontend/torch/annotate.py``.
+    """
+    from .frontend.torch.annotate import annotate as torch_annotate
+
+    return torch_annotate(tensor, sharding, **placements)
