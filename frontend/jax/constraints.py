@@ -1,7 +1,8 @@
 """User sharding annotations in a jaxpr, read as planner pins.
 
 ``jax.lax.with_sharding_constraint`` (a ``NamedSharding``, or a bare ``PartitionSpec`` under
-``jax.set_mesh``) and ``jax.sharding.reshard`` say which layout a value must have. Capture
+``jax.set_mesh``) and ``jax.sharding.reshard`` over Explicit mesh axes say which layout a value
+must have (a reshard over Auto axes, as ``jnp`` inserts for scatter updates, says nothing). Capture
 turns each into a pin on the constrained IR value; the PartitionSpec's mesh axis names are the
 planner mesh's axis names (``plan.jit`` builds its jax mesh from them), so a constraint naming
 an axis the planner mesh lacks is refused when planning (``check_pins``). A constraint with an
@@ -41,7 +42,10 @@ def constraint_of(eqn: Any, rank: int, source: str) -> Constraint | None:
     if param is None:
         return None
     where = f" at {source}" if source else ""
-    spec = getattr(eqn.params.get(param), "spec", None)
+    sharding = eqn.params.get(param)
+    if eqn.primitive.name == "reshard" and not _explicit(sharding):
+        return None  # jnp inserts reshards over Auto axes (scatter updates): no user layout
+    spec = getattr(sharding, "spec", None)
     if spec is None:
         warnings.warn(
             f"{eqn.primitive.name}{where} uses {type(eqn.params.get(param)).__name__}, not a "
@@ -64,6 +68,14 @@ def constraint_of(eqn: Any, rank: int, source: str) -> Constraint | None:
             return None
         dims.append(() if entry is None else (entry,) if isinstance(entry, str) else tuple(entry))
     return Constraint(Sharding(tuple(dims)), source, eqn.primitive.name)
+
+
+def _explicit(sharding: Any) -> bool:
+    """A reshard fixes a layout only over Explicit mesh axes (sharding in types)."""
+    from jax.sharding import AxisType
+
+    types = getattr(getattr(sharding, "mesh", None), "axis_types", ())
+    return bool(types) and all(t == AxisType.Explicit for t in types)
 
 
 def _is_unconstrained(entry: Any) -> bool:
