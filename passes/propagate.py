@@ -10,8 +10,9 @@ refine the values that are not pinned. Semantics (see docs in ``PropagateOptions
 - a factor's axes come from the compatible candidates (every one a prefix of the longest); on a
   conflict the candidate of the highest-priority tensor wins: pinned first, then larger tensors,
   then lower position (operands before results); ``conservative`` keeps only the agreed prefix;
-- mesh axes go to factors in the order of their winning tensor, then factor index; a factor
-  whose axes another factor already took is truncated before the first taken axis;
+- mesh axes go to pass-through factors before reduction factors (Shardy's choice), then in the
+  order of their winning tensor, then factor index; a factor whose axes another factor already
+  took is truncated before the first taken axis;
 - need-replication factors are never sharded; reduction factors sharded on axes make the results
   ``partial`` over those axes (Shardy's ``unreduced``); partial never propagates backward;
 - a value still unknown that would come out fully replicated is left ``None`` (no hint).
@@ -339,9 +340,12 @@ def _agreed_prefix(target: tuple[str, ...], all_axes: list[tuple[str, ...]]) -> 
 def _keep_axes_unique(
     targets: dict[str, tuple[str, ...]], sources: dict[str, Priority], info: _OpFactors
 ) -> None:
-    """Give each mesh axis to one factor: by winning tensor's priority, then factor index."""
+    """Give each mesh axis to one factor: pass-through factors before reduction factors (as
+    Shardy does: the result stays sharded rather than becoming a pending sum), then by winning
+    tensor's priority, then factor index."""
     used: set[str] = set()
-    for factor in sorted(targets, key=lambda f: (sources[f], info.index[f])):
+    order = sorted(targets, key=lambda f: (f in info.reduction, sources[f], info.index[f]))
+    for factor in order:
         kept: list[str] = []
         for axis in targets[factor]:
             if axis in used:

@@ -244,6 +244,51 @@ def _cases() -> list[Case]:
         [(128, 32), (4, 32)],
         {0: P(None, "tp")},
     )
+    add("reshape-sub-axis-1d", lambda x: x.reshape(4, 4) * 2, [(16,)], {0: P("x")}, D1)
+    add("reshape-sub-axis-2d", lambda x: x.reshape(4, 64), [(8, 32)], {0: P(("dp", "tp"))})
+    add("conflict-dims-add", jnp.add, [(16, 32), (16, 32)], {0: P("dp"), 1: P(None, "dp")})
+    add(
+        "conflict-matmul-tp", jnp.matmul, [(64, 32), (32, 16)], {0: P(None, "tp"), 1: P(None, "tp")}
+    )
+    add(
+        "fori-loop-pinned-w",
+        lambda x, w: jax.lax.fori_loop(0, 3, lambda i, h: jnp.tanh(h @ w), x),
+        [(16, 32), (32, 32)],
+        {1: P(None, "tp")},
+    )
+    add(
+        "gpt-block-1d",
+        _gpt_block,
+        [(8, 16, 32), (32,), *[(32, 32)] * 4, (32, 128), (128, 32)],
+        {0: P("x")},
+        D1,
+    )
+    add(
+        "take-vocab-sharded",
+        lambda t, i: jnp.take(t, i.astype(jnp.int32), axis=0),
+        [(128, 32), (16,)],
+        {0: P("tp")},
+    )
+    add(
+        "einsum-bcast-batch",
+        lambda a, b: jnp.einsum("bsd,de->bse", a, b),
+        [(8, 16, 32), (32, 64)],
+        {0: P("dp", "tp")},
+    )
+    add("gqa-1d", _gqa, [(8, 16, 64), (64, 64), (64, 16), (64, 16), (64, 64)], {0: P("x")}, D1)
+    add("mlp-1d-megatron", _mlp, [(64, 32), (32, 128), (128, 32)], {1: P(None, "x")}, D1)
+    add(
+        "conflict-matmul-rows-small-lhs",
+        jnp.matmul,
+        [(16, 32), (32, 256)],
+        {0: P("tp"), 1: P("tp")},
+    )
+    add(
+        "conflict-matmul-cols-big-lhs",
+        jnp.matmul,
+        [(64, 32), (32, 64)],
+        {0: P(None, "tp"), 1: P(None, "tp")},
+    )
     return c
 
 
