@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import functools
 import warnings
 
 import jax
@@ -43,6 +44,12 @@ def _mlp(spec):
     return mlp
 
 
+@functools.cache
+def _planned(spec):
+    """The plan of ``_mlp(spec)`` (cached: tests share the three plans)."""
+    return sp.plan(_mlp(spec), *_args(), mesh=MESH, time_limit=60)
+
+
 def _layouts(plan):
     x, w1, w2 = (plan.sharding_of(n) for n in plan.frontend_context.arg_inputs)
     return x, w1, w2
@@ -70,7 +77,7 @@ def test_capture_records_the_constraint_on_the_constrained_value():
 )
 def test_single_constraint_decides_the_plan_and_jit_matches(spec, want_x, want_w1):
     fn, args = _mlp(spec), _args()
-    plan = sp.plan(fn, *args, mesh=MESH, time_limit=60)
+    plan = _planned(spec)
     x, w1, _ = _layouts(plan)
     assert (x, w1) == (want_x, want_w1)
     (hidden,) = plan.frontend_context.constraints
@@ -84,9 +91,9 @@ def test_single_constraint_decides_the_plan_and_jit_matches(spec, want_x, want_w
 def test_the_constraint_changes_the_unconstrained_plan():
     """Each constrained plan differs from the free one (Megatron-like dp x tp here) and from
     the other: the constraint, not the cost model's own preference, decides."""
-    free = _layouts(sp.plan(_mlp(None), *_args(), mesh=MESH, time_limit=60))
+    free = _layouts(_planned(None))
     specs = (P(None, ("dp", "tp")), P(("dp", "tp"), None))
-    pinned = [_layouts(sp.plan(_mlp(s), *_args(), mesh=MESH, time_limit=60)) for s in specs]
+    pinned = [_layouts(_planned(s)) for s in specs]
     assert pinned[0] != pinned[1]
     assert free not in pinned
 
