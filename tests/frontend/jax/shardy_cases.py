@@ -13,6 +13,7 @@ from shardplan.frontend.jax.agreement import Case
 
 D1 = (("x", 8),)
 D2 = (("dp", 2), ("tp", 4))
+D42 = (("dp", 4), ("tp", 2))
 
 
 def _softmax(x):
@@ -288,6 +289,37 @@ def _cases() -> list[Case]:
         jnp.matmul,
         [(64, 32), (32, 64)],
         {0: P(None, "tp"), 1: P(None, "tp")},
+    )
+    # the same models on a (4, 2) mesh
+    add("mlp-dp-tp-42", _mlp, [(64, 32), (32, 128), (128, 32)], {0: P("dp"), 1: P(None, "tp")}, D42)
+    add(
+        "gpt-block-megatron-42",
+        _gpt_block,
+        [(8, 16, 32), (32,), *[(32, 32)] * 4, (32, 128), (128, 32)],
+        {0: P("dp"), 6: P(None, "tp")},
+        D42,
+    )
+    add(
+        "gqa-kv-heads-42",
+        _gqa,
+        [(8, 16, 64), (64, 64), (64, 16), (64, 16), (64, 64)],
+        {0: P("dp"), 2: P(None, "tp")},
+        D42,
+    )
+    add("attention-heads-42", _attention, [(8, 16, 32)] + [(32, 32)] * 4, {1: P(None, "tp")}, D42)
+    add(
+        "scan-stacked-w-pinned-42",
+        _scan_mlp,
+        [(16, 32), (3, 32, 32)],
+        {1: P(None, None, "tp")},
+        D42,
+    )
+    add(
+        "concat-sharded-dim-42",
+        lambda a, b: jnp.concatenate([a, b], 0),
+        [(16, 32), (16, 32)],
+        {0: P(("dp", "tp"))},
+        D42,
     )
     return c
 
