@@ -4,7 +4,7 @@
 """
 
 from . import strategies
-from .api import plan
+from .api import annotate, plan
 from .evaluate import Evaluation, evaluate
 from .ir import (
     Graph,
@@ -35,6 +35,7 @@ __all__ = [
     "ShardplanError",
     "TensorType",
     "UnsupportedOpWarning",
+    "annotate",
     "evaluate",
     "load_plan",
     "plan",

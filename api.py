@@ -109,6 +109,9 @@ def _plan(model_or_fn: Any, example_args: tuple, checked: dict, options: dict) -
         "capture", "%s -> %d ops, %d inputs (%.1f s)", _model_name(model_or_fn),
         len(graph.ops), len(graph.inputs), capture_seconds,
     )  # fmt: skip
+    annotated = context.user_pins(mesh) if hasattr(context, "user_pins") else {}
+    if annotated:  # annotations in the user's code (constraints, DTensor placements); an
+        pins = {**annotated, **(pins or {})}  # explicit pin of the same value wins
     semantics = getattr(context, "partial_semantics", None)  # what the target runtime does
     if mesh is None:
         if devices is None:
@@ -141,3 +144,16 @@ def _plan(model_or_fn: Any, example_args: tuple, checked: dict, options: dict) -
     if not isinstance(model_or_fn, Graph):
         result.timings = {"capture": capture_seconds, **result.timings}
     return result
+
+
+def annotate(tensor: Any, sharding: Any = None, **placements: Any) -> Any:
+    """Pin a torch tensor's layout from inside ``forward``: ``sp.annotate(h, ("dp", None))``.
+
+    A ``Sharding``, a PartitionSpec-like tuple naming planner mesh axes, or
+    ``placements=[Shard(0), Replicate()], mesh=device_mesh``. Identity outside a capture; in
+    JAX write ``jax.lax.with_sharding_constraint``, which capture reads the same way. See
+    ``frontend/torch/annotate.py``.
+    """
+    from .frontend.torch.annotate import annotate as torch_annotate
+
+    return torch_annotate(tensor, sharding, **placements)

@@ -10,8 +10,9 @@ refine the values that are not pinned. Semantics (see docs in ``PropagateOptions
 - a factor's axes come from the compatible candidates (every one a prefix of the longest); on a
   conflict the candidate of the highest-priority tensor wins: pinned first, then larger tensors,
   then lower position (operands before results); ``conservative`` keeps only the agreed prefix;
-- mesh axes go to factors in the order of their winning tensor, then factor index; a factor
-  whose axes another factor already took is truncated before the first taken axis;
+- mesh axes go to pass-through factors before reduction factors (Shardy's choice), then in the
+  order of their winning tensor, then factor index; a factor whose axes another factor already
+  took is truncated before the first taken axis;
 - need-replication factors are never sharded; reduction factors sharded on axes make the results
   ``partial`` over those axes (Shardy's ``unreduced``); partial never propagates backward;
 - a value still unknown that would come out fully replicated is left ``None`` (no hint).
@@ -19,6 +20,7 @@ refine the values that are not pinned. Semantics (see docs in ``PropagateOptions
 
 from __future__ import annotations
 
+import math
 import warnings
 from collections.abc import Iterable
 from dataclasses import dataclass
@@ -27,11 +29,20 @@ from typing import Literal
 from shardplan.ir.errors import ShardingError, ShardplanError
 from shardplan.ir.graph import Graph, Op, Value
 from shardplan.ir.mesh import Mesh
-from shardplan.ir.rules import TensorFactors
+from shardplan.ir.rules import ShardingRule, TensorFactors
 from shardplan.ir.sharding import Sharding
 
 from .factor_projection import dim_axes, project_tensor
 from .manager import register_pass
+
+PERMUTATION_KINDS = frozenset(
+    {"slice", "pad", "concat", "dynamic_slice", "sort", "reverse", "cumsum", "cumprod", "cummax",
+     "cummin", "cumlogsumexp"}
+)  # fmt: skip
+"""Ops whose resized or mixed dimensions Shardy propagates through (its *permutation* factors:
+the partitioner then exchanges halos or gathers), while their rules make those dims
+need-replication for the planner. Propagation links such a dim across the op's operands and
+result as one factor (``_permutation_view``); enumeration and pricing keep the rule."""
 
 Direction = Literal["both", "forward", "backward"]
 Priority = tuple[bool, int, int]
@@ -84,13 +95,82 @@ class _OpFactors:
     """``ShardingRule.summed``: factors that leave only some results partial."""
 
     @staticmethod
-    def of(op: Op) -> _OpFactors:
-        rule = op.rule
+    def of(op: Op | _Tie) -> _OpFactors:
+        rule = _permutation_view(op) if op.kind in PERMUTATION_KINDS else op.rule
         return _OpFactors(
             rule.operands + rule.results, len(rule.operands), rule.sizes, dict(rule.sizes),
             {f: i for i, f in enumerate(rule.factor_names)}, rule.reduction, rule.need_replication,
             rule.summed,
         )  # fmt: skip
+
+
+def _permutation_view(op: Op | _Tie) -> ShardingRule:
+    """The op's rule with each resized or need-replication dim linked, position by position,
+    across the result and the same-rank operands: one factor whose size divides them all."""
+    rule = op.rule
+    if len(op.results) != 1:
+        return rule
+    rank = op.results[0].type.rank
+    tensors = [*op.operands, *op.results]
+    factors = [*rule.operands, *rule.results]
+    linked: dict[int, str] = {}
+    sizes = dict(rule.sizes)
+    replaced: set[str] = set()
+    same_rank = [t for v, t in zip(tensors, factors, strict=True) if v.type.rank == rank]
+    for d in range(rank):
+        at_d = {t[d] for t in same_rank}
+        if any(len(fs) != 1 for fs in at_d):
+            continue
+        if len(at_d) == 1 and next(iter(at_d))[0] not in rule.need_replication:
+            continue  # a plain pass-through dim
+        dim_sizes = [v.type.shape[d] for v in tensors if v.type.rank == rank]
+        name = f"~{d}"
+        linked[d], sizes[name] = name, math.gcd(*dim_sizes)
+    if not linked:
+        return rule
+    new = []
+    for value, tensor in zip(tensors, factors, strict=True):
+        if value.type.rank != rank:
+            new.append(tensor)
+            continue
+        dims = []
+        for d, fs in enumerate(tensor):
+            if d in linked:
+                replaced.add(fs[0])
+                dims.append((linked[d],))
+            else:
+                dims.append(fs)
+        new.append(tuple(dims))
+    used = {f for t in new for fs in t for f in fs}
+    n = len(op.operands)
+    return ShardingRule(
+        tuple(new[:n]), tuple(new[n:]),
+        tuple((f, size) for f, size in sizes.items() if f in used),
+        rule.need_replication - replaced, rule.summed,
+    )  # fmt: skip
+
+
+@dataclass(eq=False, slots=True)
+class _Tie:
+    """A scan carry's next-iteration value and the carry itself must share one layout (a loop
+    carry is one buffer, as in Shardy's while/scan rule): propagated as a 1-to-1 op."""
+
+    kind: str
+    rule: ShardingRule
+    operands: tuple[Value, ...]
+    results: tuple[Value, ...]
+
+
+def _carry_ties(graph: Graph) -> list[_Tie]:
+    """One tie per ``scan_loop`` op: its operand (the body's carry out) and the ``carry``
+    value it hands back to (the ``scan_carry`` result read by the next iteration)."""
+    by_name = {v.name: v for op in graph.ops if op.kind == "scan_carry" for v in op.results}
+    ties = []
+    for op in graph.ops:
+        carry = by_name.get(str(op.attrs.get("carry", ""))) if op.kind == "scan_loop" else None
+        if carry is not None and carry.type == op.operands[0].type:
+            ties.append(_Tie("scan_tie", op.rule, (carry,), (op.operands[0],)))
+    return ties
 
 
 @register_pass("propagate", options=PropagateOptions)
@@ -115,10 +195,14 @@ def run_propagation(graph: Graph, options: PropagateOptions) -> PropagationStats
     shardings settle.
     """
     mesh = _checked_mesh(graph)
-    ops = graph.ops
+    ops: list[Op | _Tie] = [*graph.ops, *_carry_ties(graph)]
     if mesh is None or not ops:
         return PropagationStats(0, 0, True)
     position = {id(op): i for i, op in enumerate(ops)}
+    for i, op in enumerate(ops):  # a tie is revisited when either of its values changes
+        if isinstance(op, _Tie):
+            for value in (*op.operands, *op.results):
+                position.setdefault(id(value), i)
     infos = [_OpFactors.of(op) for op in ops]
     dirty = [True] * len(ops)
     updates = 0
@@ -166,6 +250,8 @@ def _sweep_order(n: int, sweep: int, direction: Direction) -> Iterable[int]:
 
 
 def _mark_neighbours(value: Value, position: dict[int, int], dirty: list[bool]) -> None:
+    if id(value) in position:
+        dirty[position[id(value)]] = True
     if value.producer is not None:
         dirty[position[id(value.producer)]] = True
     for use in value.uses:
@@ -175,7 +261,9 @@ def _mark_neighbours(value: Value, position: dict[int, int], dirty: list[bool]) 
 # -- one op -----------------------------------------------------------------------------------
 
 
-def _propagate_op(op: Op, info: _OpFactors, mesh: Mesh, options: PropagateOptions) -> list[Value]:
+def _propagate_op(
+    op: Op | _Tie, info: _OpFactors, mesh: Mesh, options: PropagateOptions
+) -> list[Value]:
     """Refine the op's operands/results from each other; returns the values that changed."""
     tensors = [*op.operands, *op.results]
     if all(v.sharding is None for v in tensors):
@@ -252,9 +340,12 @@ def _agreed_prefix(target: tuple[str, ...], all_axes: list[tuple[str, ...]]) -> 
 def _keep_axes_unique(
     targets: dict[str, tuple[str, ...]], sources: dict[str, Priority], info: _OpFactors
 ) -> None:
-    """Give each mesh axis to one factor: by winning tensor's priority, then factor index."""
+    """Give each mesh axis to one factor: pass-through factors before reduction factors (as
+    Shardy does: the result stays sharded rather than becoming a pending sum), then by winning
+    tensor's priority, then factor index."""
     used: set[str] = set()
-    for factor in sorted(targets, key=lambda f: (sources[f], info.index[f])):
+    order = sorted(targets, key=lambda f: (f in info.reduction, sources[f], info.index[f]))
+    for factor in order:
         kept: list[str] = []
         for axis in targets[factor]:
             if axis in used:

@@ -18,7 +18,8 @@ from typing import Any
 import jax
 import numpy as np
 
-from ...ir import FrontendError, Graph, Op, Origin, Role, TensorType, Value
+from ...ir import FrontendError, Graph, Mesh, Op, Origin, Role, Sharding, TensorType, Value
+from .constraints import Constraint, check_pins, constraint_of, pin_table
 from .lower import Emitter, ir_type, literal_attrs, lower_equation
 from .walk import Walker
 
@@ -57,6 +58,15 @@ class JaxContext:
     operand may be a size-1-dims reshape of the step's operand (see ``emit.relayout``)."""
     unroll_scans: bool = False
     """Scans were captured iteration by iteration (else each body once)."""
+    constraints: dict[str, Constraint] = field(default_factory=dict)
+    """IR value name -> the user's ``with_sharding_constraint`` / ``reshard`` on it (the last
+    one wins); ``sp.plan`` pins them (``user_pins``)."""
+
+    def user_pins(self, mesh: Mesh | None) -> dict[str, Sharding]:
+        """The constraints as pins (value name -> sharding), checked against ``mesh``."""
+        if mesh is not None:
+            check_pins(self.constraints, mesh)
+        return pin_table(self.constraints)
 
 
 def default_role(keys: Sequence[str]) -> Role:
@@ -179,6 +189,16 @@ class _Capture(Walker[Value]):
         outs = lower_equation(em, eqn, ins)
         self._mark_repeat(em.first_op)
         self._record(ins, outs, em.first_op)
+        return outs
+
+    def pass_through(self, eqn: Any, ins: list[Value]) -> list[Value]:
+        """A user constraint pins the value it constrains (the output is the same IR value)."""
+        outs = super().pass_through(eqn, ins)
+        if eqn.primitive.name in ("sharding_constraint", "reshard"):
+            for value in outs:
+                found = constraint_of(eqn, value.type.rank, self._origin(eqn).source)
+                if found is not None:
+                    self.context.constraints[value.name] = found
         return outs
 
     def _mark_repeat(self, first_op: int | None) -> None:

@@ -15,7 +15,7 @@ import numpy as np
 
 from ...ir import Graph, Origin, TensorType, Value, op_info, register_rule
 from ...ir.registry import elementwise, reduce, rowwise
-from .rules import dynamic_update_slice_rule, gather_rule, scatter_add_rule
+from .rules import dynamic_update_slice_rule, gather_rule, reverse_rule, scatter_add_rule
 
 _DTYPES = {
     "float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16",
@@ -65,6 +65,7 @@ for _kind in ("cumprod", "cummax", "cummin", "cumlogsumexp"):
 register_rule("xla_gather", gather_rule, flops="none")
 register_rule("xla_scatter_add", scatter_add_rule)
 register_rule("dynamic_update_slice", dynamic_update_slice_rule, flops="none")
+register_rule("reverse", reverse_rule, flops="none", linear=True)
 
 
 def ir_type(aval: Any) -> TensorType:
@@ -139,13 +140,17 @@ def lower_broadcast_in_dim(em: Emitter, eqn: Any, ins: list[Value]) -> list[Valu
 
 def lower_reshape(em: Emitter, eqn: Any, ins: list[Value]) -> list[Value]:
     """reshape, squeeze and expand_dims are all row-major reshapes."""
-    if eqn.params.get("dimensions"):  # reshape with a transpose folded in
+    if eqn.primitive.name == "reshape" and eqn.params.get("dimensions"):  # a folded transpose
         raise NotImplementedError("reshape with dimensions")
     return em.op("reshape", ins[:1], _out_types(eqn))
 
 
 def lower_transpose(em: Emitter, eqn: Any, ins: list[Value]) -> list[Value]:
     return em.op("transpose", ins, _out_types(eqn), perm=_ints(eqn.params["permutation"]))
+
+
+def lower_rev(em: Emitter, eqn: Any, ins: list[Value]) -> list[Value]:
+    return em.op("reverse", ins, _out_types(eqn), dims=_ints(eqn.params["dimensions"]))
 
 
 def lower_iota(em: Emitter, eqn: Any, ins: list[Value]) -> list[Value]:
@@ -273,8 +278,8 @@ LOWERINGS: dict[str, Lowering] = {
     **dict.fromkeys(CUMULATIVE_KINDS, lower_cumulative),
     "dot_general": lower_dot_general, "broadcast_in_dim": lower_broadcast_in_dim,
     "reshape": lower_reshape, "squeeze": lower_reshape, "expand_dims": lower_reshape,
-    "transpose": lower_transpose, "iota": lower_iota, "concatenate": lower_concatenate,
-    "slice": lower_slice, "dynamic_slice": lower_dynamic_slice,
+    "transpose": lower_transpose, "rev": lower_rev, "iota": lower_iota,
+    "concatenate": lower_concatenate, "slice": lower_slice, "dynamic_slice": lower_dynamic_slice,
     "dynamic_update_slice": lower_dynamic_update_slice, "pad": lower_pad, "split": lower_split,
     "sort": lower_sort, "top_k": lower_top_k, "gather": lower_gather,
     "scatter-add": lower_scatter_add, "scatter_add": lower_scatter_add,

@@ -120,3 +120,14 @@ def dynamic_update_slice_rule(
         op_f.append(fs.new(size, not whole))
         upd_f.append(op_f[-1] if whole else fs.new(upd_size, True))
     return fs.rule([op_f, upd_f] + [[] for _ in ins[2:]], [list(op_f)])
+
+
+def reverse_rule(
+    ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Mapping[str, object]
+) -> ShardingRule:
+    """``rev``: reversed dims need replication (a split one would swap shards between
+    devices); the others pass through."""
+    fs = _Factors()
+    reversed_dims = set(_tuple(attrs, "dims"))
+    dims = [fs.new(size, d in reversed_dims) for d, size in enumerate(ins[0].shape)]
+    return fs.rule([dims], [list(dims)])

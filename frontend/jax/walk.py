@@ -32,7 +32,8 @@ INLINED = {
     "remat": "jaxpr",
 }  # fmt: skip
 
-# Identity-like primitives: outputs are the inputs (user constraints are replaced by the plan).
+# Identity-like primitives: outputs are the inputs (user constraints are replaced by the plan;
+# capture records them as pins first, see ``Walker.pass_through``).
 PASS_THROUGH = frozenset(
     {"sharding_constraint", "device_put", "optimization_barrier", "mesh_cast", "reshard", "pvary"}
 )
@@ -84,6 +85,10 @@ class Walker(Generic[T]):
         """A scan walked once: its final carries and stacked results."""
         raise NotImplementedError
 
+    def pass_through(self, eqn: Any, ins: list[T]) -> list[T]:
+        """An identity-like equation (``PASS_THROUGH``): no step, the outputs are the inputs."""
+        return ins[: len(eqn.outvars)]
+
     # -- the walk --------------------------------------------------------------------------
     def run(self, jaxpr: Any, consts: list[Any], args: list[Any]) -> list[Any]:
         env: dict[Any, Any] = {}
@@ -128,7 +133,7 @@ class Walker(Generic[T]):
             finally:
                 self.call_sites.pop()
         if name in PASS_THROUGH:
-            return ins[: len(eqn.outvars)]
+            return self.pass_through(eqn, ins)
         if name == "scan":
             return self._scan(eqn, ins)
         outs = self.apply(eqn, ins)

@@ -17,10 +17,11 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from ...ir import FrontendError, Graph, Role, Value
+from ...ir import FrontendError, Graph, Mesh, Role, Sharding, Value
 from ...passes.stamp_layers import StampedGraph
 from ...passes.stamp_layers import stamp_layers as stamp_graph
 from . import optim, stack
+from .annotate import dtensor_parameter_pins
 from .lower import Lowering, add_input, infer_modules, lower_node
 from .trace import Traced, trace
 
@@ -79,9 +80,25 @@ class TorchContext:
     """Every aten call of the step in execution order (marks and ``getitem`` left out)."""
     stamped: bool = False
     """Layers past the third were stamped, not traced: ``steps`` is empty (no replay)."""
+    pins: dict[str, Sharding] = field(default_factory=dict)
+    """IR value name -> ``shardplan.annotate`` pin; parameter FQN -> a DTensor parameter's
+    placements (``annotate.py``). ``sp.plan`` applies them (``user_pins``)."""
     partial_semantics: object = field(default_factory=lambda: _dtensor_semantics())
     """What DTensor runs: partials pass through linear ops; a dim split over several axes
     lists them in mesh order (see solver/costs.py, docs/torch.md)."""
+
+    def user_pins(self, mesh: Mesh | None) -> dict[str, Sharding]:
+        """The model's own annotations as pins, checked against ``mesh``'s axis names."""
+        if mesh is not None:
+            for key, pin in self.pins.items():
+                missing = sorted(pin.used_axes - set(mesh.axis_names))
+                if missing:
+                    raise FrontendError(
+                        f"the model pins %{key} to {pin} (shardplan.annotate or a DTensor "
+                        f"parameter), but the planner mesh {mesh} has no axis {missing[0]!r}; "
+                        "name the planner mesh's axes as the annotations do"
+                    )
+        return dict(self.pins)
 
 
 def _dtensor_semantics() -> object:
@@ -143,6 +160,7 @@ def _capture(model, example_inputs, mode, loss_fn, spec, name) -> tuple[Graph, T
     graph = Graph(name or type(model).__name__)
     context = TorchContext(mode=mode, tied=traced.tied, optimizer=spec)
     context.module_kinds = {path: _kind(m) for path, m in model.named_modules()}
+    context.pins = dtensor_parameter_pins(model)
     _lower(traced, graph, context)
     return graph, context
 
@@ -161,6 +179,7 @@ def _stamped_context(context: TorchContext, stamped: StampedGraph) -> TorchConte
     context.state_values = stack.rename_keyed(context.state_values, stamped, names_of)
     context.module_inputs = stack.rename_keyed(context.module_inputs, stamped, names_of)
     context.module_outputs = stack.rename_keyed(context.module_outputs, stamped, name)
+    context.pins = stack.rename_pins(context.pins, stamped)
     context.steps = []
     context.stamped = True
     return context
@@ -194,7 +213,7 @@ def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
                 context.steps.append(_step(low, node, range(first, len(graph.ops))))
         elif node.op == "get_attr":
             add_input(low, node, Role.CONSTANT, node.target, module=low.module_of.get(node, ""))
-    _record_marks(context, low.marks)
+    _record_marks(context, low.marks, traced.pins)
     _set_outputs(traced, graph, low, context)
 
 
@@ -267,10 +286,12 @@ def _record_input(context: TorchContext, role: str, path: str, value: str) -> No
         context.input_slots.append(int(path[3:]) if path.startswith("arg") else path)
 
 
-def _record_marks(context: TorchContext, marks: dict[str, str]) -> None:
+def _record_marks(context: TorchContext, marks: dict[str, str], pins: list[Sharding]) -> None:
     for tag, value in marks.items():
         kind, _, rest = tag.partition(":")
-        if kind == "grad":
+        if kind == "pin":
+            context.pins[value] = pins[int(rest)]
+        elif kind == "grad":
             context.grad_values[rest] = value
         elif kind == "in":
             module, _, index = rest.rpartition(":")

@@ -13,12 +13,15 @@ from __future__ import annotations
 import contextlib
 from collections.abc import Iterator
 from dataclasses import dataclass
+from typing import TypeVar
 
 import torch
 from torch import nn
 
 from ...passes.repeated_layers import layer_key
 from ...passes.stamp_layers import StampedGraph, layer_path
+
+T = TypeVar("T")
 
 MIN_LAYERS = 6
 """Stacks shorter than this are traced whole (stamping saves little)."""
@@ -108,4 +111,21 @@ def rename_keyed(table: dict[str, object], stamped: StampedGraph, translate) -> 
             out[key] = entry
             for j in range(2, last):
                 out[layer_path(key, stack, 1, j)] = translate(entry, stamped.names[j])
+    return out
+
+
+def rename_pins(pins: dict[str, T], stamped: StampedGraph) -> dict[str, T]:
+    """Pins keyed by value name (or FQN) in a stamped graph: a template-layer value's pin is
+    copied to each copy of it, a traced last layer's moves with it; FQN keys are grown like
+    the other FQN-keyed tables (``rename_keyed``)."""
+    last = stamped.count - 1
+    out: dict[str, T] = {}
+    for key, pin in rename_keyed(pins, stamped, lambda entry, names: entry).items():
+        if key in stamped.names.get(last, {}):
+            out[stamped.names[last][key]] = pin
+            continue
+        out[key] = pin
+        for j in range(2, last):
+            if key in stamped.names.get(j, {}):
+                out[stamped.names[j][key]] = pin
     return out

@@ -52,6 +52,8 @@ class Traced:
     tied: dict[str, str] = field(default_factory=dict)
     """Alias FQN -> canonical FQN for parameters shared by several modules."""
     boundary_modules: list[str] = field(default_factory=list)
+    pins: list[Any] = field(default_factory=list)
+    """``shardplan.annotate`` pins, by the ``k`` of their ``pin:<k>`` mark (``annotate.py``)."""
 
 
 def mark(tensor: torch.Tensor, tag: str) -> torch.Tensor:
@@ -193,7 +195,9 @@ def trace(
             return tuple(flatten_outputs(call(p, b, xs)))
 
     step = train_step if train else forward
-    with fx_traceback.preserve_node_meta():
+    from .annotate import collecting
+
+    with fx_traceback.preserve_node_meta(), collecting() as pins:
         gm = make_fx(step, tracing_mode="fake", record_stack_traces=True)(
             fake_params, fake_buffers, states, fake_inputs
         )
@@ -205,7 +209,7 @@ def trace(
     placeholders += [Placeholder("input", f"arg{i}") for i in arg_slots]
     placeholders += [Placeholder("input", k) for k in kw_slots]
     outputs = _output_specs(gm, train, names, spec)
-    return Traced(gm, placeholders, outputs, names, tied, sorted(boundaries))
+    return Traced(gm, placeholders, outputs, names, tied, sorted(boundaries), pins)
 
 
 def _fake_states(mode: FakeTensorMode, spec: optim.OptimizerSpec, p: torch.Tensor) -> list:

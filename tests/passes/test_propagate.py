@@ -179,17 +179,27 @@ def test_propagate_conservative_stops_at_conflicts() -> None:
 
 
 def test_propagate_axis_used_once_per_op() -> None:
-    """i (from x) and k (from w) both want tp: the factor of the larger pinned tensor keeps it."""
-    for x_rows, expected in (
-        (64, Sharding.of("tp", None)),
-        (16, Sharding.of(None, None, partial={"tp"})),
-    ):
+    """i (from x) and k (from w) both want tp: the pass-through factor i keeps it whichever
+    tensor is larger, so the result is row-split rather than a pending sum (what Shardy does:
+    ``conflict-matmul-rows-small-lhs`` in tests/frontend/jax/shardy_cases.py)."""
+    for x_rows in (64, 16):
         g = Graph("axis_once", mesh=MESH)
         x = g.add_input("x", _t(x_rows, 64), sharding=Sharding.of("tp", None), pinned=True)
         w = g.add_input("w", _t(64, 32), sharding=Sharding.of("tp", None), pinned=True)
         y = g.add_op("dot", [x, w], [_t(x_rows, 32)]).result
         propagate(g)
-        assert y.sharding == expected
+        assert y.sharding == Sharding.of("tp", None)
+
+
+def test_propagate_reduction_factor_takes_a_free_axis() -> None:
+    """Without a conflict the contracting factor keeps its axis: the result is partial."""
+    g = Graph("contract", mesh=MESH)
+    x = g.add_input("x", _t(16, 64), sharding=Sharding.of(None, "tp"), pinned=True)
+    w = g.add_input("w", _t(64, 32))
+    y = g.add_op("dot", [x, w], [_t(16, 32)]).result
+    propagate(g)
+    assert y.sharding == Sharding.of(None, None, partial={"tp"})
+    assert w.sharding == Sharding.of("tp", None)
 
 
 def test_propagate_refines_minor_axes_of_hints() -> None:
@@ -328,3 +338,32 @@ def test_propagate_scales_to_ten_thousand_ops() -> None:
     assert stats.converged
     assert stats.sweeps <= 3
     assert cur.sharding == Sharding.of("dp", None)
+
+
+def test_propagate_through_a_slice_of_a_sharded_dim() -> None:
+    """Shardy's permutation factors: the sliced dim keeps its axes where they divide both
+    sizes (``slice-sharded-dim`` in the Shardy harness); the planner's rule is unchanged."""
+    g = Graph("slice", mesh=MESH)
+    x = g.add_input("x", _t(16, 32), sharding=Sharding.of("dp", "tp"), pinned=True)
+    op = g.add_op("slice", [x], [_t(8, 32)], attrs={"start": (0, 0), "limit": (8, 32)})
+    c = g.add_op("concat", [op.result, op.result], [_t(16, 32)], attrs={"dimension": 0})
+    propagate(g)
+    assert op.result.sharding == Sharding.of("dp", "tp")
+    assert c.result.sharding == Sharding.of("dp", "tp")
+    assert op.rule.need_replication  # enumeration still prices the sliced dim as replicated
+
+
+def test_propagate_ties_a_scan_carry_to_its_next_iteration_value() -> None:
+    """A weight pinned inside the body reaches the open carry, and through it the loop's
+    initial value (``scan-carry-from-pinned-w`` in the Shardy harness)."""
+    g = Graph("scan", mesh=MESH)
+    x = g.add_input("x", _t(16, 32))
+    w = g.add_input("w", _t(32, 32), sharding=Sharding.of(None, "tp"), pinned=True)
+    carry = g.add_op("scan_carry", [x], [_t(16, 32)]).result
+    h = g.add_op("dot", [carry, w], [_t(16, 32)]).result
+    out = g.add_op("scan_loop", [h], [_t(16, 32)], attrs={"carry": carry.name}).result
+    g.set_outputs([out])
+    propagate(g)
+    assert h.sharding == Sharding.of(None, "tp")
+    assert carry.sharding == Sharding.of(None, "tp")
+    assert x.sharding == Sharding.of(None, "tp")
