@@ -35,6 +35,7 @@ from torch.distributed.device_mesh import init_device_mesh
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 HIDDEN, HEADS, LAYERS, VOCAB, BATCH, SEQ = 64, 8, 1, 128, 8, 8
+TIME_LIMIT = 20
 
 
 def _qwen2() -> object:
@@ -157,7 +158,7 @@ def _plan(family: Family, mesh: sp.Mesh, kind: str) -> sp.Plan:
     saved = [(v, v.sharding, v.pinned) for v in family.graph.values()]
     try:
         plan = plan_graph(
-            family.graph, mesh, pins=_pins(kind, family, mesh), time_limit=20,
+            family.graph, mesh, pins=_pins(kind, family, mesh), time_limit=TIME_LIMIT,
             semantics=family.context.partial_semantics,
             merge_followers=None if kind == "free" else True,
         )  # fmt: skip
