@@ -284,25 +284,23 @@ _IN_PLACE_ADDS = frozenset({torch.Tensor.add_, torch.Tensor.sub_})
 
 
 def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
-    """Attention on each rank's shards when queries, keys and values are split alike on batch
-    and heads only (every (batch, head) pair attends on its own; the IR's attention rule
-    splits no other dim). DTensor's math path instead folds batch and heads into one dim,
-    which it cannot express when heads are split over two mesh dims (``_StridedShard``).
-    None: not such a call (a mask, another split), left to DTensor."""
+    """Attention on each rank's shards, split alike on batch and heads only (every (batch,
+    head) pair attends on its own; with grouped-query attention a rank's block of query heads
+    uses the same rank's block of key/value heads). DTensor's math path instead folds batch
+    and heads into one dim, which it cannot express when heads are split over two mesh dims
+    (``_StridedShard``), and its strategy search on a 3-D mesh with q, k and v split unlike
+    takes minutes. Operands split otherwise are first moved to the batch/head splits all
+    three share (``shared_head_layout``). None: not such a call (a mask, a pending sum), left
+    to DTensor."""
     qkv = args[:3]
     if len(qkv) < 3 or not all(isinstance(t, DTensor) for t in qkv):
         return None
     if kwargs.get("attn_mask") is not None or len(args) > 3:
         return None
-    placements = tuple(qkv[0].placements)
-    if any(tuple(t.placements) != placements for t in qkv) or not any(
-        isinstance(p, Shard) for p in placements
-    ):
+    placements = shared_head_layout(qkv)
+    if placements is None:
         return None
-    if not all(isinstance(p, Replicate) or (isinstance(p, Shard) and p.dim < 2)
-               for p in placements):  # fmt: skip
-        return None
-    q, k, v = qkv
+    q, k, v = (redistribute(t, placements) for t in qkv)
     with torch.autograd.graph.saved_tensors_hooks(_same, _same):  # local tensors stay local
         local = func(q.to_local(), k.to_local(), v.to_local(), **kwargs)
     shape = (*q.shape[:-1], v.shape[-1])
@@ -310,6 +308,27 @@ def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
     return DTensor.from_local(
         local, q.device_mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride
     )
+
+
+def shared_head_layout(qkv: tuple) -> Placements | None:
+    """Per mesh dim: the batch (0) or head (1) split that q, k and v all have there, else
+    replicated; each split must divide every operand's dim evenly. None when an operand is
+    a pending sum or nothing would stay split (DTensor's own rule is fine then)."""
+    if any(isinstance(p, Partial) for t in qkv for p in t.placements):
+        return None
+    out: list[Placement] = []
+    for dim, p in enumerate(qkv[0].placements):
+        same = all(t.placements[dim] == p for t in qkv)
+        out.append(p if same and isinstance(p, Shard) and p.dim < 2 else Replicate())
+    mesh = qkv[0].device_mesh
+    for t in qkv:
+        for d in (0, 1):
+            n = math.prod(mesh.size(i) for i, p in enumerate(out) if p == Shard(d))
+            if t.shape[d] % n:
+                return None
+    if not any(isinstance(p, Shard) for p in out):
+        return None
+    return tuple(out)
 
 
 def _same(t: torch.Tensor) -> torch.Tensor:

@@ -48,6 +48,30 @@ def local_ranks(world_size: int) -> Iterator[None]:
         yield
 
 
+def own_copies(module: torch.nn.Module) -> torch.nn.Module:
+    """Give every simulated rank its own copy of each parameter that has one shared tensor.
+
+    ``distribute_tensor`` of a plain tensor to ``Replicate()`` (``src_data_rank=None``) keeps
+    that one tensor as every rank's local shard. An in-place optimizer update with per-rank
+    operands (a gradient moved by collectives is per rank) then runs once per simulated rank
+    on the shared tensor: the replicated parameter moved ``world_size`` times per step. Each
+    rank gets a clone (in place, keeping the ``nn.Parameter`` objects). Call inside
+    ``local_ranks``; a no-op outside it.
+    """
+    # Private: LocalTensor/rank_map are the only way to hold per-rank values in one process.
+    from torch.distributed._local_tensor import LocalTensor, enabled_local_tensor_mode, rank_map
+
+    if enabled_local_tensor_mode() is None:
+        return module
+    for param in module.parameters():
+        if not isinstance(param, DTensor) or isinstance(param._local_tensor, LocalTensor):
+            continue
+        shared = param._local_tensor.detach()
+        with torch.no_grad():
+            param._local_tensor = rank_map(lambda rank, t=shared: t.clone())
+    return module
+
+
 def rank0(tensor: Any) -> torch.Tensor:
     """The global value of a (local-)DTensor as rank 0 sees it, as a plain tensor."""
     if isinstance(tensor, DTensor):

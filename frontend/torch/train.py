@@ -31,7 +31,7 @@ def train_simulated(
     mesh = init_device_mesh("cpu", sizes, mesh_dim_names=plan.mesh.axis_names)
     losses = []
     with simulate.local_ranks(plan.mesh.size):
-        sharded = plan.apply(copy.deepcopy(model), mesh)
+        sharded = simulate.own_copies(plan.apply(copy.deepcopy(model), mesh))
         optimizer = torch.optim.AdamW(sharded.parameters(), lr=lr, foreach=False)
         for _ in range(steps):
             optimizer.zero_grad()

@@ -35,6 +35,9 @@ from torch.distributed.device_mesh import init_device_mesh
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 HIDDEN, HEADS, LAYERS, VOCAB, BATCH, SEQ = 64, 8, 1, 128, 8, 8
+TIME_LIMIT = 60
+"""Seconds per solve: on the shared 2-core machine a (2, 2, 2) free plan took 46 s to solve
+under load (no plan within 20 s); an unloaded solve ends well before."""
 
 
 def _qwen2() -> object:
@@ -157,7 +160,7 @@ def _plan(family: Family, mesh: sp.Mesh, kind: str) -> sp.Plan:
     saved = [(v, v.sharding, v.pinned) for v in family.graph.values()]
     try:
         plan = plan_graph(
-            family.graph, mesh, pins=_pins(kind, family, mesh), time_limit=20,
+            family.graph, mesh, pins=_pins(kind, family, mesh), time_limit=TIME_LIMIT,
             semantics=family.context.partial_semantics,
             merge_followers=None if kind == "free" else True,
         )  # fmt: skip
@@ -230,14 +233,13 @@ def _cell(family: str, mesh: str, kind: str) -> Cell:
 IDS = ["-".join(c) for c in CELLS]
 
 
-NUMERICS_GAPS = {
-    ("qwen2", "2x2x2", "free"),
-    ("qwen2", "2x2x2", "fsdp"),
-    ("gemma", "2x2x2", "tp_fsdp"),
-}
-"""Cells whose applied plan does not run, as measured on main: DTensor's view rule meets a
-``_StridedShard`` made by a dim split over two of the three mesh axes and cannot reshape it
-(``docs/torch.md``, "Layouts DTensor runs"). Open work, tracked in the README."""
+NUMERICS_GAPS = {("gemma", "2x2x2", "tp_fsdp")}
+"""Cells whose applied plan does not run, as measured. Qwen2 free and FSDP on (2, 2, 2) run
+since ``apply`` runs attention with q, k and v split unlike on local shards
+(``emit.local_attention``). Gemma TP x FSDP on (2, 2, 2) under ``apply`` alone: DTensor's
+lookup in a vocabulary-split table with ids split over ``(dp, fsdp)`` leaves a mask of the
+ids' local shape that the next op's reduction cannot apply ("The shape of the mask [2, 8] ...
+does not match"; ``docs/torch.md``, "Emission matrix"). Open work."""
 
 COLLECTIVE_GAPS = {
     ("qwen2", "8", "free"),
@@ -296,7 +298,7 @@ def _marked(cells: list, gaps: set, reason: str, strict: bool) -> list:
 
 @pytest.mark.parametrize(
     ("family", "mesh", "kind"),
-    _marked(CELLS, NUMERICS_GAPS, "DTensor cannot reshape this _StridedShard layout", False),
+    _marked(CELLS, NUMERICS_GAPS, "DTensor's vocabulary-split lookup mask", False),
     ids=IDS,
 )
 def test_emitted_plan_matches_plain_model(family: str, mesh: str, kind: str) -> None:
