@@ -38,9 +38,8 @@ MESHES = {
 }
 KINDS = ("free", "fsdp", "megatron")
 PLAN_TIME_LIMIT = {2: 60, 3: 30}
-"""Solver seconds by mesh rank: the 2-D cells solve in 1-66 s on a busy 2-core box; the 3-D
-cells of the GQA decoder and GPT find no plan within 120 s today (the 3-D solve is being sped
-up), so they fail here, loudly, within the CI budget."""
+"""Solver seconds by mesh rank: every cell, (2, 2, 2) included, plans within these limits on a
+busy 2-core box (a cell that did not would fail here, loudly, within the CI budget)."""
 
 
 def _model(name: str):
@@ -124,8 +123,20 @@ _PARTIAL_EDGE = (
     "XLA's dot partitioner picks its own reduction (reduce-scatter over dp,fsdp, all-reduce "
     "and permutes); numerics match"
 )
+_SPLIT_SUM = (
+    "a pending sum over (dp, fsdp, tp) that the plan reduces in one collective (the loss, a "
+    "reduce-scatter of a gradient): XLA reduces it in two, over dp and over (fsdp, tp) (all-"
+    "reduces of 4 B and 8 KiB each); numerics match"
+)
+_SLICED_ALL_REDUCE = (
+    "inside the scanned body the plan all-reduces a pending sum over tp (8 KiB) and its only "
+    "reader takes half: XLA's all-reduce + dynamic-slice is the 4 KiB reduce-scatter the plan "
+    "did not choose (it over-prices); numerics match"
+)
 KNOWN_COLLECTIVE_GAPS = {
     ("mlp", "2x2x2", "megatron"): _PARTIAL_EDGE,
+    ("gqa", "2x2x2", "free"): _SPLIT_SUM,
+    ("gpt-scan2", "2x2x2", "free"): _SLICED_ALL_REDUCE,
 }
 """Cells whose compiled collectives differ from the plan's, as measured: strict, so a cell that
 starts matching fails here until it is taken off this list."""
