@@ -129,23 +129,30 @@ _SPLIT_SUM = (
     "reduces of 4 B and 8 KiB each); numerics match"
 )
 _SLICED_ALL_REDUCE = (
-    "inside the scanned body the plan all-reduces a pending sum over tp (8 KiB) and its only "
-    "reader takes half: XLA's all-reduce + dynamic-slice is the 4 KiB reduce-scatter the plan "
-    "did not choose (it over-prices); numerics match"
+    "depends on the plan the 30 s solve reaches on a loaded box: one plan matches; another "
+    "all-reduces a pending sum over tp (8 KiB) inside the scanned body whose only reader takes "
+    "half, and XLA's all-reduce + dynamic-slice is the 4 KiB reduce-scatter the plan did not "
+    "choose (it over-prices); numerics match either way"
 )
+NOT_STRICT = {("gpt-scan2", "2x2x2", "free")}
+"""Known gaps that show only in some of the plans a time-limited solve returns (measured: one
+run matched, one did not)."""
 KNOWN_COLLECTIVE_GAPS = {
     ("mlp", "2x2x2", "megatron"): _PARTIAL_EDGE,
     ("gqa", "2x2x2", "free"): _SPLIT_SUM,
     ("gpt-scan2", "2x2x2", "free"): _SLICED_ALL_REDUCE,
 }
-"""Cells whose compiled collectives differ from the plan's, as measured: strict, so a cell that
-starts matching fails here until it is taken off this list."""
+"""Cells whose compiled collectives differ from the plan's, as measured: strict (but for
+``NOT_STRICT``), so a cell that starts matching fails here until it is taken off this list."""
 
 
 def _collective_cells() -> list:
     return [
         pytest.param(
-            *cell, marks=pytest.mark.xfail(strict=True, reason=KNOWN_COLLECTIVE_GAPS[cell])
+            *cell,
+            marks=pytest.mark.xfail(
+                strict=cell not in NOT_STRICT, reason=KNOWN_COLLECTIVE_GAPS[cell]
+            ),
         )
         if cell in KNOWN_COLLECTIVE_GAPS
         else cell
