@@ -31,6 +31,7 @@ infinite cost. Target partial ⊆ source partial is fine: those axes simply stay
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from functools import lru_cache
 
 from shardplan.ir.errors import ShardingError
@@ -150,9 +151,7 @@ class _Walk:
             for c, t in zip(self.cur, self.target, strict=True)
         ):
             return False
-        moved = {a for d in range(len(self.cur)) for a in self.wrong(d)}
-        moved |= {a for d, t in enumerate(self.target) for a in t[self.kept(d) :]}
-        self.emit("collective-permute", moved)
+        self.emit("collective-permute", permuted_axes(self.cur, self.target, mesh))
         self.cur = [list(t) for t in self.target]
         return True
 
@@ -185,8 +184,7 @@ class _Walk:
             staged.append(list(want) + rest)
         if staged == self.cur:
             return False
-        moved = {a for cur, new in zip(self.cur, staged, strict=True) for a in _moved(cur, new)}
-        self.emit("collective-permute", moved)
+        self.emit("collective-permute", permuted_axes(self.cur, staged, self.mesh))
         self.cur = staged
         return True
 
@@ -215,15 +213,31 @@ class _Walk:
         self.emit("all-gather", axes)
 
 
-def _moved(cur: list[str], new: list[str]) -> list[str]:
-    """Axes whose place in a dim changes (a common major prefix and minor suffix stay put)."""
-    lo = 0
-    while lo < min(len(cur), len(new)) and cur[lo] == new[lo]:
-        lo += 1
-    hi = 0
-    while hi < min(len(cur), len(new)) - lo and cur[-1 - hi] == new[-1 - hi]:
-        hi += 1
-    return cur[lo : len(cur) - hi] + new[lo : len(new) - hi]
+def permuted_axes(
+    src: Sequence[Sequence[str]], dst: Sequence[Sequence[str]], mesh: Mesh
+) -> set[str]:
+    """Mesh axes along which a collective-permute from layout ``src`` to ``dst`` (the same shard
+    count per dim) moves data: the axes where some device's coordinate differs from its
+    partner's. XLA pairs the two tile assignments position by position: a device's position is
+    its shard index per dim (the dim's axes, major first) and then its replica index (the
+    unused axes in mesh order), and the device at the same position of the other layout is
+    its partner. Flattened, a position is a mixed-radix number over the axes in that order;
+    an axis keeps every device's coordinate exactly when its digit has the same weight (the
+    product of the sizes after it) in both orders. (``[{"tp","dp","fsdp"}] ->
+    [{"fsdp","dp","tp"}]`` moves over fsdp and tp only.)"""
+    sizes = dict(mesh.axes)
+
+    def weights(layout: Sequence[Sequence[str]]) -> dict[str, int]:
+        used = [a for d in layout for a in d]
+        order = used + [a for a in mesh.axis_names if a not in used]
+        out, weight = {}, 1
+        for axis in reversed(order):
+            out[axis] = weight
+            weight *= sizes[axis]
+        return out
+
+    before, after = weights(src), weights(dst)
+    return {a for a in mesh.axis_names if sizes[a] > 1 and before[a] != after[a]}
 
 
 Step = tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]]

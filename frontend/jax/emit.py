@@ -284,7 +284,7 @@ def _reshard_paths(plan: Plan) -> tuple[Paths, Paths, Paths]:
     results: Paths = {}
     outputs: Paths = {}
     for r in plan.reshards:
-        layouts = pinned_layouts(r.src, r.dst, r.collectives)
+        layouts = pinned_layouts(r.src, r.dst, r.collectives, plan.mesh)
         kind, _, where = r.consumer.partition(":")
         if kind == "op":
             op, operand = where.split(":")

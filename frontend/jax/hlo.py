@@ -5,8 +5,8 @@ Handles the replica-group syntaxes of XLA's HLO printer: explicit ``{{0,1},{2,3}
 ``[2,4]<=[8]`` (optionally transposed), and mesh form ``mesh['axis_0'=2,'axis_1'=4] {'axis_1'}``
 (optionally with ``device_ids=([2,4]T(1,0))``). Combined (tuple) all-reduces and all-gathers count
 once per element, the way the plan lists them; CPU's tuple all-to-all counts once. CPU lowers a
-reduce-scatter to all-reduce + dynamic-slice of its result, so that pattern counts as one
-reduce-scatter with the slice's bytes.
+reduce-scatter to all-reduce + dynamic-slice of its result, so that pattern (every reader takes
+the same ``1/group`` slice) counts as one reduce-scatter with the slice's bytes.
 """
 
 from __future__ import annotations
@@ -183,21 +183,34 @@ def _permute_axes(attrs: str, mesh: Mesh) -> tuple[str, ...] | None:
 
 
 def _slice_only_bytes(table: dict[str, _Instruction], params: dict, name: str) -> int | None:
-    """Bytes of the dynamic-slice(s) that are the only users of ``name``, looking into fusions."""
-    sizes = []
+    """Bytes of the dynamic-slices that are the only users of ``name`` (looking into fusions),
+    when they all slice the same number of bytes; None otherwise."""
+    sizes = set()
     for user_name, index in table[name].users:
         user = table[user_name]
         if user.opcode == "dynamic-slice" and index == 0:
-            sizes.append(sum(type_bytes(user.type)))
+            sizes.add(sum(type_bytes(user.type)))
         elif user.opcode == "fusion" and (m := re.search(r"calls=%([\w.\-]+)", user.attrs)):
             inner = params.get((m.group(1), index))
             found = _slice_only_bytes(table, params, inner) if inner else None
             if found is None:
                 return None
-            sizes.append(found)
+            sizes.add(found)
         else:
             return None
-    return max(sizes) if sizes else None
+    return sizes.pop() if len(sizes) == 1 else None
+
+
+def _scattered_bytes(
+    table: dict[str, _Instruction], params: dict, name: str, nbytes: int, group: int | None
+) -> int | None:
+    """The shard bytes when an all-reduce's result is only read as its ``1/group`` slice (XLA's
+    reduce-scatter pattern); None when any reader keeps more (readers that slice it apart,
+    e.g. one by a sub-group of the reduction, read a reduced tensor: it stays an all-reduce)."""
+    scattered = _slice_only_bytes(table, params, name) if name in table else None
+    if scattered is None or not group or scattered * group != nbytes:
+        return None
+    return scattered
 
 
 def _element_names(
@@ -233,8 +246,12 @@ def collectives(hlo: str, mesh: Mesh) -> list[HloCollective]:
             names = _element_names(table, inst, len(element_bytes))
             entries = [(n or inst.name, b) for n, b in zip(names, element_bytes, strict=True)]
         for name, nbytes in entries:
-            scattered = _slice_only_bytes(table, params, name) if kind == "all-reduce" else None
-            if scattered is not None and name in table:
+            scattered = (
+                _scattered_bytes(table, params, name, nbytes, size)
+                if kind == "all-reduce"
+                else None
+            )
+            if scattered is not None:
                 out.append(HloCollective("reduce-scatter", scattered, size, axes, inst.name))
             else:
                 out.append(HloCollective(kind, nbytes, size, axes, inst.name))

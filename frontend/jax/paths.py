@@ -13,7 +13,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ...costmodel.collective import Collective
-from ...ir import Sharding, ShardplanError
+from ...costmodel.reshard import reshard_steps
+from ...ir import Mesh, Sharding, ShardplanError
 
 
 class _Layout:
@@ -77,15 +78,83 @@ def replay(
     return steps if steps and steps[-1] == dst else None
 
 
+def walk_layouts(
+    src: Sharding, dst: Sharding, collectives: Sequence[Collective], mesh: Mesh
+) -> list[Sharding] | None:
+    """Every layout the cost model's walk passes through, in order, ending with ``dst``: before
+    each collective (after the free slices that precede it, including a permute's staged
+    slices) and right after it. None when the walk does not give ``collectives``.
+
+    Pinning each one leaves XLA one step per constraint: a slice to a sub-tiling (a local
+    dynamic-slice) or exactly the priced collective. Given a partially replicated layout and a
+    target that is no sub-tiling of it, XLA's partitioner slices to a tiling of the target's
+    shape and then permutes (``[{"dp"}, {}] -> [{"tp"}, {"dp"}]``: one permute where the walk
+    priced an all-to-all of ``dp`` then a slice of ``tp``; ``[{"tp"}] -> [{"tp", "fsdp"}]``
+    with ``dp`` free: its slice takes the major free axis ``dp`` and permutes), so the
+    layouts between the walk's collectives must be pinned too.
+    """
+    steps = reshard_steps(src, dst, mesh)
+    if [(k, tuple(a)) for k, a, _ in steps] != [(c.kind, tuple(c.axes)) for c in collectives] and [
+        (k, tuple(a)) for k, a, _ in steps
+    ] != [(c.kind, _mesh_order(c.axes, mesh)) for c in collectives]:
+        return None
+    layout = _Layout(src, dst)
+    out: list[Sharding] = []
+
+    def push(dims: Sequence[Sequence[str]]) -> None:
+        sharding = Sharding(tuple(tuple(d) for d in dims), frozenset(layout.partial))
+        if not out or out[-1] != sharding:
+            out.append(sharding)
+
+    layout.settle()
+    for kind, axes, after in steps:
+        push(layout.dims)  # after the free slices since the last collective
+        if kind == "collective-permute":
+            push(after)  # a permute's layout is the one it moves (its staged slices)
+            layout.dims = _permuted(after, dst.dims, mesh)
+        elif kind in ("all-reduce", "reduce-scatter"):
+            layout.partial -= set(axes)
+            layout.dims = [list(d) for d in after]
+        else:
+            layout.dims = [list(d) for d in after]
+        push(layout.dims)
+        layout.settle()
+    push(layout.dims)
+    if out[-1] != dst:
+        return None
+    return out
+
+
+def _mesh_order(axes: Sequence[str], mesh: Mesh) -> tuple[str, ...]:
+    return tuple(a for a in mesh.axis_names if a in axes)
+
+
+def _permuted(
+    staged: Sequence[Sequence[str]], target: Sequence[Sequence[str]], mesh: Mesh
+) -> list[list[str]]:
+    """The layout after a walk permute of ``staged``: the target when every dim already has
+    the target's shard count, else (permute, then gather) the target's axes first, the rest
+    after them (``costmodel.reshard._Walk.permute_to_gather``)."""
+    if all(
+        mesh.group_size(tuple(c)) == mesh.group_size(tuple(t))
+        for c, t in zip(staged, target, strict=True)
+    ):
+        return [list(t) for t in target]
+    return [list(t) + [a for a in c if a not in t] for c, t in zip(staged, target, strict=True)]
+
+
 def pinned_layouts(
-    src: Sharding, dst: Sharding, collectives: Sequence[Collective]
+    src: Sharding, dst: Sharding, collectives: Sequence[Collective], mesh: Mesh | None = None
 ) -> list[Sharding]:
-    """The non-partial layouts after each collective of a reshard, ending with ``dst``.
+    """The non-partial layouts a reshard passes through, ending with ``dst``: with ``mesh``,
+    every layout of the cost model's walk (``walk_layouts``); without it, or when the walk
+    does not give these collectives, the layout after each collective (``replay``).
 
     Partial layouts are left out: ``Auto`` mode cannot express a pending sum.
     """
-    steps = replay(src, dst, collectives) or [dst]
-    return [s for s in steps if not s.partial]
+    steps = walk_layouts(src, dst, collectives, mesh) if mesh is not None else None
+    steps = steps or replay(src, dst, collectives) or [dst]
+    return [s for s in steps if not s.partial and s != src]
 
 
 def distinct_collectives(reshards: Sequence[object]) -> list[Collective]:

@@ -6,10 +6,12 @@ sixteenth 2,048 bytes.
 
 from __future__ import annotations
 
+import itertools
 import math
 
 import pytest
 from shardplan.costmodel import get_cluster, reshard, reshard_time
+from shardplan.costmodel.reshard import permuted_axes
 from shardplan.ir.errors import ShardingError
 from shardplan.ir.mesh import Mesh
 from shardplan.ir.sharding import Sharding
@@ -167,3 +169,62 @@ def test_reshard_refine_or_coarsen_a_dim_in_another_order_goes_through_a_permute
         ("collective-permute", ("dp", "tp"), eighth),
         ("all-gather", ("dp",), FULL // 4),
     ]
+
+
+def test_permute_axes_are_those_its_device_pairs_cross() -> None:
+    """A permute moves data along the axes where a device and its partner differ, pairing the
+    two layouts' tile assignments position by position as XLA does (replicas in mesh order)."""
+    mesh = Mesh({"dp": 2, "fsdp": 2, "tp": 2})
+    # dp keeps its place in the middle: only fsdp and tp swap
+    ops = plan(S(None, ("tp", "dp", "fsdp")), S(None, ("fsdp", "dp", "tp")), mesh)
+    assert ops == [("collective-permute", ("fsdp", "tp"), FULL // 8)]
+    # a staged slice of fsdp (dp free, replicated on both sides): dp stays put
+    ops = plan(S("tp", None), S(("fsdp", "tp"), None), mesh)
+    assert ops == [("collective-permute", ("fsdp", "tp"), FULL // 4)]
+    # one axis for another: dp-shard i of replica (fsdp, tp) = r goes to the tp-shard i of
+    # replica (dp, fsdp) = r, so every axis moves
+    assert permuted_axes([["dp"], []], [["tp"], []], mesh) == {"dp", "fsdp", "tp"}
+    assert permuted_axes([["dp", "tp"]], [["dp", "tp"]], mesh) == set()
+
+
+def _brute_force_permuted_axes(src, dst, mesh: Mesh) -> set[str]:
+    """Pair every device with the device at its tile-assignment position in ``dst`` (XLA's
+    permute pairs) and collect the axes where the two differ."""
+    names, sizes = mesh.axis_names, dict(mesh.axes)
+
+    def order(layout):
+        used = [a for d in layout for a in d]
+        return used + [a for a in names if a not in used]
+
+    src_order, dst_order = order(src), order(dst)
+    moved = set()
+    for coords in itertools.product(*(range(sizes[a]) for a in names)):
+        at = dict(zip(names, coords, strict=True))
+        flat = 0
+        for a in src_order:
+            flat = flat * sizes[a] + at[a]
+        partner = {}
+        for a in reversed(dst_order):
+            flat, partner[a] = divmod(flat, sizes[a])
+        moved |= {a for a in names if partner[a] != at[a]}
+    return moved
+
+
+@pytest.mark.parametrize("shape", [(2, 2, 2), (2, 4), (4, 2), (2, 1, 4), (2, 3)])
+def test_permuted_axes_closed_form_equals_the_device_pairs(shape) -> None:
+    mesh = Mesh(dict(zip(("x", "y", "z"), shape, strict=False)))
+    names = mesh.axis_names
+    layouts = []
+    for assign in itertools.product((None, 0, 1), repeat=len(names)):
+        dims = [[a for a, d in zip(names, assign, strict=True) if d == k] for k in (0, 1)]
+        for first in itertools.permutations(dims[0]):
+            for second in itertools.permutations(dims[1]):
+                layouts.append([list(first), list(second)])
+    checked = 0
+    for src in layouts:
+        for dst in layouts:
+            counts = [mesh.group_size(tuple(d)) for d in src]
+            if counts == [mesh.group_size(tuple(d)) for d in dst]:
+                assert permuted_axes(src, dst, mesh) == _brute_force_permuted_axes(src, dst, mesh)
+                checked += 1
+    assert checked > len(layouts)

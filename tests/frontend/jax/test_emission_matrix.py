@@ -38,9 +38,8 @@ MESHES = {
 }
 KINDS = ("free", "fsdp", "megatron")
 PLAN_TIME_LIMIT = {2: 60, 3: 30}
-"""Solver seconds by mesh rank: the 2-D cells solve in 1-66 s on a busy 2-core box; the 3-D
-cells of the GQA decoder and GPT find no plan within 120 s today (the 3-D solve is being sped
-up), so they fail here, loudly, within the CI budget."""
+"""Solver seconds by mesh rank: every cell, (2, 2, 2) included, plans within these limits on a
+busy 2-core box (a cell that did not would fail here, loudly, within the CI budget)."""
 
 
 def _model(name: str):
@@ -118,31 +117,42 @@ def test_plan_jit_matches_the_unsharded_step(model, mesh, kind):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
-_PERMUTES = (
-    "XLA moves this multi-axis reshard with collective-permutes where the cost model prices "
-    "all-to-alls (numerics match; the cost model's all-to-all price is the gap)"
+_PARTIAL_EDGE = (
+    "a dot's pending sum read by one op and reduced by its edge in several steps (reduce-"
+    "scatter fsdp, all-to-all tp, all-reduce dp): Auto mode cannot pin a partial layout, so "
+    "XLA's dot partitioner picks its own reduction (reduce-scatter over dp,fsdp, all-reduce "
+    "and permutes); numerics match"
 )
-_REDUCE_SCATTER = (
-    "XLA reduce-scatters a row-parallel output that is only read sliced, where the plan "
-    "all-reduces it (numerics match; the plan over-prices it)"
+_SPLIT_SUM = (
+    "a pending sum over (dp, fsdp, tp) that the plan reduces in one collective (the loss, a "
+    "reduce-scatter of a gradient): XLA reduces it in two, over dp and over (fsdp, tp) (all-"
+    "reduces of 4 B and 8 KiB each); numerics match"
 )
+_SLICED_ALL_REDUCE = (
+    "depends on the plan the 30 s solve reaches on a loaded box: one plan matches; another "
+    "all-reduces a pending sum over tp (8 KiB) inside the scanned body whose only reader takes "
+    "half, and XLA's all-reduce + dynamic-slice is the 4 KiB reduce-scatter the plan did not "
+    "choose (it over-prices); numerics match either way"
+)
+NOT_STRICT = {("gpt-scan2", "2x2x2", "free")}
+"""Known gaps that show only in some of the plans a time-limited solve returns (measured: one
+run matched, one did not)."""
 KNOWN_COLLECTIVE_GAPS = {
-    ("gqa", "2x4", "free"): _REDUCE_SCATTER,
-    ("gqa", "4x2", "free"): _REDUCE_SCATTER,
-    ("gqa", "2x2x2", "free"): _REDUCE_SCATTER,
-    ("gpt1", "2x4", "megatron"): _PERMUTES,
-    ("gpt1", "4x2", "megatron"): _PERMUTES,
-    ("gpt1", "2x2x2", "megatron"): _PERMUTES,
-    ("mlp", "2x2x2", "megatron"): _PERMUTES,
+    ("mlp", "2x2x2", "megatron"): _PARTIAL_EDGE,
+    ("gqa", "2x2x2", "free"): _SPLIT_SUM,
+    ("gpt-scan2", "2x2x2", "free"): _SLICED_ALL_REDUCE,
 }
-"""Cells whose compiled collectives differ from the plan's, as measured: strict, so a cell that
-starts matching fails here until it is taken off this list."""
+"""Cells whose compiled collectives differ from the plan's, as measured: strict (but for
+``NOT_STRICT``), so a cell that starts matching fails here until it is taken off this list."""
 
 
 def _collective_cells() -> list:
     return [
         pytest.param(
-            *cell, marks=pytest.mark.xfail(strict=True, reason=KNOWN_COLLECTIVE_GAPS[cell])
+            *cell,
+            marks=pytest.mark.xfail(
+                strict=cell not in NOT_STRICT, reason=KNOWN_COLLECTIVE_GAPS[cell]
+            ),
         )
         if cell in KNOWN_COLLECTIVE_GAPS
         else cell

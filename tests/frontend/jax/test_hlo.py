@@ -105,3 +105,32 @@ def test_compare_prints_both_lists_on_mismatch():
     ):
         compare(predicted, compiled, MESH)
     compare([Collective("all-reduce", ("model",), 2048)], compiled, MESH)
+
+
+def test_all_reduce_read_as_a_smaller_slice_stays_an_all_reduce():
+    """Readers that slice an all-reduce over 8 devices into quarters (a sub-group's split) read
+    a reduced tensor: XLA keeps the all-reduce (GQA decoder on (2, 4), where the checker once
+    counted it as a reduce-scatter of the quarter)."""
+    hlo = """
+%fused (param_0: f32[8,8,32], param_1: s32[]) -> f32[8,8,8] {
+  %param_0 = f32[8,8,32]{2,1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %ds = f32[8,8,8]{2,1,0} dynamic-slice(%param_0, %zero, %zero, %param_1),
+      dynamic_slice_sizes={8,8,8}
+}
+
+ENTRY %main (p0: f32[8,8,32], p1: s32[]) -> f32[8,8,8] {
+  %p0 = f32[8,8,32]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %ar = f32[8,8,32]{2,1,0} all-reduce(%p0), replica_groups=[1,8]<=[8], to_apply=%add
+  ROOT %f = f32[8,8,8]{2,1,0} fusion(%ar, %p1), kind=kLoop, calls=%fused
+}
+"""
+    found = collectives(hlo, MESH)
+    assert [(c.kind, c.bytes, c.axes) for c in found] == [("all-reduce", 8192, ("data", "model"))]
+    eighth = hlo.replace("f32[8,8,8]", "f32[8,8,4]").replace("sizes={8,8,8}", "sizes={8,8,4}")
+    found = collectives(eighth, MESH)
+    assert [(c.kind, c.bytes, c.axes) for c in found] == [
+        ("reduce-scatter", 1024, ("data", "model"))
+    ]
