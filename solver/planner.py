@@ -163,7 +163,7 @@ def _plan_space(
         weighted = clock("overlap", problem.copy)
         clock("overlap", weight_edges, weighted, space)
         objectives.append(weighted)
-    merges = _merge_variants(o, space, quick)
+    merges = _merge_variants(o, space, quick, not memory.cannot_bind(problem))
     last = len(merges) - 1  # shrinking changes a problem: earlier merge choices take copies
     variants = [(p if n == last else p.copy(), m) for n, m in enumerate(merges) for p in objectives]
     plans: list[tuple[Plan, list[int], float]] = []
@@ -341,7 +341,7 @@ def tie_loop_carries(problem: Problem, space: Space) -> None:
         problem.eliminate(follower, leader, mapping)
 
 
-def _merge_variants(o: _Options, space: Space, quick: bool) -> list[bool]:
+def _merge_variants(o: _Options, space: Space, quick: bool, binds: bool) -> list[bool]:
     """Which of follower-merged (True) and exact (False) to solve (``MERGE_FOLLOWERS_ABOVE``,
     ``EXACT_UP_TO``); an axis-search step (``quick``) merges."""
     if o.merge_followers is not None:
@@ -350,8 +350,9 @@ def _merge_variants(o: _Options, space: Space, quick: bool) -> list[bool]:
         return [True]
     if len(space.graph.ops) <= MERGE_FOLLOWERS_ABOVE:
         return [True, False]  # small enough to also solve exactly
-    if _shared_decisions(space, o.share_layers) <= EXACT_UP_TO:
+    if not binds and _shared_decisions(space, o.share_layers) <= EXACT_UP_TO:
         return [False]  # exact: eliminating chains keeps it about as small as merging would
+    # (not under a binding memory limit: peak rows name nodes, so nothing is eliminated)
     return [True]
 
 
