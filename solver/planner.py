@@ -350,9 +350,12 @@ def _merge_variants(o: _Options, space: Space, quick: bool, binds: bool) -> list
         return [True]
     if len(space.graph.ops) <= MERGE_FOLLOWERS_ABOVE:
         return [True, False]  # small enough to also solve exactly
-    if not binds and _shared_decisions(space, o.share_layers) <= EXACT_UP_TO:
+    looped = any(op.repeat != 1 for op in space.graph.ops)
+    if not (binds or looped) and _shared_decisions(space, o.share_layers) <= EXACT_UP_TO:
         return [False]  # exact: eliminating chains keeps it about as small as merging would
-    # (not under a binding memory limit: peak rows name nodes, so nothing is eliminated)
+    # Not under a binding memory limit (peak rows name nodes, so nothing is eliminated), nor
+    # for scan bodies: the scanned GPT's exact plan runs one all-gather XLA inserts and the
+    # plan does not predict (examples/jax_gpt.py --scan's check), so loops stay merged.
     return [True]
 
 
