@@ -130,7 +130,10 @@ KNOWN_COLLECTIVE_GAPS = {
     ("gqa", "2x4", "free"): _REDUCE_SCATTER,
     ("gqa", "4x2", "free"): _REDUCE_SCATTER,
     ("gqa", "2x2x2", "free"): _REDUCE_SCATTER,
-    ("gpt1", "2x4", "megatron"): _PERMUTES,
+    ("gpt1", "4x2", "free"): (
+        "the exact (unmerged) plan reduce-scatters four tp-partial values that XLA all-reduces "
+        "and then collective-permutes over (dp,tp) (numerics match; the plan under-prices it)"
+    ),
     ("gpt1", "4x2", "megatron"): _PERMUTES,
     ("gpt1", "2x2x2", "megatron"): _PERMUTES,
     ("mlp", "2x2x2", "megatron"): _PERMUTES,
