@@ -135,6 +135,10 @@ KNOWN_COLLECTIVE_GAPS = {
         "and then collective-permutes over (dp,tp) (numerics match; the plan under-prices it)"
     ),
     ("gpt1", "4x2", "megatron"): _PERMUTES,
+    ("gpt1", "2x2x2", "free"): (
+        "the plan reduce-scatters a fsdp-partial value that XLA all-reduces and then "
+        "collective-permutes over (dp,fsdp) (numerics match; the plan under-prices it)"
+    ),
     ("gpt1", "2x2x2", "megatron"): _PERMUTES,
     ("mlp", "2x2x2", "megatron"): _PERMUTES,
 }
