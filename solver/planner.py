@@ -50,6 +50,12 @@ strategy and cannot see its own consumers, so it may slice a replicated value fo
 gathering it back to them (measured: 4.3x the exact optimum on the JAX MLP step on dp=8, see
 docs/design.md). It is a scale device: graphs up to this many ops are also solved exactly."""
 
+EXACT_UP_TO = 1000
+"""Larger graphs whose repeated layers share variables down to at most this many decisions are
+solved without follower merging (exactly), and not merged: exact chain elimination
+(``solver/eliminate.py``) shrinks them about as much, and the merged optimum was 4x worse on
+the unrolled JAX GPT (docs/design.md, "Planning speed")."""
+
 
 def plan_graph(
     graph: Graph,
@@ -159,9 +165,7 @@ def _plan_space(
         weighted = clock("overlap", problem.copy)
         clock("overlap", weight_edges, weighted, space)
         objectives.append(weighted)
-    merges = [o.merge_followers] if o.merge_followers is not None else [True]
-    if o.merge_followers is None and len(space.graph.ops) <= MERGE_FOLLOWERS_ABOVE and not quick:
-        merges.append(False)  # small enough to also solve exactly
+    merges = _merge_variants(o, space, quick, not memory.cannot_bind(problem))
     last = len(merges) - 1  # shrinking changes a problem: earlier merge choices take copies
     variants = [(p if n == last else p.copy(), m) for n, m in enumerate(merges) for p in objectives]
     plans: list[tuple[Plan, list[int], float]] = []
@@ -379,6 +383,32 @@ def tie_loop_carries(problem: Problem, space: Space) -> None:
         index = {s.results[0]: n for n, s in enumerate(space.strategies[follower])}
         mapping = np.array([index[s.results[0]] for s in space.strategies[leader]])
         problem.eliminate(follower, leader, mapping)
+
+
+def _merge_variants(o: _Options, space: Space, quick: bool, binds: bool) -> list[bool]:
+    """Which of follower-merged (True) and exact (False) to solve (``MERGE_FOLLOWERS_ABOVE``,
+    ``EXACT_UP_TO``); an axis-search step (``quick``) merges."""
+    if o.merge_followers is not None:
+        return [o.merge_followers]
+    if quick:
+        return [True]
+    if len(space.graph.ops) <= MERGE_FOLLOWERS_ABOVE:
+        return [True, False]  # small enough to also solve exactly
+    looped = any(op.repeat != 1 for op in space.graph.ops)
+    if not (binds or looped) and _shared_decisions(space, o.share_layers) <= EXACT_UP_TO:
+        return [False]  # exact: eliminating chains keeps it about as small as merging would
+    # Not under a binding memory limit (peak rows name nodes, so nothing is eliminated), nor
+    # for scan bodies: the scanned GPT's exact plan runs one all-gather XLA inserts and the
+    # plan does not predict (examples/jax_gpt.py --scan's check), so loops stay merged.
+    return [True]
+
+
+def _shared_decisions(space: Space, share_layers: bool) -> int:
+    """Decision nodes left once repeated layers share variables (before follower merging)."""
+    if share_layers and space.repeated is None:
+        space.repeated = find_repeated_layers(space.graph)
+    shared = space.repeated.num_shared if share_layers else 0  # type: ignore[union-attr]
+    return len(space.strategies) - shared
 
 
 def _hints(space: Space) -> dict[int, int]:

@@ -44,6 +44,9 @@ class Problem:
     memory_limit: float | None = None
     eliminated: list[tuple[int, int, np.ndarray]] = field(default_factory=list)
     """(follower, leader, leader strategy -> follower strategy), in elimination order."""
+    chains: list = field(default_factory=list)
+    """``solver.eliminate.Eliminated`` records (exact eliminations, after every follower's),
+    in elimination order."""
     alive: list[bool] = field(default_factory=list)
     adjacency: dict[int, set[int]] = field(default_factory=dict)
     """Node -> ids of the edges touching it."""
@@ -73,7 +76,7 @@ class Problem:
         return Problem(
             list(self.names), [c.copy() for c in self.node_costs], edges,
             None if self.memory is None else [m.copy() for m in self.memory],
-            self.memory_limit, list(self.eliminated), list(self.alive),
+            self.memory_limit, list(self.eliminated), list(self.chains), list(self.alive),
             {n: set(ids) for n, ids in self.adjacency.items()}, self._next_edge,
         )  # fmt: skip
 
@@ -149,6 +152,8 @@ class Problem:
     def expand(self, choice: list[int]) -> list[int]:
         """Fill in eliminated nodes from their leaders (reverse elimination order)."""
         full = list(choice)
+        for record in reversed(self.chains):
+            full[record.node] = record.pick(full)
         for f, ld, mapping in reversed(self.eliminated):
             full[f] = int(mapping[full[ld]])
         return full
@@ -170,21 +175,31 @@ class Problem:
         for key, e in self.edge_table.items():
             by_pair.setdefault((min(e.u, e.v), max(e.u, e.v)), []).append(key)
         for (u, v), keys in sorted(by_pair.items()):
-            if len(keys) < 2:
-                continue
-            edges = [self._remove(k) for k in keys]
-            if (same := _same_groups(edges, u, v)) is not None:  # copies of one layer's edge
-                self.add_grouped_edge(u, v, *same)
-                continue
-            u_keys = np.stack([e.u_group if e.u == u else e.v_group for e in edges], axis=1)
-            v_keys = np.stack([e.v_group if e.v == v else e.u_group for e in edges], axis=1)
-            u_rows, u_group = np.unique(u_keys, axis=0, return_inverse=True)
-            v_rows, v_group = np.unique(v_keys, axis=0, return_inverse=True)
-            cost = np.zeros((len(u_rows), len(v_rows)))
-            for i, e in enumerate(edges):
-                block = e.cost if e.u == u else e.cost.T
-                cost += block[np.ix_(u_rows[:, i], v_rows[:, i])]
-            self.add_grouped_edge(u, v, u_group.reshape(-1), v_group.reshape(-1), cost)
+            if len(keys) >= 2:
+                _merge(self, u, v, keys)
+
+
+def merge_parallel(problem: Problem, a: int, b: int) -> None:
+    """Merge the edges between ``a`` and ``b`` (if several) into one."""
+    keys = sorted(problem.adjacency.get(a, set()) & problem.adjacency.get(b, set()))
+    if len(keys) >= 2:
+        _merge(problem, min(a, b), max(a, b), keys)
+
+
+def _merge(problem: Problem, u: int, v: int, keys: list[int]) -> None:
+    edges = [problem._remove(k) for k in keys]
+    if (same := _same_groups(edges, u, v)) is not None:  # copies of one layer's edge
+        problem.add_grouped_edge(u, v, *same)
+        return
+    u_keys = np.stack([e.u_group if e.u == u else e.v_group for e in edges], axis=1)
+    v_keys = np.stack([e.v_group if e.v == v else e.u_group for e in edges], axis=1)
+    u_rows, u_group = np.unique(u_keys, axis=0, return_inverse=True)
+    v_rows, v_group = np.unique(v_keys, axis=0, return_inverse=True)
+    cost = np.zeros((len(u_rows), len(v_rows)))
+    for i, e in enumerate(edges):
+        block = e.cost if e.u == u else e.cost.T
+        cost += block[np.ix_(u_rows[:, i], v_rows[:, i])]
+    problem.add_grouped_edge(u, v, u_group.reshape(-1), v_group.reshape(-1), cost)
 
 
 def _same_groups(edges: list[Edge], u: int, v: int) -> tuple | None:
