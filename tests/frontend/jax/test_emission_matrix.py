@@ -140,6 +140,11 @@ run matched, one did not)."""
 KNOWN_COLLECTIVE_GAPS = {
     ("mlp", "2x2x2", "megatron"): _PARTIAL_EDGE,
     ("gqa", "2x2x2", "free"): _SPLIT_SUM,
+    ("gqa", "2x2x2", "megatron"): (
+        "the exact plan reduce-scatters fsdp- and tp-partial values onto layouts XLA reaches by "
+        "all-reduces and collective-permutes over (dp,fsdp) (numerics match; the plan "
+        "under-prices it)"
+    ),
     ("gpt-scan2", "2x2x2", "free"): _SLICED_ALL_REDUCE,
     ("gpt1", "4x2", "free"): (
         "the exact (unmerged) plan reduce-scatters four tp-partial values that XLA all-reduces "
