@@ -52,7 +52,7 @@ docs/design.md). It is a scale device: graphs up to this many ops are also solve
 
 EXACT_UP_TO = 1000
 """Larger graphs whose repeated layers share variables down to at most this many decisions are
-solved without follower merging (exactly), and not merged: exact chain elimination
+solved exactly, without follower merging: exact chain elimination
 (``solver/eliminate.py``) shrinks them about as much, and the merged optimum was 4x worse on
 the unrolled JAX GPT (docs/design.md, "Planning speed")."""
 
@@ -165,7 +165,8 @@ def _plan_space(
         weighted = clock("overlap", problem.copy)
         clock("overlap", weight_edges, weighted, space)
         objectives.append(weighted)
-    merges = _merge_variants(o, space, quick, not memory.cannot_bind(problem))
+    binds = not memory.cannot_bind(problem)
+    merges = _merge_variants(o, space, quick, binds)
     last = len(merges) - 1  # shrinking changes a problem: earlier merge choices take copies
     variants = [(p if n == last else p.copy(), m) for n, m in enumerate(merges) for p in objectives]
     plans: list[tuple[Plan, list[int], float]] = []
@@ -173,7 +174,7 @@ def _plan_space(
     warm = {**_hints(space), **(hints or {})}
     seeded = o.baseline is not None and not quick and o.recompute is True
     priced = 0.0  # seconds spent pricing the hand-written strategies: not the solver's time
-    if seeded and not memory.cannot_bind(problem):  # the limit binds: start from a baseline
+    if seeded and binds:  # the limit binds: start from a baseline
         if not o.baseline.called:  # priced on this problem, not one plan_graph per strategy
             shrunk = partial(shrink, space=space, share_layers=o.share_layers, merge_followers=True)
             priced = time.perf_counter()
@@ -306,8 +307,8 @@ class _Clock:
         try:
             result = fn(*args, **kwargs)
         finally:
-            self.seconds[phase] = self.seconds.get(phase, 0.0) + time.perf_counter() - start
-        seconds = time.perf_counter() - start
+            seconds = time.perf_counter() - start
+            self.seconds[phase] = self.seconds.get(phase, 0.0) + seconds
         if progress.enabled() and (phase in _REPORTED or seconds >= 1.0):
             progress.report(phase, "%s (%.1f s)", _found(result), seconds)
         return result
