@@ -258,19 +258,23 @@ def _torch_emit():
 
 
 # Emitters live in frontend/ (the only place torch/jax are imported); Plan forwards to them.
-def _plan_in_shardings(self: Plan, jax_mesh):
-    """Pytree of NamedSharding matching the example arguments."""
-    return _jax_emit().in_shardings(self, jax_mesh)
+def _plan_in_shardings(self: Plan, jax_mesh=None):
+    """Pytree of NamedSharding matching the example arguments (default mesh: ``make_jax_mesh``)."""
+    return _jax_emit().in_shardings(self, _jax_emit().mesh_or_default(self, jax_mesh))
 
 
-def _plan_out_shardings(self: Plan, jax_mesh):
-    """Pytree of NamedSharding matching the function's outputs."""
-    return _jax_emit().out_shardings(self, jax_mesh)
+def _plan_out_shardings(self: Plan, jax_mesh=None):
+    """Pytree of NamedSharding matching the function's outputs (default mesh as above)."""
+    return _jax_emit().out_shardings(self, _jax_emit().mesh_or_default(self, jax_mesh))
 
 
-def _plan_jit(self: Plan, fn, jax_mesh):
-    """``jax.jit`` of ``fn`` with planned in/out shardings and internal sharding constraints."""
-    return _jax_emit().jit(self, fn, jax_mesh)
+def _plan_jit(self: Plan, fn=None, jax_mesh=None):
+    """``jax.jit`` of ``fn`` with planned in/out shardings and internal sharding constraints.
+
+    ``fn`` defaults to the planned function, ``jax_mesh`` to ``make_jax_mesh(plan)`` (the first
+    devices, the plan's axis names, Auto axis types)."""
+    emit = _jax_emit()
+    return emit.jit(self, fn or emit.planned_function(self), emit.mesh_or_default(self, jax_mesh))
 
 
 def _plan_to_partition_specs(self: Plan):

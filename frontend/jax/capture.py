@@ -58,6 +58,8 @@ class JaxContext:
     operand may be a size-1-dims reshape of the step's operand (see ``emit.relayout``)."""
     unroll_scans: bool = False
     """Scans were captured iteration by iteration (else each body once)."""
+    fn: Callable[..., Any] | None = None
+    """The planned function (``plan.jit()`` compiles it when given no other)."""
     constraints: dict[str, Constraint] = field(default_factory=dict)
     """IR value name -> the user's ``with_sharding_constraint`` / ``reshard`` on it (the last
     one wins); ``sp.plan`` pins them (``user_pins``)."""
@@ -340,7 +342,7 @@ def capture(
         inputs.append(graph.add_input("_".join(keys), ir_type(aval), role, Origin(path=path)))
     out_tree = jax.tree_util.tree_structure(out_shape)
     names = [v.name for v in inputs]
-    context = JaxContext(closed, in_tree, out_tree, names, [], unroll_scans=unroll_scans)
+    context = JaxContext(closed, in_tree, out_tree, names, [], unroll_scans=unroll_scans, fn=fn)
     walker = _Capture(graph, context)
     walker.unroll = unroll_scans
     outs = [walker.materialize(v) for v in walker.run_closed(closed, inputs)]

@@ -298,6 +298,18 @@ def _reshard_paths(plan: Plan) -> tuple[Paths, Paths, Paths]:
     return edges, results, outputs
 
 
+def mesh_or_default(plan: Plan, jax_mesh: jax.sharding.Mesh | None) -> jax.sharding.Mesh:
+    return make_jax_mesh(plan) if jax_mesh is None else jax_mesh
+
+
+def planned_function(plan: Plan) -> Callable[..., Any]:
+    """The function ``plan`` was captured from (``plan.jit()`` without ``fn``)."""
+    fn = _context(plan).fn
+    if fn is None:
+        raise FrontendError("this plan does not hold its function; call plan.jit(fn, jax_mesh)")
+    return fn
+
+
 def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
     """``jax.jit(fn)`` with the planned in/out shardings and every planned intermediate layout.
 

@@ -76,6 +76,18 @@ def test_jit_matches_unsharded_numerics(shape):
     assert got[0]["w1"].sharding.spec == PartitionSpec(None, "tp")
 
 
+def test_jit_defaults_to_the_planned_function_and_mesh():
+    """``plan.jit()`` with no arguments: the captured function on ``make_jax_mesh(plan)``."""
+    step, args = jax_mlp.make()
+    plan = _hand_plan(step, args, Mesh({"dp": 2, "tp": 4}), _megatron)
+    got = plan.jit()(*args)
+    want = jax.jit(step)(*args)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(a, b, rtol=1e-5, atol=1e-6)
+    assert got[0]["w1"].sharding.spec == PartitionSpec(None, "tp")
+    assert plan.in_shardings()[2]["x"].spec == PartitionSpec("dp", None)
+
+
 def test_pinned_layouts_replay_each_planned_step():
     src = Sharding.of("tp", None, None, partial=["dp"])
     dst = Sharding.of(None, None, None)
