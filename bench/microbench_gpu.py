@@ -29,6 +29,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from record import WallClock, add_record_argument, save_record
 
 GPU_GEMMS = [
     (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
@@ -120,7 +121,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("measurements.json"))
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on CPU (smoke test)")
     parser.add_argument("--iters", type=int, default=10)
+    add_record_argument(parser)
     args = parser.parse_args(argv)
+    clock = WallClock()
     cpu = args.cpu or not torch.cuda.is_available()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
@@ -146,6 +149,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.out}: {len(result['matmul'])} GEMMs, {len(result['hbm'])} copies, "
               f"{len(result['collectives'])} collectives")  # fmt: skip
+        save_record(args, "microbench_gpu", results=result, wall_times=clock.total(),
+                    inputs={"world_size": world, "local_world_size": local})  # fmt: skip
     return 0
 
 
