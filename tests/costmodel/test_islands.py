@@ -19,6 +19,7 @@ from shardplan.costmodel import (
 )
 from shardplan.costmodel.collective import COLLECTIVE_KINDS
 from shardplan.ir import Graph, Mesh, Origin, Role, Sharding, TensorType
+from shardplan.solver.mesh_search import format_candidates, mesh_candidates, search_mesh
 from shardplan.whatif import scale_cluster, whatif
 
 GB = 1e9
@@ -201,3 +202,27 @@ def test_whatif_halving_dcn_bandwidth_follows_the_closed_form():
     assert kinds in (["all-gather", "all-reduce", "reduce-scatter"], ["all-reduce"])
     assert expected > 1e-3  # the gradient (16 MB) crosses the DCN
     assert half.step_time - full.step_time == pytest.approx(expected, rel=1e-6)
+
+
+def test_mesh_candidates_add_an_island_split_of_dp():
+    flat = mesh_candidates(128, 8)
+    shapes = mesh_candidates(128, 8, 64)
+    assert [s for s in shapes if "dcn" not in s] == flat  # the two-level search is unchanged
+    split = [s for s in shapes if "dcn" in s]
+    assert {"pp": 1, "dcn": 2, "dp": 8, "tp": 8} in split
+    assert {"pp": 1, "dcn": 2, "dp": 32, "tp": 2} in split
+    for s in split:  # dp x tp (x pp's share) fills exactly one island; pp never covers them all
+        assert s["pp"] == 1
+        assert s["dp"] * s["tp"] == 64
+    assert mesh_candidates(64, 8, 64) == mesh_candidates(64, 8)  # one island: nothing to split
+
+
+def test_mesh_search_on_islands_lists_the_axes_crossing_them():
+    graph = one_linear_layer(batch=256, width=512)
+    plan = search_mesh(graph, 16, ISLANDS.name, max_stages=1, time_limit=10)
+    by_shape = {tuple(c.mesh.items()): c for c in plan.candidates}
+    assert by_shape[(("pp", 1), ("dcn", 2), ("dp", 4), ("tp", 2))].across_islands == ("dcn",)
+    assert by_shape[(("pp", 1), ("dp", 8), ("tp", 2))].across_islands == ("dp",)
+    assert by_shape[(("pp", 1), ("dp", 16), ("tp", 1))].across_islands == ("dp",)
+    assert plan.step_time == min(c.step_time for c in plan.candidates if c.step_time)
+    assert "across islands: dcn" in format_candidates(plan.candidates)
