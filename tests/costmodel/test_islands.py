@@ -15,6 +15,7 @@ from shardplan.costmodel import (
     collective_time,
     get_cluster,
     group_link,
+    load_cluster,
     register_cluster,
 )
 from shardplan.costmodel.collective import COLLECTIVE_KINDS
@@ -226,3 +227,17 @@ def test_mesh_search_on_islands_lists_the_axes_crossing_them():
     assert by_shape[(("pp", 1), ("dp", 16), ("tp", 1))].across_islands == ("dp",)
     assert plan.step_time == min(c.step_time for c in plan.candidates if c.step_time)
     assert "across islands: dcn" in format_candidates(plan.candidates)
+
+
+def test_cluster_file_with_islands(tmp_path):
+    path = tmp_path / "two-pods.toml"
+    path.write_text(
+        'name = "h100-two-pods"\nbase = "h100-sxm"\n'
+        'islands = [{ devices = 64, bandwidth = 5e9, latency = 40e-6, name = "wan" }]\n'
+    )
+    cluster = load_cluster(path, register=False)
+    assert cluster.islands == (IslandLevel(64, LinkLevel("wan", 5e9, 40e-6)),)
+    assert cluster.intra_node == get_cluster("h100-sxm").intra_node
+    # a level left without its link inherits the base's: only the island size changes
+    resized = cluster_from_dict({"base": "h100-superpod-dcn", "islands": [{"devices": 512}]})
+    assert resized.islands[0].link == get_cluster("h100-superpod-dcn").islands[0].link
