@@ -23,7 +23,7 @@ def two_records(tmp_path_factory) -> tuple[Path, Path]:
     for name in ("a.json", "b.json"):
         command = [
             sys.executable, "bench/scale.py", "--quick", "--sources", "ir", "--layers", "1",
-            "--meshes", "dp=2,tp=2", "--out", str(out), "--record", str(out / name),
+            "--meshes", "dp=2", "--out", str(out), "--record", str(out / name),
         ]  # fmt: skip
         done = subprocess.run(command, cwd=ROOT, capture_output=True, text=True, timeout=600)
         assert done.returncode == 0, done.stderr[-2000:]
@@ -44,13 +44,13 @@ def test_scale_records_validate_against_the_schema(two_records):
         assert record["packages"]["shardplan"]
         assert record["packages"]["ortools"]
         assert record["inputs"]["layers"] == [1]
-        assert record["inputs"]["meshes"] == ["dp=2,tp=2"]
+        assert record["inputs"]["meshes"] == ["dp=2"]
         assert record["inputs"]["model"]["dim"] == 4096
         (row,) = record["results"]
         assert row["source"] == "ir"
         assert row["layers"] == 1
         assert row["step_ms"] > 0
-        assert record["wall_times"]["total"] >= record["wall_times"]["ir L=1 dp=2,tp=2"] > 0
+        assert record["wall_times"]["total"] >= record["wall_times"]["ir L=1 dp=2"] > 0
 
 
 def test_validator_rejects_what_the_schema_forbids(two_records):

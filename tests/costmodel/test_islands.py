@@ -47,6 +47,11 @@ def test_levels_and_axis_links():
     assert axis_links(straddle, ISLANDS) == {"dp": "inter-island", "x": "inter-island"}
     link = group_link(("x",), straddle, ISLANDS)
     assert (link.level, link.inner_size, link.inner.level) == ("inter-island", 8, "inter-node")
+    # a pipeline axis across islands hands activations over the DCN
+    pipe = Mesh({"pp": 2, "dp": 2, "tp": 4}, cluster=ISLANDS.name)
+    hop = group_link(("pp",), pipe, ISLANDS)
+    assert (hop.p2p_bandwidth, hop.latency) == (1 * GB, 50e-6)
+    assert group_link(("dp",), pipe, ISLANDS).level == "inter-node"
     # the two-level cluster is untouched
     assert axis_links(Mesh({"dp": 4, "tp": 4}), get_cluster("cpu-test")) == {
         "dp": "inter-node", "tp": "intra-node",
