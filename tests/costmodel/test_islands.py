@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from dataclasses import replace
 
 import pytest
 from shardplan.costmodel import (
@@ -246,3 +247,39 @@ def test_cluster_file_with_islands(tmp_path):
     # a level left without its link inherits the base's: only the island size changes
     resized = cluster_from_dict({"base": "h100-superpod-dcn", "islands": [{"devices": 512}]})
     assert resized.islands[0].link == get_cluster("h100-superpod-dcn").islands[0].link
+
+
+def test_three_island_levels_price_recursively():
+    """Pods of 8 devices (1 GB/s, 50 us) inside sites of 16 (0.5 GB/s, 100 us): a dp group of 8
+    (one member per node) runs RS/AG over 2 pods inside a site, each itself RS/AG over 2 nodes,
+    and all-reduces across the 2 sites. By hand, for S bytes:
+      RS over the site (result S/4) = [10 us + S/2 / 10 GB/s] + [50 us + S/4 / 1 GB/s]
+      AR across sites on S/4       = 100 us + (S/4) / 0.5 GB/s
+      AG over the site (result S)  = [50 us + S/4 / 1 GB/s] + [10 us + S/2 / 10 GB/s]
+    """
+    sites = cluster_from_dict(
+        {
+            "base": "cpu-test",
+            "name": "cpu-test-sites",
+            "islands": [
+                {"devices": 8, "bandwidth": 1 * GB, "latency": 50e-6},
+                {"devices": 16, "bandwidth": 0.5 * GB, "latency": 100e-6},
+            ],
+        }
+    )
+    register_cluster(sites)
+    mesh = Mesh({"dp": 8, "tp": 4}, cluster=sites.name)
+    assert [name for name, _, _ in sites.levels][2:] == ["inter-island", "inter-island-2"]
+    assert axis_links(mesh, sites) == {"dp": "inter-island-2", "tp": "intra-node"}
+    s = 80e6
+    expected = 220e-6 + s / 10e9 + s / 1e9
+    assert collective_time("all-reduce", s, "dp", mesh) == pytest.approx(expected)
+    link = group_link(("dp",), mesh, sites)
+    assert (link.inner_size, link.inner.inner_size, link.inner.inner.level) == (4, 2, "inter-node")
+    # halving only the outer DCN adds exactly its bandwidth term, (S/4) / 0.5 GB/s
+    outer_half = replace(sites, name="cpu-test-sites-slow", islands=(
+        sites.islands[0], IslandLevel(16, LinkLevel("dcn", 0.25 * GB, 100e-6)),
+    ))  # fmt: skip
+    register_cluster(outer_half)
+    slow = collective_time("all-reduce", s, "dp", Mesh(mesh.axes, cluster=outer_half.name))
+    assert slow - expected == pytest.approx((s / 4) / (0.5 * GB))
