@@ -77,6 +77,9 @@ class Cluster:
     collective whose group has ``k`` members in each node runs ``k`` rings side by side, one NIC
     each, so it drains at ``min(k * nic, intra busbw)`` (see ``costmodel/links.py``). An
     all-to-all across nodes gets no such aggregation: ``all_to_all_bandwidth`` per device.
+
+    ``islands`` adds levels above the network (pods / slices / sites joined by a DCN); a
+    cluster without them is the two-level cluster above, priced exactly as before.
     """
 
     name: str
