@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 from . import progress
@@ -36,7 +36,7 @@ class Evaluation:
     memory: dict[str, int]
     fits: bool
     memory_limit: float
-    plan: Plan
+    plan: Plan = field(repr=False)
 
     def memory_breakdown(self):
         return self.plan.memory_breakdown()

@@ -178,7 +178,7 @@ def fit(measurements: Mapping[str, object] | str | Path, cluster: Cluster | str 
     start = default_calibration(base)
     changes: dict[str, float] = {}
     changes.update(_fit_matmul(data.get("matmul", []), base))
-    changes.update(_fit_attention(data.get("attention", []), base))
+    changes.update(_fit_attention(data.get("attention", []), base, data.get("attention_train", ())))
     changes.update(_fit_memory(data.get("hbm", []), base))
     changes.update(_fit_links(data.get("collectives", []), base))
     src = f"fitted from {data.get('device', 'measurements')} ({data.get('date', 'undated')})"
@@ -195,7 +195,7 @@ def _load(measurements: Mapping[str, object] | str | Path) -> Mapping[str, objec
 
 
 def _fit_matmul(rows, cluster: Cluster) -> dict[str, float]:
-    pts = [(float(r["flops"]), float(r["seconds"]), str(r.get("dtype", "bf16"))) for r in rows]
+    pts = [(float(r["flops"]), _gpu_seconds(r), str(r.get("dtype", "bf16"))) for r in rows]
     pts = [(f, s, d) for f, s, d in pts if f > 0 and s > 0]
     if len(pts) < 2:
         return {}
@@ -210,9 +210,25 @@ def _fit_matmul(rows, cluster: Cluster) -> dict[str, float]:
     return out
 
 
-def _fit_attention(rows, cluster: Cluster) -> dict[str, float]:
-    """Median achieved fraction of peak over the fused-attention runs (causal FLOPs)."""
-    effs = [
+def _gpu_seconds(row: Mapping[str, object]) -> float:
+    """A row's GPU-side time: its CUDA-graph replay time where measured (the host's launch
+    cost of an eager call is not the kernel's), else its plain time."""
+    graph = row.get("graph_seconds")
+    return float(graph) if graph else float(row["seconds"])
+
+
+def _fit_attention(rows, cluster: Cluster, train_rows=()) -> dict[str, float]:
+    """Median achieved fraction of peak over the fused-attention runs (causal FLOPs).
+
+    Training rows (forward + backward, causal, sequences of 4K and longer, where a step's
+    attention time goes) take precedence over forward-only rows: the planner prices training.
+    """
+    train = [
+        float(r["fwd_bwd_flops"]) / (float(r["fwd_bwd_seconds"]) * cluster.peak("bf16"))
+        for r in train_rows
+        if r.get("causal") and int(r["seq"]) >= 4096 and float(r["fwd_bwd_seconds"]) > 0
+    ]
+    effs = train or [
         float(r["flops"]) / (float(r["seconds"]) * cluster.peak(str(r.get("dtype", "bf16"))))
         for r in rows
         if float(r["seconds"]) > 0

@@ -207,6 +207,17 @@ class Plan:
     def __str__(self) -> str:
         return self.report()
 
+    def __repr__(self) -> str:
+        """One line (the dataclass default printed the whole graph: megabytes for a model)."""
+        from .report import format_bytes
+
+        pipeline = f", {len(self.pipeline.stages)} stages" if self.pipeline else ""
+        return (
+            f"<Plan {self.graph.name} on {self.mesh}: step {self.step_time * 1e3:.3g} ms, "
+            f"peak {format_bytes(self.peak_memory_bytes)}, {len(self.reshards)} reshards"
+            f"{pipeline}, {self.solver.status}>"
+        )
+
     def explain(self, name: str):
         """Why the tensor ``name`` (value name or parameter path) has its layout: the chosen
         sharding, the cheapest alternatives with their modelled compute / communication /

@@ -94,3 +94,16 @@ def test_units():
     assert format_seconds(1.25e-5) == "12.5 µs"
     assert format_seconds(0.25) == "250 ms"
     assert format_seconds(2.0) == "2 s"
+
+
+def test_plan_and_evaluation_reprs_are_one_line():
+    """The dataclass default repr printed the whole graph (megabytes for a real model)."""
+    import shardplan as sp
+
+    plan = _make_plan()
+    assert "\n" not in repr(plan)
+    assert len(repr(plan)) < 200
+    assert repr(plan).startswith(f"<Plan {plan.graph.name} on ")
+    ev = sp.evaluate(plan.graph, mesh=plan.mesh, strategy=sp.strategies.dp())
+    assert "plan=" not in repr(ev)
+    assert len(repr(ev)) < 600

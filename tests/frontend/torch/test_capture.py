@@ -117,3 +117,18 @@ def test_capture_custom_loss_fn(examples) -> None:  # type: ignore[no-untyped-de
     model, (x,) = examples["torch_mlp"].make(batch=8, dim=4, hidden=8)
     graph, _ = capture(model, x, loss_fn=lambda out, x: (out - x).abs().sum())
     assert any(op.kind == "abs" for op in graph.ops)
+
+
+def test_capture_attention_dropout_is_the_fused_kernel() -> None:
+    """A GPU runs attention dropout inside flash attention; the CPU trace must not fall back to
+    the math path (score matrices, softmax, dropout as ops) that the cost model prices unfused."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    config = GPT2Config(vocab_size=64, n_embd=32, n_layer=1, n_head=2, n_positions=16,
+                        attn_pdrop=0.1)  # fmt: skip
+    model = GPT2LMHeadModel(config)
+    ids = torch.randint(0, 64, (2, 16))
+    graph, _ = capture(model, {"input_ids": ids, "labels": ids})
+    kinds = [op.kind for op in graph.ops]
+    assert kinds.count("attention") == 1
+    assert "softmax" not in kinds  # the loss uses log_softmax; scores would add softmax
