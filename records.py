@@ -1,6 +1,7 @@
 """Reproducible benchmark records (Collective Mind): what ran, where, on what, and what came out.
 
-Every ``bench/*.py`` takes ``--record out.json`` and writes one record: the schema version, the
+Every ``bench/*.py`` takes ``--record out.json`` (``add_record_argument``, ``WallClock``,
+``save_record`` below) and writes one record: the schema version, the
 command, the git commit, the machine (CPU, cores, memory), Python and package versions, the
 inputs (model shapes, mesh, cluster, seeds), the results and the wall times. A record validates
 against ``record.schema.json`` (``validate_record``: a small validator for the JSON-schema
@@ -11,6 +12,7 @@ results. Nothing here imports torch or jax: package versions come from installed
 
 from __future__ import annotations
 
+import argparse
 import datetime as _dt
 import json
 import os
@@ -18,7 +20,9 @@ import platform
 import re
 import subprocess
 import sys
-from collections.abc import Mapping, Sequence
+import time
+from collections.abc import Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from importlib import metadata
 from pathlib import Path
 from typing import Any
@@ -121,6 +125,59 @@ def load_record(path: str | Path) -> dict[str, Any]:
             "hint: write one with a bench script's --record option"
         )
     return record
+
+
+# -- for the bench scripts: --record, phase clocks, writing ----------------------------------
+def add_record_argument(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument(
+        "--record", type=Path, metavar="OUT.json",
+        help="also write a reproducible benchmark record (env, inputs, results, wall times)",
+    )  # fmt: skip
+
+
+class WallClock:
+    """Named wall-clock phases: ``with clock("solve"): ...``; ``clock.times`` in seconds."""
+
+    def __init__(self) -> None:
+        self.start = time.perf_counter()
+        self.times: dict[str, float] = {}
+
+    @contextmanager
+    def __call__(self, name: str) -> Iterator[None]:
+        began = time.perf_counter()
+        try:
+            yield
+        finally:
+            self.times[name] = self.times.get(name, 0.0) + time.perf_counter() - began
+
+    def total(self) -> dict[str, float]:
+        """The phases plus ``total``: seconds since the clock was made."""
+        return {**self.times, "total": time.perf_counter() - self.start}
+
+
+def save_record(
+    args: argparse.Namespace,
+    benchmark: str,
+    *,
+    results: Any,
+    wall_times: Mapping[str, float],
+    inputs: Mapping[str, Any] | None = None,
+) -> Path | None:
+    """Write the record to ``args.record`` when it was given; print where it went.
+
+    The record's inputs are the script's arguments (all but ``--record``) plus ``inputs``
+    (model shapes, meshes, clusters, seeds the script fixes itself).
+    """
+    path = getattr(args, "record", None)
+    if path is None:
+        return None
+    inputs = {**{k: v for k, v in vars(args).items() if k != "record"}, **(inputs or {})}
+    record = make_record(
+        benchmark, inputs, results, wall_times, command=[Path(sys.executable).name, *sys.argv]
+    )
+    out = write_record(path, record)
+    print(f"record: {out}", file=sys.stderr)
+    return out
 
 
 # -- validation -----------------------------------------------------------------------------
@@ -295,10 +352,13 @@ def _plain(value: Any) -> Any:
 __all__ = [
     "SCHEMA_VERSION",
     "RecordError",
+    "WallClock",
+    "add_record_argument",
     "compare_records",
     "environment",
     "load_record",
     "make_record",
+    "save_record",
     "validate_record",
     "write_record",
 ]

@@ -17,7 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
-from record import WallClock, add_record_argument, save_record
+from shardplan.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("long", 1, 131072), ("batch", 64, 8192))

@@ -39,7 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from record import WallClock, add_record_argument, save_record
+from shardplan.records import WallClock, add_record_argument, save_record
 from transformer_cost import Config, Model, estimate
 
 A100, H100 = "a100-80gb", "h100-sxm"

@@ -47,7 +47,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from record import WallClock, add_record_argument, save_record
+from shardplan.records import WallClock, add_record_argument, save_record
 
 GPU_GEMMS = [
     (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),

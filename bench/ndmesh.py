@@ -30,9 +30,9 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "examples"))
 
 import shardplan as sp  # noqa: E402
-from record import WallClock, add_record_argument, save_record  # noqa: E402
 from shardplan import strategies  # noqa: E402
 from shardplan.ir import Graph, Mesh, Role, Sharding  # noqa: E402
+from shardplan.records import WallClock, add_record_argument, save_record  # noqa: E402
 
 
 def _row(name: str, mesh: str, plan, wall: float, cpu: float, **extra) -> dict:  # type: ignore[no-untyped-def]

@@ -20,9 +20,9 @@ from dataclasses import replace
 from pathlib import Path
 
 import shardplan as sp
-from record import WallClock, add_record_argument, save_record
 from shardplan import models, strategies
 from shardplan.costmodel import get_cluster
+from shardplan.records import WallClock, add_record_argument, save_record
 from shardplan.solver.planner import plan_graph
 
 LAYERS = 2

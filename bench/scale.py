@@ -26,7 +26,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from record import WallClock, add_record_argument, save_record
+from shardplan.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA3_8B = dict(dim=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq=8192)
