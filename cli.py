@@ -194,7 +194,30 @@ def build_parser() -> argparse.ArgumentParser:
 
     _command(commands, "passes", "list the registered graph passes", "List the graph passes.")
     _add_costmodel_commands(commands)
+    _add_bench_commands(commands)
     return parser
+
+
+def _add_bench_commands(commands: Any) -> None:
+    text = "benchmark records (bench/*.py --record)"
+    bench = _command(commands, "bench", text, "Work with " + text + ".")
+    actions = bench.add_subparsers(dest="bench_command", required=True, metavar="ACTION")
+    compare = actions.add_parser(
+        "compare", help="two records side by side: environment and result changes",
+        description="Print what changed between two benchmark records (env, inputs, results).",
+    )  # fmt: skip
+    compare.add_argument("a", type=Path, help="the first record (JSON)")
+    compare.add_argument("b", type=Path, help="the second record (JSON)")
+    compare.add_argument("--changed", action="store_true", help="list only the results that differ")
+
+
+def cmd_bench(args: argparse.Namespace) -> int:
+    from .records import compare_records, load_record
+
+    a, b = load_record(args.a), load_record(args.b)
+    print(f"a: {args.a}\nb: {args.b}")
+    print(compare_records(a, b, all_results=not args.changed))
+    return 0
 
 
 # -- cost-model commands (calibrate, whatif; owned by the cost-model issue) ----------------------
@@ -449,6 +472,8 @@ def _dispatch(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
             return cmd_calibrate(args)
         case "whatif":
             return cmd_whatif(args, parser)
+        case "bench":
+            return cmd_bench(args)
         case _:
             return cmd_passes()
 

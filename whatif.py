@@ -12,13 +12,20 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .costmodel.cluster import Cluster, LinkLevel, get_cluster, register_cluster
+from .costmodel.cluster import (
+    Cluster,
+    ClusterConfigError,
+    IslandLevel,
+    LinkLevel,
+    get_cluster,
+    register_cluster,
+)
 from .costmodel.simulate import simulate
 from .ir import Graph, Mesh, Sharding, ShardplanError
 
 PARAMETERS = (
-    "link_bandwidth", "intra_bandwidth", "inter_bandwidth", "hbm_capacity", "hbm_bandwidth",
-    "flops",
+    "link_bandwidth", "intra_bandwidth", "inter_bandwidth", "dcn_bandwidth", "hbm_capacity",
+    "hbm_bandwidth", "flops",
 )  # fmt: skip
 
 
@@ -99,12 +106,20 @@ def scale_cluster(cluster: Cluster, parameter: str, factor: float) -> Cluster:
     def link(level: LinkLevel) -> LinkLevel:
         return LinkLevel(level.name, level.bandwidth * factor, level.latency)
 
+    islands = tuple(IslandLevel(i.devices, link(i.link)) for i in cluster.islands)
     match parameter:
         case "link_bandwidth":
             changes: dict[str, Any] = {
                 "intra_node": link(cluster.intra_node), "inter_node": link(cluster.inter_node),
-                "all_to_all_bandwidth": cluster.all_to_all_bandwidth * factor,
+                "all_to_all_bandwidth": cluster.all_to_all_bandwidth * factor, "islands": islands,
             }  # fmt: skip
+        case "dcn_bandwidth":
+            if not cluster.islands:
+                raise ClusterConfigError(
+                    f"cluster {cluster.name!r} has no island levels, so no DCN to vary; use a "
+                    "multi-island cluster (e.g. h100-superpod-dcn) or inter_bandwidth"
+                )
+            changes = {"islands": islands}
         case "intra_bandwidth":
             changes = {"intra_node": link(cluster.intra_node)}
         case "inter_bandwidth":

@@ -24,6 +24,7 @@ from pathlib import Path
 from shardplan.costmodel.calibration import DEFAULTS, apply, fit
 from shardplan.costmodel.cluster import get_cluster
 from shardplan.costmodel.compute import compute_time
+from shardplan.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "data" / "calibration" / "h100-sxm-measured-raw.json"
@@ -117,7 +118,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--raw", type=Path, default=RAW)
     parser.add_argument("--json", type=Path)
+    add_record_argument(parser)
     args = parser.parse_args(argv)
+    clock = WallClock()
     result = check(json.loads(args.raw.read_text()))
     print(f"{result['device']} ({result['date']}): predicted / measured - 1, median |err| (worst)")
     print(f"{'class':<20}{'n':>4}  {'shipped':>18}  {'fitted':>18}  {'size curve':>18}")
@@ -129,6 +132,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"{cls:<20}{s['n']:>4}  " + "  ".join(cells))
     if args.json:
         args.json.write_text(json.dumps(result, indent=2) + "\n")
+    save_record(args, "calibration_check", results=result, wall_times=clock.total())
     return 0
 
 

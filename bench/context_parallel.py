@@ -17,6 +17,8 @@ import time
 import warnings
 from pathlib import Path
 
+from shardplan.records import WallClock, add_record_argument, save_record
+
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("long", 1, 131072), ("batch", 64, 8192))
 
@@ -90,7 +92,9 @@ def main() -> None:
     parser.add_argument("--source", choices=("torch", "ir"), default="torch")
     parser.add_argument("--layers", type=int, default=32)
     parser.add_argument("--case", choices=[c[0] for c in CASES])
+    add_record_argument(parser)
     args = parser.parse_args()
+    clock = WallClock()
     warnings.simplefilter("ignore")
     rows = [
         run_case(args.source, name, batch, seq, args.layers)
@@ -109,6 +113,9 @@ def main() -> None:
     out = ROOT / "bench" / "results" / f"context_parallel_{args.source}.json"
     out.parent.mkdir(exist_ok=True)
     out.write_text(json.dumps(rows, indent=1))
+    cases = [dict(zip(("case", "batch", "seq"), c, strict=True)) for c in CASES]
+    save_record(args, "context_parallel", results=rows, wall_times=clock.total(),
+                inputs={"cases": cases})  # fmt: skip
 
 
 if __name__ == "__main__":

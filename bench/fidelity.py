@@ -39,6 +39,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
+from shardplan.records import WallClock, add_record_argument, save_record
 from transformer_cost import Config, Model, estimate
 
 A100, H100 = "a100-80gb", "h100-sxm"
@@ -454,7 +455,9 @@ def main(argv: list[str] | None = None) -> int:
         "--builder", action="store_true",
         help="also predict the Llama 3 405B rows with sp.evaluate on the IR builder's model",
     )  # fmt: skip
+    add_record_argument(parser)
     args = parser.parse_args(argv)
+    clock = WallClock()
     rows = all_rows()
     results = evaluate(rows, capture=args.capture, product=args.product)
     print(report(results))
@@ -465,6 +468,7 @@ def main(argv: list[str] | None = None) -> int:
         print(builder_report(builder_results()))
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
+    save_record(args, "fidelity", results=results, wall_times=clock.total())
     return 0
 
 

@@ -19,6 +19,8 @@ import sys
 import warnings
 from pathlib import Path
 
+from shardplan.records import WallClock, add_record_argument, save_record
+
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "data" / "calibration" / "h100-sxm-steps.json"
 FITTED = ROOT / "data" / "calibration" / "h100-sxm-measured.json"
@@ -77,7 +79,9 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--case", action="append")
     parser.add_argument("--json", type=Path)
+    add_record_argument(parser)
     args = parser.parse_args(argv)
+    clock = WallClock()
     rows = compare(args.case)
     print("predicted / measured - 1 against eager and torch.compile'd steps on one H100")
     print(f"{'case':<18}{'eager ms':>9}{'compiled':>9}{'shipped':>9}{'vs eager':>9}"
@@ -90,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
         print(line)
     if args.json:
         args.json.write_text(json.dumps(rows, indent=2) + "\n")
+    save_record(args, "fidelity_gpu", results=rows, wall_times=clock.total())
     return 0
 
 

@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import jax_gpt  # noqa: E402
 import shardplan as sp  # noqa: E402
 from shardplan.frontend.jax.capture import capture  # noqa: E402
+from shardplan.records import WallClock, add_record_argument, save_record  # noqa: E402
 
 LLAMA_7B = dict(vocab=32000, d_model=4096, n_heads=32, d_ff=11008, seq=4096, batch=8)
 
@@ -34,7 +35,9 @@ def main() -> None:
     parser.add_argument("--mesh", type=int, nargs="+", default=[8, 8])
     parser.add_argument("--time-limit", type=float, default=60.0)
     parser.add_argument("--dtype", default="bfloat16")
+    add_record_argument(parser)
     ns = parser.parse_args()
+    clock = WallClock()
     config = jax_gpt.GPTConfig(n_layers=ns.layers, scan_layers=True, dtype=ns.dtype, **LLAMA_7B)
     step, args = jax_gpt.make(config, abstract=True)
     result: dict[str, float | int | str] = {"start_mib": peak_mib()}
@@ -52,6 +55,8 @@ def main() -> None:
     out = ROOT / "bench" / "results" / "jax_memory_7b.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"layers": ns.layers, "mesh": ns.mesh, **result}, indent=2))
+    save_record(ns, "jax_memory_7b", results=result, wall_times=clock.total(),
+                inputs={"model": LLAMA_7B, "cluster": "h100-sxm"})  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -20,6 +20,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import jax_gpt  # noqa: E402
 import shardplan as sp  # noqa: E402
 from shardplan.frontend.jax.capture import capture  # noqa: E402
+from shardplan.records import WallClock, add_record_argument, save_record  # noqa: E402
 
 
 def measure(layers: int, mesh: sp.Mesh, time_limit: float, repeat: int) -> dict[str, float]:
@@ -47,7 +48,9 @@ def main() -> None:
     parser.add_argument("--mesh", type=int, nargs="+", default=[8])
     parser.add_argument("--time-limit", type=float, default=30.0)
     parser.add_argument("--repeat", type=int, default=3, help="runs per size; the best counts")
+    add_record_argument(parser)
     ns = parser.parse_args()
+    clock = WallClock()
     mesh = sp.Mesh(dict(zip(("dp", "tp"), ns.mesh, strict=False)))
     rows = [measure(n, mesh, ns.time_limit, ns.repeat) for n in ns.layers]
     print(f"{'layers':>6} {'ops':>7} {'capture s':>10} {'plan s':>9} status")
@@ -59,6 +62,8 @@ def main() -> None:
     out = ROOT / "bench" / "results" / "jax_scan_scaling.json"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps({"mesh": ns.mesh, "rows": rows, "ratio": ratio}, indent=2))
+    save_record(ns, "jax_scan_scaling", results={"rows": rows, "ratio": ratio},
+                wall_times=clock.total())  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -47,6 +47,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
+from shardplan.records import WallClock, add_record_argument, save_record
 
 GPU_GEMMS = [
     (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),
@@ -343,7 +344,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--cpu", action="store_true", help="tiny sizes on CPU (smoke test)")
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--full", action="store_true", help="the calibration sweep (one GPU)")
+    add_record_argument(parser)
     args = parser.parse_args(argv)
+    clock = WallClock()
     cpu = args.cpu or not torch.cuda.is_available()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     if world > 1:
@@ -384,6 +387,8 @@ def main(argv: list[str] | None = None) -> int:
         args.out.write_text(json.dumps(result, indent=2) + "\n")
         print(f"wrote {args.out}: {len(result['matmul'])} GEMMs, {len(result['hbm'])} copies, "
               f"{len(result['collectives'])} collectives")  # fmt: skip
+        save_record(args, "microbench_gpu", results=result, wall_times=clock.total(),
+                    inputs={"world_size": world, "local_world_size": local})  # fmt: skip
     return 0
 
 

@@ -32,6 +32,7 @@ sys.path.insert(0, str(ROOT / "examples"))
 import shardplan as sp  # noqa: E402
 from shardplan import strategies  # noqa: E402
 from shardplan.ir import Graph, Mesh, Role, Sharding  # noqa: E402
+from shardplan.records import WallClock, add_record_argument, save_record  # noqa: E402
 
 
 def _row(name: str, mesh: str, plan, wall: float, cpu: float, **extra) -> dict:  # type: ignore[no-untyped-def]
@@ -143,7 +144,9 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-8b", action="store_true", help="leave out the Llama-3-8B row")
+    add_record_argument(parser)
     args = parser.parse_args()
+    clock = WallClock()
     warnings.simplefilter("ignore")
     rows = [tiny_llama((2, 2, 2)), tiny_llama((2, 2, 2, 2))]
     if not args.skip_8b:
@@ -153,6 +156,7 @@ def main() -> None:
     out = ROOT / "bench" / "results"
     out.mkdir(parents=True, exist_ok=True)
     (out / "ndmesh.json").write_text(json.dumps(rows, indent=2, sort_keys=True, default=str))
+    save_record(args, "ndmesh", results=rows, wall_times=clock.total())
 
 
 if __name__ == "__main__":

@@ -22,6 +22,7 @@ from pathlib import Path
 import shardplan as sp
 from shardplan import models, strategies
 from shardplan.costmodel import get_cluster
+from shardplan.records import WallClock, add_record_argument, save_record
 from shardplan.solver.planner import plan_graph
 
 LAYERS = 2
@@ -114,7 +115,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--quick", action="store_true", help="one cluster, first two models")
     parser.add_argument("--out", default=str(Path(__file__).parent / "results"))
+    add_record_argument(parser)
     args = parser.parse_args()
+    clock = WallClock()
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
     start = time.perf_counter()
@@ -131,6 +134,8 @@ def main() -> None:
           f"wins by >= 1.2x: {len(wins)}, wall {time.perf_counter() - start:.0f} s")  # fmt: skip
     (out / "quality.json").write_text(json.dumps(cells, indent=1))
     plot(cells, out / "quality.png")
+    inputs = {"clusters": CLUSTERS, "models": [m.name for m in MODELS], "meshes": MESHES}
+    save_record(args, "quality", results=cells, wall_times=clock.total(), inputs=inputs)
 
 
 if __name__ == "__main__":

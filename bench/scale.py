@@ -8,6 +8,7 @@ device), then the planner's phases (``plan.timings``) and the total wall time.
     .venv/bin/python bench/scale.py                 # table + bench/results/scale.json
     .venv/bin/python bench/scale.py --quick         # fewer rows
     .venv/bin/python bench/scale.py --memory        # the memory-bound rows only (issue 15)
+    .venv/bin/python bench/scale.py --quick --record run.json   # + a benchmark record
 
 Memory-bound rows (issue 15): HF Llama shapes where the 80 GB limit binds (Llama-3-70B in bf16,
 80 layers; Llama-3-8B left in float32, 32 layers), 16 x 8192 tokens on dp=8 x tp=8, and a
@@ -23,8 +24,9 @@ import argparse
 import json
 import subprocess
 import sys
-import time
 from pathlib import Path
+
+from shardplan.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA3_8B = dict(dim=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq=8192)
@@ -165,30 +167,45 @@ def main() -> None:
     parser.add_argument("--sources", default="ir,torch")
     parser.add_argument("--memory", action="store_true", help="only the memory-bound rows")
     parser.add_argument("--rows", default=",".join(MEMORY_ROWS), help="memory-bound rows to run")
+    parser.add_argument("--layers", help="layer counts, e.g. 1,4 (default: by --quick)")
+    parser.add_argument("--meshes", default="dp=8,tp=8;dp=64", help="meshes, ';'-separated")
+    parser.add_argument("--out", type=Path, default=ROOT / "bench" / "results", help="results dir")
+    add_record_argument(parser)
     args = parser.parse_args()
-    out = ROOT / "bench" / "results"
+    out = args.out
     out.mkdir(parents=True, exist_ok=True)
+    clock = WallClock()
     if args.memory:
-        memory_rows = [run_memory(name) for name in args.rows.split(",")]
+        with clock("rows"):
+            memory_rows = [run_memory(name) for name in args.rows.split(",")]
         print(memory_table(memory_rows))
         (out / "scale_memory.json").write_text(json.dumps(memory_rows, indent=2, sort_keys=True))
+        inputs = {"rows": args.rows.split(","), "cluster": "h100-sxm"}
+        save_record(args, "scale-memory", inputs=inputs, results=memory_rows,
+                    wall_times=clock.total())  # fmt: skip
         return
     layer_counts = [1, 4, 32] if args.quick else [1, 4, 8, 16, 32]
+    if args.layers:
+        layer_counts = [int(n) for n in args.layers.split(",")]
+    meshes = args.meshes.split(";")
     rows = []
     for source in args.sources.split(","):
-        for mesh in ("dp=8,tp=8", "dp=64"):
+        for mesh in meshes:
             for layers in layer_counts:
                 if source == "torch" and mesh == "dp=64" and layers > 4:
                     continue  # torch capture dominates; one mesh shows its scaling
-                started = time.perf_counter()
-                rows.append(run(source, layers, mesh))
-                print(
-                    f"  {source} L={layers} {mesh}: {time.perf_counter() - started:.1f} s",
-                    file=sys.stderr,
-                )
+                name = f"{source} L={layers} {mesh}"
+                with clock(name):
+                    rows.append(run(source, layers, mesh))
+                print(f"  {name}: {clock.times[name]:.1f} s", file=sys.stderr)
     text = table(rows)
     print(text)
     (out / "scale.json").write_text(json.dumps(rows, indent=2, sort_keys=True))
+    inputs = {
+        "model": LLAMA3_8B, "sources": args.sources.split(","), "layers": layer_counts,
+        "meshes": meshes, "cluster": "h100-sxm", "per_dp_batch": 2,
+    }  # fmt: skip
+    save_record(args, "scale", inputs=inputs, results=rows, wall_times=clock.total())
     for source in args.sources.split(","):
         ratio = _ratio(rows, source, "dp=8,tp=8")
         if ratio:

@@ -19,6 +19,8 @@ import datetime
 import json
 from pathlib import Path
 
+from shardplan.records import WallClock, add_record_argument, save_record
+
 DECODE = [(1, 4096), (16, 4096), (64, 4096), (64, 1024), (8, 32768)]  # (batch, context)
 PREFILL = [(1, 2048), (1, 8192), (8, 2048)]  # (batch, prompt)
 LLAMA = dict(vocab_size=128256, hidden_size=4096, intermediate_size=14336,
@@ -131,7 +133,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", type=Path, default=Path("serving.json"))
     parser.add_argument("--layers", type=int, default=4)
     parser.add_argument("--iters", type=int, default=10)
+    add_record_argument(parser)
     args = parser.parse_args(argv)
+    clock = WallClock()
     out = {"device": torch.cuda.get_device_name(), "date": datetime.date.today().isoformat(),
            "torch": torch.__version__, "transformers": transformers.__version__,
            "llama": {**LLAMA, "num_hidden_layers": args.layers},
@@ -156,6 +160,7 @@ def main(argv: list[str] | None = None) -> int:
     except Exception as exc:
         print(f"mixtral: {type(exc).__name__}: {exc}")
     args.out.write_text(json.dumps(out, indent=2) + "\n")
+    save_record(args, "serve_gpu", results=out, wall_times=clock.total())
     return 0
 
 

@@ -16,6 +16,8 @@ import datetime
 import json
 from pathlib import Path
 
+from shardplan.records import WallClock, add_record_argument, save_record
+
 CASES = {
     # name: (family, config kwargs, batch, seq)
     "llama-1b-4l": ("llama", dict(vocab_size=32000, hidden_size=2048, intermediate_size=5632,
@@ -88,7 +90,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--iters", type=int, default=10)
     parser.add_argument("--case", action="append", choices=sorted(CASES))
     parser.add_argument("--compile", action="store_true", help="also time torch.compile'd models")
+    add_record_argument(parser)
     args = parser.parse_args(argv)
+    clock = WallClock()
     rows = []
     for name in args.case or list(CASES):
         for compile in (False, True) if args.compile else (False,):
@@ -101,6 +105,7 @@ def main(argv: list[str] | None = None) -> int:
            "torch": torch.__version__, "transformers": transformers.__version__,
            "steps": rows}  # fmt: skip
     args.out.write_text(json.dumps(out, indent=2) + "\n")
+    save_record(args, "step_gpu", results=out, wall_times=clock.total())
     return 0
 
 

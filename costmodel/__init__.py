@@ -6,6 +6,7 @@ from .catalogue import CLUSTERS
 from .cluster import (
     Cluster,
     ClusterConfigError,
+    IslandLevel,
     LinkLevel,
     UnknownClusterError,
     cluster_from_dict,
@@ -29,6 +30,7 @@ __all__ = [
     "ClusterConfigError",
     "Collective",
     "GroupLink",
+    "IslandLevel",
     "LinkLevel",
     "UnknownClusterError",
     "axis_links",

@@ -7,7 +7,9 @@ with no measurement behind it yet, to be calibrated.
 
 from __future__ import annotations
 
-from .cluster import Cluster, LinkLevel, peak_table, register_cluster
+from dataclasses import replace
+
+from .cluster import Cluster, IslandLevel, LinkLevel, peak_table, register_cluster
 
 GB = 1e9
 TB = 1e12
@@ -165,6 +167,38 @@ TPU_V5P = Cluster(
     source="Cloud TPU v5p docs (ref §3); ring bandwidth and latencies derived/assumed",
 )
 
+# Multi-island clusters (Pathways): the same devices, with islands joined by a DCN.
+# H100: a DGX SuperPOD scalable unit is 32 DGX H100 nodes = 256 GPUs on one rail-optimised IB
+# fabric (NVIDIA DGX SuperPOD H100 reference architecture, "Network Fabrics", Table 4). Between
+# SUs/sites we take the DCN to be the nodes' north-south Ethernet: two ConnectX-7 ports bonded at
+# up to 400 Gb/s each (DGX BasePOD deployment guide, "Network overview") = 100 GB/s per node =
+# 12.5 GB/s per GPU line rate (derived); 80% of line rate for RoCE/TCP over a routed DCN
+# (assumption) gives 10 GB/s per GPU. DCN latency 30 us (assumption, as TPU DCN below).
+H100_DCN_PER_GPU = 10 * GB
+H100_SUPERPOD_DCN = replace(
+    H100_SXM,
+    name="h100-superpod-dcn",
+    islands=(IslandLevel(256, LinkLevel("dcn-ethernet", H100_DCN_PER_GPU, 30e-6)),),
+    source="h100-sxm, islands of one DGX SuperPOD SU (256 GPUs, NVIDIA SuperPOD H100 RA) over "
+    "the 2x400G north-south ConnectX-7 ports (DGX BasePOD guide); DCN efficiency/latency assumed",
+)
+
+# TPU v5p multislice: ICI inside a slice, DCN 50 Gb/s per chip = 6.25 GB/s between slices
+# (ref §3). The "node" is one v5p host of 4 chips (Cloud TPU v5p docs), but hosts in a slice
+# talk over ICI too, so inter_node is the ICI ring (4 hosts' worth of rings cap at ICI). Slice
+# size 256 chips (a 4x8x8 v5p-512) is a representative choice, not a constant: set your own
+# with ``cluster_from_dict({"base": "tpu-v5p-multislice", "islands": [{...}]})``.
+TPU_V5P_MULTISLICE = replace(
+    TPU_V5P,
+    name="tpu-v5p-multislice",
+    devices_per_node=4,
+    inter_node=TPU_V5P.intra_node,
+    nics_per_node=4,
+    all_to_all_bandwidth=TPU_V5P.intra_node.bandwidth,
+    islands=(IslandLevel(256, TPU_V5P.inter_node),),
+    source="Cloud TPU v5p docs (ref §3): ICI in a 256-chip slice, DCN 50 Gb/s per chip across",
+)
+
 CPU_TEST = Cluster(
     name="cpu-test",
     # Round numbers for hand-computed tests: 4 devices per node, intra busbw 100 GB/s with 1 us
@@ -183,8 +217,12 @@ CPU_TEST = Cluster(
 )
 
 CLUSTERS: dict[str, Cluster] = {
-    c.name: c for c in (H100_SXM, H200_SXM, A100_80GB, B200, TPU_V5P, CPU_TEST)
-}
+    c.name: c
+    for c in (
+        H100_SXM, H200_SXM, A100_80GB, B200, TPU_V5P, CPU_TEST, H100_SUPERPOD_DCN,
+        TPU_V5P_MULTISLICE,
+    )
+}  # fmt: skip
 """The built-in catalogue (a snapshot; ``get_cluster`` also sees user-registered clusters)."""
 
 for _cluster in CLUSTERS.values():

@@ -45,6 +45,26 @@ class LinkLevel:
 
 
 @dataclass(frozen=True, slots=True)
+class IslandLevel:
+    """A link level above the inter-node network: islands of ``devices`` devices joined by ``link``.
+
+    Pathways-style jobs span several islands (superpods, TPU slices, sites) over a data-centre
+    network (DCN). ``link.bandwidth`` is each device's share of the DCN (bytes/s); a collective
+    crossing islands runs one sub-collective per in-island member side by side, each on its own
+    share (``costmodel/collectives.py`` prices it hierarchically).
+    """
+
+    devices: int
+    """Devices in one island at this level (a multiple of the level below)."""
+    link: LinkLevel
+    """The network joining islands: per-device bandwidth and its latency."""
+
+    def __post_init__(self) -> None:
+        if self.devices < 1:
+            raise ClusterConfigError(f"island level {self.link.name!r}: devices must be >= 1")
+
+
+@dataclass(frozen=True, slots=True)
 class Cluster:
     """A homogeneous cluster: nodes of ``devices_per_node`` devices joined by a network.
 
@@ -57,6 +77,9 @@ class Cluster:
     collective whose group has ``k`` members in each node runs ``k`` rings side by side, one NIC
     each, so it drains at ``min(k * nic, intra busbw)`` (see ``costmodel/links.py``). An
     all-to-all across nodes gets no such aggregation: ``all_to_all_bandwidth`` per device.
+
+    ``islands`` adds levels above the network (pods / slices / sites joined by a DCN); a
+    cluster without them is the two-level cluster above, priced exactly as before.
     """
 
     name: str
@@ -82,12 +105,23 @@ class Cluster:
     """Seconds: the least any non-empty kernel takes (launch + tail)."""
     source: str = ""
     notes: tuple[str, ...] = field(default=())
+    islands: tuple[IslandLevel, ...] = ()
+    """Link levels above ``inter_node``, innermost first (empty: one island, two levels)."""
 
     def __post_init__(self) -> None:
         flops = self.peak_flops  # a dict is accepted at runtime (files, users) and frozen here
         peaks = flops if isinstance(flops, Mapping) else dict(flops)
         object.__setattr__(self, "peak_flops", peak_table(peaks))
         object.__setattr__(self, "notes", tuple(self.notes))
+        object.__setattr__(self, "islands", tuple(self.islands))
+        below = self.devices_per_node
+        for level in self.islands:
+            if level.devices % below or level.devices <= below:
+                raise ClusterConfigError(
+                    f"cluster {self.name!r}: an island of {level.devices} devices must be a "
+                    f"larger multiple of the level below ({below} devices)"
+                )
+            below = level.devices
         if self.nics_per_node == 0:
             object.__setattr__(self, "nics_per_node", self.devices_per_node)
         if self.devices_per_node < 1:
@@ -109,6 +143,24 @@ class Cluster:
         """``attention_efficiency``, or ``compute_efficiency`` where it is not set."""
         return self.attention_efficiency or self.compute_efficiency
 
+    @property
+    def levels(self) -> tuple[tuple[str, int | None, LinkLevel], ...]:
+        """``(level, devices per domain, link)`` from the innermost level out.
+
+        The domain size is how many consecutive devices share that level's link (``None`` for
+        the outermost: the whole cluster). Level names are ``intra-node``, ``inter-node`` and
+        ``inter-island`` (``inter-island-2`` ... for deeper island levels).
+        """
+        sizes = [self.devices_per_node] + [level.devices for level in self.islands]
+        out: list[tuple[str, int | None, LinkLevel]] = [
+            ("intra-node", sizes[0], self.intra_node),
+            ("inter-node", sizes[1] if len(sizes) > 1 else None, self.inter_node),
+        ]
+        for i, level in enumerate(self.islands):
+            size = sizes[i + 2] if i + 2 < len(sizes) else None
+            out.append((island_level_name(i), size, level.link))
+        return tuple(out)
+
     def peak(self, dtype: str) -> float:
         """Dense peak FLOP/s for ``dtype``; unknown dtypes fall back to the slowest listed one."""
         table = dict(self.peak_flops)
@@ -118,6 +170,11 @@ class Cluster:
 
     def __str__(self) -> str:
         return f"{self.name} ({self.devices_per_node} devices/node)"
+
+
+def island_level_name(index: int) -> str:
+    """``inter-island`` for the first island level, ``inter-island-2`` ... above it."""
+    return "inter-island" if index == 0 else f"inter-island-{index + 1}"
 
 
 _REGISTRY: dict[str, Cluster] = {}
@@ -171,6 +228,26 @@ def _link_from_dict(level: str, spec: Mapping[str, object]) -> LinkLevel:
         ) from None
 
 
+def _island_from_dict(spec: object, base: IslandLevel | None = None) -> IslandLevel:
+    """``{"devices": 256, "bandwidth": 10e9, "latency": 30e-6, "name": "dcn"}`` (or a level);
+    link fields left out come from ``base``, the base cluster's level at the same depth."""
+    if isinstance(spec, IslandLevel):
+        return spec
+    if isinstance(spec, Mapping) and base is not None:
+        link = base.link
+        spec = {"name": link.name, "bandwidth": link.bandwidth, "latency": link.latency, **spec}
+    if not isinstance(spec, Mapping) or "devices" not in spec:
+        raise ClusterConfigError(
+            f"an island level needs 'devices', 'bandwidth' (bytes/s per device) and 'latency' "
+            f"(s), got {spec!r}"
+        )
+    try:
+        devices = int(spec["devices"])  # type: ignore[call-overload]
+    except (TypeError, ValueError) as exc:
+        raise ClusterConfigError(f"island 'devices' must be an integer: {exc!r}") from None
+    return IslandLevel(devices, _link_from_dict("island", {"name": "dcn", **spec}))
+
+
 def cluster_from_dict(data: Mapping[str, object]) -> Cluster:
     """Build a cluster from plain data; ``base = "<name>"`` starts from a catalogued cluster."""
     data = dict(data)
@@ -179,6 +256,13 @@ def cluster_from_dict(data: Mapping[str, object]) -> Cluster:
         spec = data.get(level)
         if isinstance(spec, Mapping):
             data[level] = _link_from_dict(level, spec)
+    if "islands" in data:
+        specs = list(data["islands"])  # type: ignore[call-overload]
+        inherited = get_cluster(str(base_name)).islands if base_name is not None else ()
+        data["islands"] = tuple(
+            _island_from_dict(spec, inherited[i] if i < len(inherited) else None)
+            for i, spec in enumerate(specs)
+        )
     known = {f.name for f in fields(Cluster)}
     unknown = sorted(set(data) - known)
     if unknown:
@@ -200,6 +284,8 @@ def load_cluster(path: str | Path, *, register: bool = True) -> Cluster:
         base = "h100-sxm"            # optional: start from a catalogued cluster
         devices_per_node = 8
         inter_node = { bandwidth = 24e9, latency = 20e-6 }
+        # optional: islands of 64 devices joined by a DCN (per-device bytes/s)
+        islands = [{ devices = 64, bandwidth = 10e9, latency = 30e-6 }]
     """
     path = Path(path)
     try:

@@ -16,6 +16,23 @@ with S the full buffer; ref §3 "Measured collective bandwidth"):
 ``bw_p2p`` is the intra-node bus bandwidth inside a node, and one NIC per device across nodes
 (all-to-all traffic does not aggregate NICs; nccl-tests#267). A group of one device, or an
 empty buffer, costs nothing.
+
+**Groups spanning islands** (``Cluster.islands``; the link has an ``inner`` part of ``m``
+members per island, ``k = n / m`` islands, DCN alpha ``a_d`` and per-device bandwidth ``d``) are
+priced hierarchically, the way a two-level NCCL/XLA collective runs over a slow DCN: only
+``1/m`` of the data crosses islands per device, each in-island member carrying its own shard.
+
+| kind               | time                                                               |
+|--------------------|--------------------------------------------------------------------|
+| all-reduce         | RS_inner(out / m) + [a_d + 2(k-1)/k * (out/m) / d] + AG_inner(out)  |
+| all-gather         | [a_d + (k-1)/k * (out/m) / d] + AG_inner(out)                       |
+| reduce-scatter     | RS_inner(k * out) + [a_d + (k-1)/k * k * out / d]                   |
+| all-to-all         | A2A_inner(out * m / n) + [a_d + (n-m)/n * out / d]                  |
+| collective-permute | a_d + out / d (the whole buffer may cross islands)                  |
+
+``X_inner(r)`` is the in-island collective with per-device result ``r`` over ``m`` members
+(itself hierarchical when there are deeper levels). Clusters without islands keep the flat
+formulas above unchanged.
 """
 
 from __future__ import annotations
@@ -26,7 +43,7 @@ from shardplan.ir.mesh import Mesh
 
 from .cluster import Cluster, get_cluster
 from .collective import COLLECTIVE_KINDS, Collective
-from .links import group_link
+from .links import GroupLink, group_link
 
 
 def normalize_axes(axes: str | Iterable[str], mesh: Mesh) -> tuple[str, ...]:
@@ -67,6 +84,15 @@ def collective_time(
     if n == 1 or nbytes <= 0:
         return 0.0
     link = group_link(group, mesh, resolve_cluster(cluster, mesh))
+    return _time(kind, float(nbytes), n, link)
+
+
+def _time(kind: str, nbytes: float, n: int, link: GroupLink) -> float:
+    """Seconds of ``kind`` over ``n`` members on ``link`` (hierarchical when it spans islands)."""
+    if n == 1 or nbytes <= 0:
+        return 0.0
+    if link.inner is not None:
+        return _hierarchical_time(kind, nbytes, n, link, link.inner)
     ring = (n - 1) / n
     match kind:
         case "all-gather":
@@ -80,6 +106,32 @@ def collective_time(
         case _:  # collective-permute
             volume = nbytes / link.p2p_bandwidth
     return link.latency + volume
+
+
+def _hierarchical_time(kind: str, out: float, n: int, link: GroupLink, inner: GroupLink) -> float:
+    """The island-spanning prices of the module docstring's second table."""
+    m = link.inner_size
+    k = n // m
+    across = (k - 1) / k
+    match kind:
+        case "all-reduce":
+            dcn = link.latency + 2 * across * (out / m) / link.ring_bandwidth
+            return (
+                _time("reduce-scatter", out / m, m, inner)
+                + dcn
+                + _time("all-gather", out, m, inner)
+            )
+        case "all-gather":
+            dcn = link.latency + across * (out / m) / link.ring_bandwidth
+            return dcn + _time("all-gather", out, m, inner)
+        case "reduce-scatter":
+            dcn = link.latency + across * k * out / link.ring_bandwidth
+            return _time("reduce-scatter", k * out, m, inner) + dcn
+        case "all-to-all":
+            dcn = link.latency + (n - m) / n * out / link.p2p_bandwidth
+            return _time("all-to-all", out * m / n, m, inner) + dcn
+        case _:  # collective-permute
+            return link.latency + out / link.p2p_bandwidth
 
 
 def make_collective(

@@ -3,6 +3,12 @@
 Tensor parallelism stays inside a node (the innermost axis), data and pipeline parallelism go
 across nodes; each candidate is planned in full (intra-op ILP, and stage assignment when pp > 1)
 and the table of all candidates, with the reason for each rejection, comes back with the plan.
+
+On a cluster with islands (``Cluster.islands``: pods joined by a DCN) the search also tries,
+for each shape whose ``dp`` axis spans ``r`` islands, the split ``(pp, dcn=r, dp/r, tp)``: ``dcn``
+crosses the islands and ``dp/r x tp`` fills one island, so the planner may shard state inside
+an island only (HSDP: ZeRO inside, replicas across) where one flat ``dp`` axis would shard it
+over the DCN too. Each candidate lists the axes that cross islands.
 """
 
 from __future__ import annotations
@@ -10,7 +16,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..costmodel import get_cluster
+from ..costmodel import axis_links, get_cluster
 from ..ir import Graph, Mesh, ShardplanError
 from .plan import Plan
 
@@ -23,10 +29,15 @@ class Candidate:
     peak_memory_bytes: float | None
     plan_seconds: float
     rejected: str = ""
+    across_islands: tuple[str, ...] = ()
+    """Axes whose groups cross islands (over the DCN)."""
 
 
-def mesh_candidates(devices: int, devices_per_node: int) -> list[dict[str, int]]:
-    """(pp, dp, tp) with tp dividing a node, in a fixed order (deterministic search)."""
+def mesh_candidates(
+    devices: int, devices_per_node: int, devices_per_island: int | None = None
+) -> list[dict[str, int]]:
+    """(pp, dp, tp) with tp dividing a node, in a fixed order (deterministic search); with
+    islands, also (pp, dcn, dp, tp) where ``dp x tp`` fills one island (module docstring)."""
     out = []
     for tp in _divisors(devices):
         if tp > devices_per_node:
@@ -34,7 +45,21 @@ def mesh_candidates(devices: int, devices_per_node: int) -> list[dict[str, int]]
         for pp in _divisors(devices // tp):
             dp = devices // (tp * pp)
             out.append({"pp": pp, "dp": dp, "tp": tp})
+            split = _island_split(devices, devices_per_island, pp, dp)
+            if split:
+                out.append({"pp": pp, "dcn": split, "dp": dp // split, "tp": tp})
     return out
+
+
+def _island_split(devices: int, island: int | None, pp: int, dp: int) -> int:
+    """How many islands ``dp`` spans when ``pp`` covers fewer than all of them (0: none)."""
+    if not island or devices <= island or devices % island:
+        return 0
+    islands = devices // island
+    if islands % pp or islands == pp:
+        return 0
+    spans = islands // pp
+    return spans if dp % spans == 0 and dp > spans else 0
 
 
 def _divisors(n: int) -> list[int]:
@@ -53,14 +78,17 @@ def search_mesh(
     """The best plan over all mesh shapes; ``plan.candidates`` lists every one tried."""
     from .pipeline import plan_pipeline
 
-    per_node = get_cluster(cluster).devices_per_node
+    spec = get_cluster(cluster)
+    island = spec.islands[0].devices if spec.islands else None
     table: list[Candidate] = []
     best: Plan | None = None
-    for shape in mesh_candidates(devices, per_node):
+    for shape in mesh_candidates(devices, spec.devices_per_node, island):
         if max_stages is not None and shape["pp"] > max_stages:
             continue
         axes = [(name, size) for name, size in shape.items() if size > 1] or [("dp", 1)]
         mesh = Mesh(axes, cluster=cluster)
+        links = axis_links(mesh, spec)
+        across = tuple(a for a in mesh.axis_names if links[a].startswith("inter-island"))
         start = time.perf_counter()
         try:
             if shape["pp"] > 1:
@@ -74,12 +102,11 @@ def search_mesh(
                     graph, mesh, memory_limit=memory_limit, time_limit=time_limit, **planner_options
                 )
         except ShardplanError as error:
-            table.append(
-                Candidate(shape, None, None, time.perf_counter() - start, _first_line(error))
-            )
+            elapsed = time.perf_counter() - start
+            table.append(Candidate(shape, None, None, elapsed, _first_line(error), across))
             continue
         elapsed = time.perf_counter() - start
-        table.append(Candidate(shape, plan.step_time, plan.peak_memory_bytes, elapsed))
+        table.append(Candidate(shape, plan.step_time, plan.peak_memory_bytes, elapsed, "", across))
         if best is None or plan.step_time < best.step_time:
             best = plan
     if best is None:
@@ -97,7 +124,7 @@ def format_candidates(table: list[Candidate]) -> str:
     """A plain-text table of the candidates, best first, rejected last."""
     rows = sorted(table, key=lambda c: (c.step_time is None, c.step_time or 0.0))
     lines = [
-        f"{'pp':>4} {'dp':>4} {'tp':>4} {'step (ms)':>11} {'peak (GiB)':>11} {'plan (s)':>9}  note"
+        f"{'pp':>4} {'dp':>6} {'tp':>4} {'step (ms)':>11} {'peak (GiB)':>11} {'plan (s)':>9}  note"
     ]
     for c in rows:
         step = f"{c.step_time * 1e3:11.3f}" if c.step_time is not None else f"{'-':>11}"
@@ -106,8 +133,12 @@ def format_candidates(table: list[Candidate]) -> str:
             if c.peak_memory_bytes is not None
             else f"{'-':>11}"
         )
+        dp = f"{c.mesh['dcn']}x{c.mesh['dp']}" if "dcn" in c.mesh else str(c.mesh["dp"])
+        note = c.rejected
+        if c.across_islands:
+            note = f"across islands: {','.join(c.across_islands)}" + (f"; {note}" if note else "")
         lines.append(
-            f"{c.mesh['pp']:>4} {c.mesh['dp']:>4} {c.mesh['tp']:>4} {step} {peak} "
-            f"{c.plan_seconds:9.2f}  {c.rejected}"
+            f"{c.mesh['pp']:>4} {dp:>6} {c.mesh['tp']:>4} {step} {peak} "
+            f"{c.plan_seconds:9.2f}  {note}"
         )
     return "\n".join(lines)
