@@ -217,3 +217,29 @@ def resized_inputs(example_inputs: tuple, batch: int | None) -> tuple[tuple, tup
     if "input_ids" in kwargs:
         return ({**kwargs, "input_ids": new},), shape
     return (new, *args[1:]), shape
+
+
+def distribute_cache(plan: Any, device_mesh: Any, buffers: list[torch.Tensor]) -> list[Any]:
+    """The KV cache buffers (key, value per layer, ``CacheShape.paths()`` order) as DTensors
+    in the plan's layouts, for a plan applied with ``plan.apply``; pass them to
+    ``slot_cache`` for the step. Each rank writes its own slots: the plan never splits the
+    slot dimension (``index_copy``'s rule), so the write is local."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from .emit import context_of, placements_of
+
+    context = context_of(plan)
+    shape = context.serving
+    if shape is None:
+        raise FrontendError("distribute_cache takes a plan of mode='decode' or 'prefill'")
+    paths = shape.paths()
+    if len(buffers) != len(paths):
+        raise FrontendError(
+            f"the plan's cache has {len(paths)} buffers (key and value per layer), got "
+            f"{len(buffers)}"
+        )
+    out = []
+    for path, buffer in zip(paths, buffers, strict=True):
+        layout = placements_of(plan.shardings[context.cache_values[path]], plan.mesh)
+        out.append(distribute_tensor(buffer, device_mesh, list(layout), src_data_rank=None))
+    return out
