@@ -42,6 +42,8 @@ class Roofline:
     bytes: float
     """HBM bytes per device (every op's local operands and results, unfused)."""
     weight_bytes: int
+    """Weight bytes held per device (a replicated weight may be read only in part: an op
+    that consumes it split reads its slice)."""
     cache_bytes: int
     math_seconds: float
     memory_seconds: float
@@ -102,7 +104,8 @@ class ServingReport:
             f"{self.tokens_per_second_per_device:,.0f} tokens/s per device "
             f"({self.tokens_per_second:,.0f} on {self.devices} devices)",
             f"roofline       {r.bound}-bound: {r.bytes / 1e9:.2f} GB per device per step "
-            f"(weights {r.weight_bytes / 1e9:.2f} GB, KV cache {r.cache_bytes / 1e9:.2f} GB) "
+            f"(holding weights {r.weight_bytes / 1e9:.2f} GB, KV cache {r.cache_bytes / 1e9:.2f} "
+            "GB) "
             f"-> {r.memory_seconds * 1e3:.3f} ms at HBM bandwidth; {r.flops / 1e9:.1f} GFLOP "
             f"-> {r.math_seconds * 1e3:.3f} ms at peak ({r.intensity:.1f} FLOP/byte)",
         ]
