@@ -16,9 +16,8 @@ from __future__ import annotations
 
 import time
 
-import torch
-
 import shardplan as sp
+import torch
 
 PROMPT, OUTPUT = 128, 20
 ROWS = [  # (batch, tp, published average latency in ms)
