@@ -209,3 +209,24 @@ def test_serving_baselines_lay_the_cache_out_as_serving_engines_do(tiny) -> None
                 if v.role is Role.KV_CACHE:
                     assert plan.shardings[v.name].dims[:2] == layouts[strategy.name], axes
             assert plan.step_time > 0
+
+
+def test_gpt2_decode_has_its_cache_too() -> None:
+    """Another family: multi-head attention, learned positions, Conv1D projections."""
+    from transformers import GPT2Config, GPT2LMHeadModel
+
+    torch.manual_seed(0)
+    config = GPT2Config(vocab_size=128, n_embd=64, n_layer=2, n_head=4, n_positions=64,
+                        bos_token_id=0, eos_token_id=0)  # fmt: skip
+    model = GPT2LMHeadModel(config).eval()
+    mesh = sp.Mesh({"tp": 2}, cluster="h100-sxm")
+    ids = torch.zeros((BATCH, 1), dtype=torch.long)
+    plan = sp.plan(model, ids, mesh=mesh, mode="decode", context_len=CONTEXT)
+    caches = [v for v in plan.graph.inputs if v.role is Role.KV_CACHE]
+    assert [v.origin.path for v in caches] == [
+        f"transformer.h.{i}.attn.{kind}_cache" for i in (0, 1) for kind in ("key", "value")
+    ]
+    shards = plan.shardings[caches[0].name].shard_count(mesh)
+    assert plan.memory_breakdown().by_category["kv_cache"] == _cache_bytes(
+        2, 4, 16, CONTEXT, BATCH, 4, shards
+    )
