@@ -165,7 +165,7 @@ def check_cache_fits(graph: Graph, mesh: Mesh, memory_limit: float | None) -> No
         )
 
 
-def batch_candidates(batch: int, max_batch: int | None, objective: str) -> list[int]:
+def batch_candidates(batch: int, max_batch: int | None) -> list[int]:
     """Batches to plan: the example's alone, or powers of two up to ``max_batch`` (and it)."""
     if max_batch is None:
         return [batch]
@@ -207,7 +207,7 @@ def plan_serving(
     objective = objective or "latency"
     if max_batch is None and objective == "throughput":
         max_batch = batch
-    batches = batch_candidates(batch, max_batch, objective)
+    batches = batch_candidates(batch, max_batch)
     plans: dict[int, Plan] = {}
     table: list[Candidate] = []
     refusal: InfeasiblePlanError | None = None
@@ -237,12 +237,12 @@ def plan_serving(
     tokens = best.batch * (seq if mode == "prefill" else 1)
     plan.serving = ServingReport(
         mode, objective, best.batch, context_len, tokens, plan.step_time, plan.mesh.size,
-        roofline(plan, cluster), table, _reason(objective, best, table, plan),
+        roofline(plan, cluster), table, _reason(objective, best, table),
     )  # fmt: skip
     return plan
 
 
-def _reason(objective: str, best: Candidate, table: list[Candidate], plan: Plan) -> str:
+def _reason(objective: str, best: Candidate, table: list[Candidate]) -> str:
     if len(table) == 1:
         return f"batch {best.batch} as given (pass max_batch= to let the batch vary)"
     first = next(c for c in table if c.step_time is not None)
