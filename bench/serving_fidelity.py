@@ -14,11 +14,14 @@ priced at the final context (148 tokens). Run: ``.venv/bin/python bench/serving_
 
 from __future__ import annotations
 
+import json
 import time
+from pathlib import Path
 
 import shardplan as sp
 import torch
 
+MEASURED = Path(__file__).resolve().parents[1] / "data" / "calibration" / "h100-sxm-serving.json"
 PROMPT, OUTPUT = 128, 20
 ROWS = [  # (batch, tp, published average latency in ms)
     (1, 1, 153.8),
@@ -50,7 +53,41 @@ def predict(model: torch.nn.Module, batch: int, tp: int) -> tuple[float, float, 
     return prefill.step_time, decode.step_time, total
 
 
+def measured_h100(path: Path = MEASURED) -> None:
+    """Predicted vs measured steps of ``bench/serve_gpu.py`` (one H100, Llama-3-8B layer
+    shapes, 4 layers, HF eager with a StaticCache; decode also as a CUDA-graph replay)."""
+    if not path.exists():
+        print(f"{path} not found (bench/serve_gpu.py writes it on a GPU)")
+        return
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    data = json.loads(path.read_text())
+    config = LlamaConfig(max_position_embeddings=40000, **data["llama"])
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    mesh = sp.Mesh({"tp": 1}, cluster="h100-sxm")
+    for row in data["decode"]:
+        batch, context = row["batch"], row["context"]
+        token = torch.zeros((batch, 1), dtype=torch.long, device="meta")
+        plan = sp.plan(model, token, mesh=mesh, mode="decode", context_len=context)
+        eager, graph = row["eager_seconds"], row["graph_seconds"]
+        print(
+            f"decode batch {batch} context {context}: {plan.step_time * 1e3:.2f} ms vs "
+            f"{eager * 1e3:.2f} eager ({plan.step_time / eager - 1:+.1%}), "
+            f"{graph * 1e3:.2f} CUDA graph ({plan.step_time / graph - 1:+.1%})"
+        )
+    for row in data["prefill"]:
+        batch, prompt = row["batch"], row["prompt"]
+        ids = torch.zeros((batch, prompt), dtype=torch.long, device="meta")
+        plan = sp.plan(model, ids, mesh=mesh, mode="prefill", context_len=prompt)
+        print(
+            f"prefill batch {batch} prompt {prompt}: {plan.step_time * 1e3:.2f} ms vs "
+            f"{row['seconds'] * 1e3:.2f} ms ({plan.step_time / row['seconds'] - 1:+.1%})"
+        )
+
+
 def main() -> None:
+    measured_h100()
     model = llama2_7b()
     errors = []
     for batch, tp, published in ROWS:
