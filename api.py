@@ -34,6 +34,8 @@ def plan(
     memory_limit: float | str | None = None,
     time_limit: float = 30.0,
     verbose: bool = False,
+    objective: str | None = None,
+    max_batch: int | None = None,
     **options: Any,
 ) -> Plan:
     """Plan shardings for a model on ``mesh``.
@@ -56,7 +58,12 @@ def plan(
       verbose: print progress on stderr (each phase with the seconds since the call began:
         capture, enumerate, price, solve with its bound and gap, simulate). Progress always
         goes to the ``logging`` logger ``"shardplan"`` at INFO (``progress.py``).
-      options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``);
+      objective, max_batch: for a serving step (``mode="decode"``/``"prefill"``, torch HF
+        decoders): ``"latency"`` (default) or ``"throughput"`` (tokens/s per device, the
+        batch free in powers of two up to ``max_batch``); ``plan.serving`` reports both
+        (``serving.py``).
+      options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``,
+        ``mode="decode", context_len=4096``);
         one the frontend does not take is an ``ArgumentError`` (a Graph takes none).
     Returns:
       the Plan (``print(plan)`` shows it).
@@ -67,8 +74,18 @@ def plan(
                  microbatches=microbatches, schedule=schedule, pins=pins, verbose=verbose,
                  memory_limit=memory_limit, time_limit=time_limit)  # fmt: skip
     checked = check_plan_call(model_or_fn, given, options)
+    serving = options.get("mode") in ("prefill", "decode")
+    if serving or objective is not None or max_batch is not None:
+        from .serving import check_serving_args
+
+        check_serving_args(objective, max_batch, options.get("mode"))
     with progress.planning(verbose):
-        result = _plan(model_or_fn, example_args, checked, options)
+        if serving and _is_torch_module(model_or_fn):
+            result = _plan_serving(
+                model_or_fn, example_args, checked, options, objective, max_batch
+            )
+        else:
+            result = _plan(model_or_fn, example_args, checked, options)
         progress.report(
             "done", "step %s modelled, peak %.1f GiB per device",
             progress.seconds_text(result.step_time), result.peak_memory_bytes / 2**30,
@@ -76,8 +93,11 @@ def plan(
         return result
 
 
-def _plan(model_or_fn: Any, example_args: tuple, checked: dict, options: dict) -> Plan:
-    """``plan`` after its arguments were checked (``checked``: the normalised keywords)."""
+def _plan(
+    model_or_fn: Any, example_args: tuple, checked: dict, options: dict, captured: tuple = ()
+) -> Plan:
+    """``plan`` after its arguments were checked (``checked``: the normalised keywords);
+    ``captured``: (graph, context, seconds) of a capture already made (serving plans)."""
     from .solver.planner import plan_graph
 
     progress.report("start", "planner loaded (%.1f s)", progress.elapsed())
@@ -87,7 +107,9 @@ def _plan(model_or_fn: Any, example_args: tuple, checked: dict, options: dict) -
     memory_limit, time_limit = checked["memory_limit"], checked["time_limit"]
     context: object | None = None
     start = time.perf_counter()
-    if isinstance(model_or_fn, Graph):
+    if captured:
+        graph, context, _ = captured
+    elif isinstance(model_or_fn, Graph):
         graph = model_or_fn
     elif _is_torch_module(model_or_fn):
         from .frontend.torch.capture import capture
@@ -104,7 +126,7 @@ def _plan(model_or_fn: Any, example_args: tuple, checked: dict, options: dict) -
             f"cannot plan a {type(model_or_fn).__name__}: pass an IR Graph, a torch.nn.Module "
             "with example inputs, or a JAX callable with example arguments"
         )
-    capture_seconds = time.perf_counter() - start
+    capture_seconds = captured[2] if captured else time.perf_counter() - start
     progress.report(
         "capture", "%s -> %d ops, %d inputs (%.1f s)", _model_name(model_or_fn),
         len(graph.ops), len(graph.inputs), capture_seconds,
@@ -144,6 +166,30 @@ def _plan(model_or_fn: Any, example_args: tuple, checked: dict, options: dict) -
     if not isinstance(model_or_fn, Graph):
         result.timings = {"capture": capture_seconds, **result.timings}
     return result
+
+
+def _plan_serving(model, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]
+    """A prefill/decode step planned per candidate batch (``serving.py``)."""
+    from .frontend.torch.serving import resized_inputs
+    from .serving import check_cache_fits, plan_serving
+
+    batch, seq = resized_inputs(example_args, None)[1]
+    mesh = checked["mesh"]
+    if mesh is None:
+        raise FrontendError("a serving plan needs mesh= (the mesh search is for training)")
+    context_len = options.get("context_len") or seq
+
+    def plan_at(b: int) -> Plan:
+        from .frontend.torch.capture import capture
+
+        args = resized_inputs(example_args, b)[0]
+        start = time.perf_counter()
+        graph, context = capture(model, *args, **options)
+        check_cache_fits(graph, mesh, checked["memory_limit"])
+        captured = (graph, context, time.perf_counter() - start)
+        return _plan(model, args, checked, options, captured)
+
+    return plan_serving(plan_at, batch, options["mode"], context_len, seq, objective, max_batch)
 
 
 def annotate(tensor: Any, sharding: Any = None, **placements: Any) -> Any:

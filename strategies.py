@@ -152,7 +152,18 @@ class ParallelStrategy:
                 )
             elif v.role is Role.INPUT and v.type.rank >= 1:
                 pins[v.name] = self._batch(v, mesh, dp)
+            elif v.role is Role.KV_CACHE:
+                pins[v.name] = self._cache(v, mesh, dp)
         return pins
+
+    def _cache(self, v: Value, mesh: Mesh, dp: tuple[str, ...]) -> Sharding:
+        """A KV cache ``[batch, kv_heads, slot, head_dim]``: the batch over the data axes,
+        the KV heads over ``tp`` (replicated over it when ``tp`` does not divide them, as
+        serving engines do when ``tp > kv_heads``)."""
+        layout = _on_dim(v, 0, dp, mesh)
+        if self.tp and v.type.rank == 4 and v.type.shape[1] % mesh.axis_size(self.tp) == 0:
+            return Sharding((layout.dims[0], (self.tp,), *layout.dims[2:]))
+        return layout
 
     def _batch(self, v: Value, mesh: Mesh, dp: tuple[str, ...]) -> Sharding:
         """A batch input: its batch dim over the data axes, its sequence dim over ``cp``."""
@@ -345,6 +356,18 @@ def _suffix(recompute: str | None) -> str:
 
     check_choice(recompute, "recompute", RECOMPUTE)  # every constructor names itself through here
     return f"+{recompute}-recompute" if recompute else ""
+
+
+def serving(mesh: Mesh, pp: str = "pp") -> list[ParallelStrategy]:
+    """The usual serving layouts for a prefill/decode plan on ``mesh``: replicated data
+    parallel (every device a whole model, the batch split), TP-only (Megatron over ``tp``,
+    KV heads split) and, with a ``pp`` axis, TP x PP (a pipelined mesh has no replicated
+    DP baseline). Price them with ``sp.evaluate``."""
+    stages = mesh.axis_size(pp) if pp in mesh.axis_names else 1
+    out = [dp()] if stages == 1 else []
+    if "tp" in mesh.axis_names and mesh.axis_size("tp") > 1:
+        out.append(megatron("tp", pp=stages) if stages > 1 else megatron("tp"))
+    return out
 
 
 def baselines(mesh: Mesh) -> list[ParallelStrategy]:

@@ -23,6 +23,7 @@ CATEGORIES = (
     "activations",
     "update",
     "inputs",
+    "kv_cache",
 )
 """Kinds of bytes a breakdown reports (see docs/memory.md for each definition)."""
 

@@ -133,7 +133,9 @@ def op_phases(graph: Graph) -> dict[Op, Phase]:
         return dict.fromkeys(graph.ops, Phase.FORWARD)
     forward = _ancestors(graph, loss)
     forward_values = {r for op in forward for r in op.results}
-    forward_values |= {v for v in graph.inputs if v.role in (Role.INPUT, Role.CONSTANT)}
+    forward_values |= {
+        v for v in graph.inputs if v.role in (Role.INPUT, Role.CONSTANT, Role.KV_CACHE)
+    }
     reads_forward: dict[Op, bool] = {}
     phases: dict[Op, Phase] = {}
     for op in reversed(graph.ops):

@@ -27,6 +27,9 @@ class Role(enum.Enum):
     INPUT = "input"
     CONSTANT = "const"
     ACTIVATION = "act"
+    KV_CACHE = "kv_cache"
+    """A serving step's key/value cache: a graph input updated in place (its new contents are
+    an output aliased to it), held all step like a parameter, split like the heads it caches."""
 
 
 @dataclass(frozen=True, slots=True)

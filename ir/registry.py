@@ -122,6 +122,8 @@ def op_bytes(  # type: ignore[no-untyped-def]
     (``costmodel.fusion``); they move no HBM bytes. Empty: none."""
     if kind in VIEW_KINDS:
         return 0.0
+    if kind == "index_copy":  # in place: reads the new rows and writes them, not the buffer
+        return 2.0 * (ins[-1].nbytes // in_shards[-1])
     if kind in ("scan_index", "scan_stack"):  # slices read and written: scan_index runs once
         return 2.0 * (ins[0].nbytes // in_shards[0])  # for all of them, scan_stack per iteration
     skip_in = on_chip_ins or (False,) * len(ins)
@@ -467,6 +469,23 @@ def broadcast_in_dim(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     return _make(operands, [[(f,) for f in letters]], sizes)
 
 
+def index_copy(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """``index_copy(buffer, index, rows)`` along ``dim`` (a KV-cache write): every other dim of
+    the buffer, the rows and the result is one factor; ``dim`` itself may not be split (which
+    slots are written is data), nor the index."""
+    buf, index, rows = ins
+    dim = int(attrs.get("dim", 0)) % buf.rank  # type: ignore[call-overload]
+    letters = _letters(buf.rank + 2)
+    sizes = {letters[d]: buf.shape[d] for d in range(buf.rank)}
+    new, idx = letters[buf.rank], letters[buf.rank + 1]
+    sizes[new], sizes[idx] = rows.shape[dim], index.shape[0] if index.rank else 1
+    full = [(letters[d],) for d in range(buf.rank)]
+    row_dims = [(new,) if d == dim else (letters[d],) for d in range(buf.rank)]
+    index_dims = [(idx,)] if index.rank else []
+    need = {letters[dim], new, idx}
+    return _make([full, index_dims, row_dims], [full], sizes, need)
+
+
 def resize(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     """slice / pad / dynamic_slice / concat: dims that change size cannot be split in the input.
 
@@ -646,6 +665,7 @@ register_rule("attention_backward", attention_backward, flops="attention_backwar
 register_rule("iota", iota, flops="none")
 register_rule("constant", iota, flops="none")
 register_rule("gather", gather_rows, flops="none")
+register_rule("index_copy", index_copy, flops="none")
 register_rule("scan_carry", elementwise, flops="none")  # a loop's carry on entry
 register_rule("scan_loop", elementwise, flops="none")  # carried to the next iteration
 register_rule("scan_index", scan_slice, flops="none")

@@ -81,7 +81,9 @@ def op_phases(graph: Graph) -> list[Phase]:
         return [Phase.FORWARD] * len(graph.ops)
     forward = _ancestors([v for j, v in enumerate(graph.outputs) if j not in aliased])
     forward_values = {r for op in forward for r in op.results}
-    forward_values |= {v for v in graph.inputs if v.role in (Role.INPUT, Role.CONSTANT)}
+    forward_values |= {
+        v for v in graph.inputs if v.role in (Role.INPUT, Role.CONSTANT, Role.KV_CACHE)
+    }
     reads: dict[Op, bool] = {}
     for op in reversed(graph.ops):
         reads[op] = any(v in forward_values for v in op.operands) or any(

@@ -34,7 +34,9 @@ from ..passes.enumerate_strategies import (
 )
 from .problem import Problem, group_layouts
 
-PERSISTENT_ROLES = (Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT, Role.CONSTANT)
+PERSISTENT_ROLES = (
+    Role.PARAMETER, Role.OPTIMIZER_STATE, Role.INPUT, Role.CONSTANT, Role.KV_CACHE,
+)  # fmt: skip
 MEMORY_TIEBREAK = 1e-3
 """Seconds charged per second of HBM traffic the persistent state would take to read once:
 it makes a sharded input win over an equally fast replicated one (memory has value) without

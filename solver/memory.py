@@ -31,6 +31,7 @@ from ortools.sat.python import cp_model
 from ..costmodel.cluster import Cluster
 from ..costmodel.memory import MemoryItem, MemoryProfile, gib, memory_profile
 from ..ir import InfeasiblePlanError, Role, Value
+from ..ir.registry import VIEW_KINDS
 from ..passes.liveness import Liveness, Phase, liveness
 from .costs import Space, op_cost
 from .problem import Problem
@@ -39,7 +40,20 @@ MEMORY_UNIT = 1 << 16
 """Memory rows count 64 KiB units: byte-sized coefficients (up to ~1e10 in rows summing to
 ~1e13) made CP-SAT's presolve declare feasible models infeasible (seen at 32 Llama-8B layers)."""
 
-INPUT_CATEGORY = {Role.PARAMETER: "parameters", Role.OPTIMIZER_STATE: "optimizer_states"}
+INPUT_CATEGORY = {
+    Role.PARAMETER: "parameters", Role.OPTIMIZER_STATE: "optimizer_states",
+    Role.KV_CACHE: "kv_cache",
+}  # fmt: skip
+
+
+def cache_write(value: Value) -> bool:
+    """Whether ``value`` is a KV cache written in place (``index_copy`` into a ``KV_CACHE``
+    input): it lives in the input's buffer, which is counted once, as ``kv_cache``."""
+    op = value.producer
+    while op is not None and op.kind == "index_copy":
+        value = op.operands[0]
+        op = value.producer
+    return op is None and value.role is Role.KV_CACHE and value.producer is None
 
 
 @dataclass(frozen=True, slots=True)
@@ -436,7 +450,15 @@ def _result_term(space: Space, live: Liveness, i: int, k: int, value: Value, cac
     """Kept in the layout of its last reader (a partial gradient is reduced into the update's
     layout); a parameter copy and an unread loss in the produced layout (FSDP gathers a
     copy per use: that traffic is on the edges, the buffer is transient)."""
+    if cache_write(value):
+        return None
     category = _category(value, live, i)
+    if category == "parameter_copies" and _serving(space.graph):
+        # a serving step has no backward to keep weights for: a view of a weight aliases it,
+        # any other copy (a gathered weight) lives until its last reader, like an activation
+        if value.producer is not None and value.producer.kind in VIEW_KINDS:
+            return None
+        category = "activations"
     start, stop = live.define[value], live.last_use[value]
     if value in live.last_reader and category != "parameter_copies":
         reader, slot = live.last_reader[value]
@@ -448,6 +470,10 @@ def _result_term(space: Space, live: Liveness, i: int, k: int, value: Value, cac
         return Term(f"%{value.name}", category, start, live.end, node,
                     _bytes(space, node, "results", k, value, cache))  # fmt: skip
     return None
+
+
+def _serving(graph) -> bool:  # type: ignore[no-untyped-def]
+    return any(v.role is Role.KV_CACHE for v in graph.inputs)
 
 
 def _is_output(space: Space, value: Value) -> bool:

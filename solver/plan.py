@@ -128,6 +128,9 @@ class Plan:
     their wall-clock planning seconds."""
     timings: dict[str, float] = field(default_factory=dict)
     """Wall seconds per planning phase (capture, enumerate, price, shrink, solve...)."""
+    serving: object | None = None
+    """``serving.ServingReport`` of a prefill/decode plan (batch, latency, tokens/s,
+    roofline); never serialised."""
 
     def memory_breakdown(self):
         """The modelled peak: bytes by kind and the largest values live at it (memory model)."""
@@ -205,6 +208,8 @@ class Plan:
         return format_plan(self, full=full)
 
     def __str__(self) -> str:
+        if self.serving is not None:  # a prefill/decode plan: its serving metrics first
+            return f"{self.serving}\n{self.report()}"
         return self.report()
 
     def __repr__(self) -> str:

@@ -34,7 +34,7 @@ from .costs import (
     seen_layout,
 )
 from .ilp import Solution, solve
-from .memory import build_memory_model, infeasible_error
+from .memory import build_memory_model, cache_write, infeasible_error
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
 from .seed import price_baselines
@@ -555,9 +555,11 @@ def memory_breakdown(space: Space, shardings: dict[str, Sharding]) -> dict[str, 
     """
     graph, mesh = space.graph, space.mesh
     by_role = {"parameters": 0, "optimizer_states": 0, "inputs": 0}
-    key = {Role.PARAMETER: "parameters", Role.OPTIMIZER_STATE: "optimizer_states"}
+    key = {Role.PARAMETER: "parameters", Role.OPTIMIZER_STATE: "optimizer_states",
+           Role.KV_CACHE: "kv_cache"}  # fmt: skip
     for v in graph.inputs:
-        by_role[key.get(v.role, "inputs")] += v.type.nbytes // shardings[v.name].shard_count(mesh)
+        kind = key.get(v.role, "inputs")
+        by_role[kind] = by_role.get(kind, 0) + v.type.nbytes // shardings[v.name].shard_count(mesh)
     last_use: dict[str, int] = {}
     for i, op in enumerate(graph.ops):
         for v in op.operands:
@@ -568,6 +570,8 @@ def memory_breakdown(space: Space, shardings: dict[str, Sharding]) -> dict[str, 
     frees: dict[int, int] = {}
     for i, op in enumerate(graph.ops):
         for r in op.results:
+            if cache_write(r):  # in place: the cache input's bytes
+                continue
             size = r.type.nbytes // shardings[r.name].shard_count(mesh)
             live += size
             end = last_use.get(r.name, i)

@@ -27,7 +27,7 @@ from .trace import Traced, trace
 
 _ROLES = {
     "param": Role.PARAMETER, "buffer": Role.CONSTANT, "state": Role.OPTIMIZER_STATE,
-    "input": Role.INPUT,
+    "input": Role.INPUT, "kv_cache": Role.KV_CACHE,
 }  # fmt: skip
 
 
@@ -75,6 +75,10 @@ class TorchContext:
     module_kinds: dict[str, str] = field(default_factory=dict)
     """Module path -> ``Linear`` / ``Embedding`` (subclasses too) or the class name."""
     loss_value: str | None = None
+    cache_values: dict[str, str] = field(default_factory=dict)
+    """KV-cache buffer path (``<attention>.key_cache``) -> IR value name (prefill/decode)."""
+    serving: object | None = None
+    """``serving.CacheShape`` of a prefill/decode capture (None for train/inference)."""
     optimizer: optim.OptimizerSpec = field(default_factory=optim.OptimizerSpec)
     steps: list[AtenStep] = field(default_factory=list)
     """Every aten call of the step in execution order (marks and ``getitem`` left out)."""
@@ -116,6 +120,7 @@ def capture(
     lr: float = 1e-3,
     name: str | None = None,
     stamp_layers: bool = True,
+    context_len: int | None = None,
 ) -> tuple[Graph, TorchContext]:
     """Trace and lower one step of ``model``.
 
@@ -123,7 +128,12 @@ def capture(
       model: the module; its parameters may be real, ``meta`` or fake (nothing is allocated).
       example_inputs: tensors (real/meta/fake) passed positionally, or one dict of keyword
         arguments (HF style ``{"input_ids": ids, "labels": ids}``).
-      mode: ``"train"`` (forward + backward + optimizer) or ``"inference"`` (forward).
+      mode: ``"train"`` (forward + backward + optimizer), ``"inference"`` (forward), or a
+        serving step of a HF decoder with a static KV cache (``serving.py``): ``"prefill"``
+        (the prompt ``input_ids`` written into the cache) or ``"decode"`` (one token per
+        sequence, ``input_ids`` of shape ``[batch, 1]``, against ``context_len`` cached tokens).
+      context_len: cache slots per sequence for ``"prefill"`` (default: the prompt length) and
+        ``"decode"`` (required).
       loss_fn: ``loss_fn(output, *positional_inputs)``; default: ``output.loss`` when the model
         returns one, else the mean square of its first output tensor.
       optimizer: ``"adamw"`` (two fp32 moments per parameter) or ``"sgd"``.
@@ -133,23 +143,33 @@ def capture(
     Returns:
       (graph, context) - the context maps IR values back to FQNs for the emitters.
     """
-    if mode not in ("train", "inference"):
-        raise ValueError(f"mode must be 'train' or 'inference', got {mode!r}")
+    if mode not in ("train", "inference", "prefill", "decode"):
+        raise ValueError(f"mode must be 'train', 'inference', 'prefill' or 'decode', got {mode!r}")
+    if context_len is not None and mode not in ("prefill", "decode"):
+        raise ValueError(f"context_len= is for mode='prefill'/'decode', not mode={mode!r}")
     spec = optim.OptimizerSpec(name=optimizer, lr=lr)
     _ = spec.state_names  # validates the optimizer name early
     layers = stack.find_stack(model) if stamp_layers else None
     if layers is not None:
         with stack.truncated(layers):
-            graph, context = _capture(model, example_inputs, mode, loss_fn, spec, name)
+            graph, context = _capture(model, example_inputs, mode, loss_fn, spec, name, context_len)
         stamped = stamp_graph(graph, layers.path, layers.size)
         if stamped is not None:
             return stamped.graph, _stamped_context(context, stamped)
-    return _capture(model, example_inputs, mode, loss_fn, spec, name)
+    return _capture(model, example_inputs, mode, loss_fn, spec, name, context_len)
 
 
-def _capture(model, example_inputs, mode, loss_fn, spec, name) -> tuple[Graph, TorchContext]:  # type: ignore[no-untyped-def]
+def _capture(
+    model, example_inputs, mode, loss_fn, spec, name, context_len=None
+) -> tuple[Graph, TorchContext]:  # type: ignore[no-untyped-def]
+    shape = None
     try:
-        traced = trace(model, example_inputs, mode == "train", loss_fn, spec)
+        if mode in ("prefill", "decode"):
+            from .serving import trace_serving
+
+            traced, shape = trace_serving(model, example_inputs, mode, context_len)
+        else:
+            traced = trace(model, example_inputs, mode == "train", loss_fn, spec)
     except FrontendError:
         raise
     except Exception as exc:  # tracing failures surface as one typed error with the cause
@@ -158,7 +178,7 @@ def _capture(model, example_inputs, mode, loss_fn, spec, name) -> tuple[Graph, T
             "hint: the forward must run on fake tensors (no data-dependent Python control flow)"
         ) from exc
     graph = Graph(name or type(model).__name__)
-    context = TorchContext(mode=mode, tied=traced.tied, optimizer=spec)
+    context = TorchContext(mode=mode, tied=traced.tied, optimizer=spec, serving=shape)
     context.module_kinds = {path: _kind(m) for path, m in model.named_modules()}
     context.pins = dtensor_parameter_pins(model)
     _lower(traced, graph, context)
@@ -175,6 +195,7 @@ def _stamped_context(context: TorchContext, stamped: StampedGraph) -> TorchConte
         return {k: name(v, names) for k, v in entry.items()}
 
     context.param_values = stack.rename_keyed(context.param_values, stamped, name)
+    context.cache_values = stack.rename_keyed(context.cache_values, stamped, name)
     context.grad_values = stack.rename_keyed(context.grad_values, stamped, name)
     context.state_values = stack.rename_keyed(context.state_values, stamped, names_of)
     context.module_inputs = stack.rename_keyed(context.module_inputs, stamped, names_of)
@@ -199,6 +220,7 @@ def _owner(path: str) -> str:
 def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
     gm = traced.gm
     low = Lowering(graph, module_of=infer_modules(gm))
+    low.fold_broadcast_weights = context.mode in ("prefill", "decode")
     placeholders = [n for n in gm.graph.nodes if n.op == "placeholder"]
     for node, ph in zip(placeholders, traced.placeholders, strict=True):
         add_input(low, node, _ROLES[ph.role], ph.path, module=_owner(ph.path))
@@ -215,6 +237,21 @@ def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
             add_input(low, node, Role.CONSTANT, node.target, module=low.module_of.get(node, ""))
     _record_marks(context, low.marks, traced.pins)
     _set_outputs(traced, graph, low, context)
+    if low.fold_broadcast_weights and _erase_dead_views(graph):
+        context.steps = []  # op indices moved: a serving step is not replayed by follow_plan
+
+
+def _erase_dead_views(graph: Graph) -> int:
+    """Drop layout-only ops nothing reads (the expands a folded ``bmm`` no longer reads)."""
+    from ...ir.registry import VIEW_KINDS
+
+    outputs = {id(v) for v in graph.outputs}
+    erased = 0
+    for op in reversed(list(graph.ops)):
+        if op.kind in VIEW_KINDS and not any(r.uses or id(r) in outputs for r in op.results):
+            graph.erase(op)
+            erased += 1
+    return erased
 
 
 def _is_aten_call(node: fx.Node) -> bool:
@@ -281,6 +318,8 @@ def _record_input(context: TorchContext, role: str, path: str, value: str) -> No
     elif role == "state":
         fqn, state = path.split("#", 1)
         context.state_values.setdefault(fqn, {})[state] = value
+    elif role == "kv_cache":
+        context.cache_values[path] = value
     elif role == "input":
         context.input_values.append(value)
         context.input_slots.append(int(path[3:]) if path.startswith("arg") else path)
@@ -317,5 +356,7 @@ def _set_outputs(traced: Traced, graph: Graph, low: Lowering, context: TorchCont
         elif kind == "state":
             fqn, state = path.split("#", 1)
             aliases[len(values)] = index_of[context.state_values[fqn][state]]
+        elif kind == "kv_cache":  # written in place: the new contents replace the input
+            aliases[len(values)] = index_of[context.cache_values[path]]
         values.append(value)
     graph.set_outputs(values, aliases)

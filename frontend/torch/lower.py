@@ -48,6 +48,10 @@ class Lowering:
     node: fx.Node | None = None
     """The node being lowered (for origins)."""
     module_of: dict[fx.Node, str] = field(default_factory=dict)
+    fold_broadcast_weights: bool = False
+    """Serving steps: a ``bmm`` whose right operand is a 2-D tensor expanded over the batch
+    (HF's ``linear`` on a non-contiguous 3-D input) is lowered as a matmul of that 2-D tensor,
+    so the weight is priced once, not once per sequence (``ops.matmul``)."""
 
     # -- helpers used by the op table ----------------------------------------------------------
     def value(self, arg: Any) -> Value:

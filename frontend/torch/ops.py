@@ -75,7 +75,28 @@ def expand(low: Lowering, node: fx.Node) -> Value:
 
 
 def matmul(low: Lowering, node: fx.Node) -> Value:
-    return _single(low, "matmul", low.tensors(node.args[:2]), node)
+    operands = low.tensors(node.args[:2])
+    if low.fold_broadcast_weights and len(operands) == 2:
+        operands[1] = _unbroadcast(low, node.args[1]) or operands[1]
+    return _single(low, "matmul", operands, node)
+
+
+def _unbroadcast(low: Lowering, arg: object) -> Value | None:
+    """The 2-D tensor behind ``view(expand(w2d, [b, k, n]), [b, k, n])``, else None."""
+    if not isinstance(arg, fx.Node) or getattr(arg.target, "__name__", "").split(".")[0] not in (
+        "view", "_unsafe_view", "reshape",
+    ):  # fmt: skip
+        return None
+    base = arg.args[0]
+    if not isinstance(base, fx.Node) or getattr(base.target, "__name__", "").split(".")[0] != (
+        "expand"
+    ):
+        return None
+    src = low.env.get(base.args[0])  # type: ignore[arg-type]
+    out = low.env.get(arg)
+    if not isinstance(src, Value) or not isinstance(out, Value) or src.type.rank != 2:
+        return None
+    return src if out.type.rank == 3 and out.type.shape[1:] == src.type.shape else None
 
 
 def matmul_add(low: Lowering, node: fx.Node) -> Value:
@@ -246,6 +267,13 @@ def scatter(low: Lowering, node: fx.Node) -> Value:
     return _single(low, "scatter", low.tensors(node.args), node)
 
 
+def index_copy(low: Lowering, node: fx.Node) -> Value:
+    """aten.index_copy(buffer, dim, index, rows): a static KV cache's in-place write."""
+    x, dim, index, rows = node.args[:4]
+    operands = [low.value(x), low.value(index), low.value(rows)]
+    return _single(low, "index_copy", operands, node, dim=int(dim))  # type: ignore[arg-type]
+
+
 def cast(low: Lowering, node: fx.Node) -> Value:
     x = low.value(node.args[0])
     out = low.result_types(node)[0]
@@ -321,7 +349,7 @@ def _table() -> dict[str, Row]:
     table.update(cat=cat, slice=slice_, select=select, slice_backward=slice_backward)
     table.update(select_backward=select_backward, constant_pad_nd=pad)
     table.update(split=split, split_with_sizes=split, unbind=split)
-    table.update(index=gather, index_select=gather, gather=gather)
+    table.update(index=gather, index_select=gather, gather=gather, index_copy=index_copy)
     table.update(index_put=scatter, index_add=scatter, scatter=scatter, scatter_add=scatter)
     for aten_name in FACTORIES:
         table[aten_name] = constant()

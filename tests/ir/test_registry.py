@@ -80,6 +80,7 @@ SPECIAL: dict[str, list[Case]] = {
                   (["f32[100,16]", "i64[]"], ["f32[16]"], {})],
     "embedding_backward": [(["f32[2,8,16]", "i64[2,8]"], ["f32[100,16]"], {})],
     "gather": [(["f32[10,4]", "i64[3]"], ["f32[3,4]"], {})],
+    "index_copy": [(["f32[4,2,16,8]", "i64[1]", "f32[4,2,1,8]"], ["f32[4,2,16,8]"], {"dim": 2})],
     "iota": [([], ["i32[3,5]"], {})],
     "layer_norm": NORM,
     "layer_norm_backward": NORM_BACKWARD,
@@ -170,6 +171,8 @@ HAND: dict[str, list[str]] = {
     "embedding": ["vh,bs->bsh red=v", "vh,->h red=v"],  # a vocab split gives masked partial rows
     "embedding_backward": ["bsh,bs->vh red=bs"],  # scatter-add sums over tokens
     "gather": ["ab,c->de need=abcde"],  # the general gather is not split
+    # a KV-cache write: batch, heads and head dim split alike; which slots are written is data
+    "index_copy": ["abcd,f,abed->abcd need=cef"],
     "iota": ["->ab"],
     "layer_norm": NORM_HAND,
     "layer_norm_backward": NORM_BACKWARD_HAND,

@@ -1,0 +1,107 @@
+"""Predicted serving latency against published measurements (issue 19, validation).
+
+Source: NVIDIA NeMo Framework user guide, "Performance: Llama" page, "Llama-2 Results /
+Inference Performance", Configuration 1 (chatbot: 128 input tokens, 20 output tokens), table
+"Average Latency [ms]" on H100 80GB HBM3
+(https://docs.nvidia.com/nemo-framework/user-guide/latest/performance/llama.html):
+Llama-2-7B, batch 1, TP 1: 153.8 ms; batch 1, TP 8: 97.6 ms; batch 8, TP 1: 199.2 ms.
+
+A request is one prefill of the 128 prompt tokens (which yields the first output token) and 19
+decode steps; each step is planned by ``sp.plan`` on a Llama-2-7B-shaped HF model on ``meta``
+(bf16) and priced by the cost model (no GPU was available to calibrate). The decode steps are
+priced at the final context (148 tokens). Run: ``.venv/bin/python bench/serving_fidelity.py``.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from pathlib import Path
+
+import shardplan as sp
+import torch
+
+MEASURED = Path(__file__).resolve().parents[1] / "data" / "calibration" / "h100-sxm-serving.json"
+PROMPT, OUTPUT = 128, 20
+ROWS = [  # (batch, tp, published average latency in ms)
+    (1, 1, 153.8),
+    (1, 8, 97.6),
+    (8, 1, 199.2),
+]
+
+
+def llama2_7b() -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=32000, hidden_size=4096, intermediate_size=11008, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=32, max_position_embeddings=4096,
+    )  # fmt: skip
+    with torch.device("meta"):
+        return LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def predict(model: torch.nn.Module, batch: int, tp: int) -> tuple[float, float, float]:
+    """(prefill seconds, decode seconds per token, request seconds) for one row."""
+    mesh = sp.Mesh({"tp": tp}, cluster="h100-sxm")
+    context = PROMPT + OUTPUT
+    prompt = torch.zeros((batch, PROMPT), dtype=torch.long, device="meta")
+    token = torch.zeros((batch, 1), dtype=torch.long, device="meta")
+    prefill = sp.plan(model, prompt, mesh=mesh, mode="prefill", context_len=context)
+    decode = sp.plan(model, token, mesh=mesh, mode="decode", context_len=context)
+    total = prefill.step_time + (OUTPUT - 1) * decode.step_time
+    return prefill.step_time, decode.step_time, total
+
+
+def measured_h100(path: Path = MEASURED) -> None:
+    """Predicted vs measured steps of ``bench/serve_gpu.py`` (one H100, Llama-3-8B layer
+    shapes, 4 layers, HF eager with a StaticCache; decode also as a CUDA-graph replay)."""
+    if not path.exists():
+        print(f"{path} not found (bench/serve_gpu.py writes it on a GPU)")
+        return
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    data = json.loads(path.read_text())
+    config = LlamaConfig(max_position_embeddings=40000, **data["llama"])
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16).eval()
+    mesh = sp.Mesh({"tp": 1}, cluster="h100-sxm")
+    for row in data["decode"]:
+        batch, context = row["batch"], row["context"]
+        token = torch.zeros((batch, 1), dtype=torch.long, device="meta")
+        plan = sp.plan(model, token, mesh=mesh, mode="decode", context_len=context)
+        eager, graph = row["eager_seconds"], row["graph_seconds"]
+        print(
+            f"decode batch {batch} context {context}: {plan.step_time * 1e3:.2f} ms vs "
+            f"{eager * 1e3:.2f} eager ({plan.step_time / eager - 1:+.1%}), "
+            f"{graph * 1e3:.2f} CUDA graph ({plan.step_time / graph - 1:+.1%})"
+        )
+    for row in data["prefill"]:
+        batch, prompt = row["batch"], row["prompt"]
+        ids = torch.zeros((batch, prompt), dtype=torch.long, device="meta")
+        plan = sp.plan(model, ids, mesh=mesh, mode="prefill", context_len=prompt)
+        print(
+            f"prefill batch {batch} prompt {prompt}: {plan.step_time * 1e3:.2f} ms vs "
+            f"{row['seconds'] * 1e3:.2f} ms ({plan.step_time / row['seconds'] - 1:+.1%})"
+        )
+
+
+def main() -> None:
+    measured_h100()
+    model = llama2_7b()
+    errors = []
+    for batch, tp, published in ROWS:
+        start = time.perf_counter()
+        prefill, decode, total = predict(model, batch, tp)
+        error = (total * 1e3 - published) / published
+        errors.append(abs(error))
+        print(
+            f"Llama-2-7B batch {batch} TP {tp}: prefill {prefill * 1e3:.1f} ms, decode "
+            f"{decode * 1e3:.2f} ms/token, request {total * 1e3:.1f} ms vs {published} ms "
+            f"published ({error:+.1%}); planned in {time.perf_counter() - start:.0f} s"
+        )
+    print(f"median |error| {sorted(errors)[len(errors) // 2]:.1%}, worst {max(errors):.1%}")
+
+
+if __name__ == "__main__":
+    main()
