@@ -10,23 +10,32 @@ with S the full buffer; ref §3 "Measured collective bandwidth"):
 | all-gather         | alpha + (n-1)/n * out / bw                    | out (gathered result)  |
 | reduce-scatter     | alpha + (n-1)/n * (n * out) / bw              | n * out (the input)    |
 | all-reduce         | alpha + 2(n-1)/n * out / bw                   | out                    |
-| all-to-all         | alpha + (n-1)/n * out / bw_p2p                | each device keeps 1/n  |
+| all-to-all         | alpha + max(intra, inter) (below)             | each device keeps 1/n  |
 | collective-permute | alpha + out / bw_p2p                          | whole buffer moves     |
 
 ``bw_p2p`` is the intra-node bus bandwidth inside a node, and one NIC per device across nodes
 (all-to-all traffic does not aggregate NICs; nccl-tests#267). A group of one device, or an
 empty buffer, costs nothing.
+
+An all-to-all sends one message of ``out / n`` bytes to each of its ``n - 1`` peers, all at
+once. Inside one node every message rides NVLink: ``(n-1)/n * out / bw_intra``. A group with
+``k`` members in each node sends ``k - 1`` messages over NVLink and ``n - k`` through the
+device's one NIC, concurrently, so the slower share bounds it:
+``max((k-1)/n * out / bw_intra, (n-k)/n * out / bw_nic)`` (MoE dispatch and combine: the
+expert axis inside a node costs NVLink time only; each node added moves more of the buffer
+onto the NIC).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from shardplan.ir.mesh import Mesh
 
 from .cluster import Cluster, get_cluster
 from .collective import COLLECTIVE_KINDS, Collective
-from .links import group_link
+from .links import INTRA_NODE, GroupLink, group_link, local_factors
 
 
 def normalize_axes(axes: str | Iterable[str], mesh: Mesh) -> tuple[str, ...]:
@@ -76,10 +85,25 @@ def collective_time(
         case "all-reduce":
             volume = 2 * ring * nbytes / link.ring_bandwidth
         case "all-to-all":
-            volume = ring * nbytes / link.p2p_bandwidth
+            volume = _all_to_all_volume(
+                nbytes, n, group, mesh, link, resolve_cluster(cluster, mesh)
+            )
         case _:  # collective-permute
             volume = nbytes / link.p2p_bandwidth
     return link.latency + volume
+
+
+def _all_to_all_volume(
+    nbytes: float, n: int, group: tuple[str, ...], mesh: Mesh, link: GroupLink, cluster: Cluster
+) -> float:
+    """Seconds of bandwidth of one all-to-all: per-peer messages of ``nbytes / n``, the ones to
+    peers in the same node over NVLink and the others through one NIC, concurrently."""
+    if link.level == INTRA_NODE:
+        return (n - 1) / n * nbytes / link.p2p_bandwidth
+    factors = local_factors(mesh, cluster.devices_per_node)
+    k = math.prod(factors[a] for a in group)  # group members in each node
+    intra = (k - 1) / n * nbytes / cluster.intra_node.bandwidth
+    return max(intra, (n - k) / n * nbytes / link.p2p_bandwidth)
 
 
 def make_collective(
