@@ -29,6 +29,13 @@ from torch import nn
 
 IMPLEMENTATION = "shardplan"
 """The name :func:`use_dispatch` registers with transformers' ``ExpertsInterface``."""
+LOAD_IMBALANCE = 1.25
+"""Tokens the busiest expert gets over the mean (settable). A model on ``meta`` (planned from
+shapes, never run) is captured with ``capacity_factor=LOAD_IMBALANCE``: a dropless system whose
+busiest expert takes 1.25x the mean load runs as long as a capacity-1.25 one (every device waits
+for it), so expert matmuls, dispatch buffers and all-to-alls are priced at that load. 1.25 is
+the capacity factor Switch Transformer and GShard train with (Fedus et al. 2021, Table 1:
+1.0-2.0; Lepikhin et al. 2020)."""
 DEFAULT_GROUPS = 64
 """Token groups: ``gcd(tokens, DEFAULT_GROUPS)``. Groups are what data and expert axes split on
 the token side, so their count must be divisible by those axes' product."""
@@ -196,9 +203,11 @@ def use_dispatch(
 
 
 def ensure_traceable(model: nn.Module) -> None:
-    """Before a capture: HF experts not yet on a traceable implementation get the dropless
-    ``"shardplan"`` dispatch (a user's earlier :func:`use_dispatch` choice is kept)."""
+    """Before a capture: HF experts not yet on a traceable implementation get the
+    ``"shardplan"`` dispatch (a user's earlier :func:`use_dispatch` choice is kept): dropless
+    (exactly HF's numerics) for a model with data, ``LOAD_IMBALANCE`` for one on ``meta``."""
     for module in model.modules():
         if _is_experts(module) and module.config._experts_implementation != IMPLEMENTATION:
-            use_dispatch(model)
+            on_meta = any(p.is_meta for p in module.parameters())
+            use_dispatch(model, capacity_factor=LOAD_IMBALANCE if on_meta else None)
             return

@@ -109,3 +109,26 @@ def test_plan_splits_experts_over_ep(captured) -> None:  # type: ignore[no-untyp
     assert layouts
     for name, sharding in layouts.items():
         assert "ep" in sharding.dims[0], (name, sharding)
+
+
+def test_expert_parallel_baselines_pin_the_expert_dim(captured) -> None:  # type: ignore[no-untyped-def]
+    graph, _ = captured
+    mesh = sp.Mesh({"ep": 4, "tp": 2}, cluster="h100-sxm")
+    experts = {v.origin.path: v.name for v in graph.inputs if "experts" in v.origin.path}
+    experts = {p: n for p, n in experts.items() if "#" not in p}  # parameters, not states
+    assert set(experts) == {"model.layers.0.mlp.experts.gate_up_proj",
+                            "model.layers.0.mlp.experts.down_proj"}  # fmt: skip
+    over_data = sp.strategies.expert_parallel().pins(graph, mesh)  # data axes: ep and tp here
+    ep_tp = sp.strategies.expert_parallel("ep", tp="tp").pins(graph, mesh)
+    gate_up, down = (
+        experts[f"model.layers.0.mlp.experts.{n}"] for n in ("gate_up_proj", "down_proj")
+    )
+    assert over_data[gate_up].dims == (("ep", "tp"), (), ())
+    # gate_up [E, 2F, H] is column-parallel on its output features, down [E, H, F] row-parallel
+    assert ep_tp[gate_up].dims == (("ep",), ("tp",), ())
+    assert ep_tp[down].dims == (("ep",), (), ("tp",))
+    zero = sp.strategies.expert_parallel("ep", shard_states=True).pins(graph, mesh)
+    state = next(n for p, n in ((v.origin.path, v.name) for v in graph.inputs)
+                 if p.startswith("model.layers.0.mlp.experts.down_proj#"))  # fmt: skip
+    assert zero[state].dims[0] == ("ep",)
+    assert "tp" in sum(zero[state].dims, ())
