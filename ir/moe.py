@@ -8,14 +8,17 @@ order; a token past an expert's capacity is dropped, GShard's semantics). The le
   ``e`` expert, ``c`` capacity slot.
 
 * ``moe_dispatch(x[g,s,h], idx[g,s,k] (, w[g,s,k])) -> xe[e,g,c,h]``: slot positions are a
-  running count over the group's tokens, so ``s``, ``k`` and ``c`` need replication; ``e`` is
-  output-only (a device may fill only its experts' slots). With ``w`` the slots are weighted
-  (the backward of combine).
-* ``moe_combine(y[e,g,c,h], idx, w) -> out[g,s,h]``: a weighted sum over each token's slots,
-  so ``e``, ``c`` and ``k`` are reduction factors: a device holding some experts gives a
-  partial sum (combine by reduce-scatter instead of an all-to-all is a plan the solver may pick).
+  running count over all of a group's (token, choice) pairs, so ``s``, ``k`` and ``c`` need
+  replication; the kernel addresses experts by their global index, so ``e`` does too (a device
+  cannot fill only its own experts' slots). With ``w`` the slots are weighted (the backward of
+  combine). Groups ``g`` and hidden ``h`` split freely.
+* ``moe_combine(y[e,g,c,h], idx, w) -> out[g,s,h]``: the weighted sum of each token's slots;
+  ``g`` and ``h`` split, the rest need replication for the same reasons.
 * ``moe_combine_wgrad(gout[g,s,h], y[e,g,c,h], idx) -> gw[g,s,k]``: the gradient of the
-  combine weights, a dot over ``h`` (reduction) of each token's slots (``e``, ``c`` reduce).
+  combine weights, a dot over ``h`` (a reduction: split ``h`` gives a partial sum).
+
+These are the layouts the torch kernels run at (``frontend/torch/moe.py`` registers the same
+ones with DTensor), so a plan never asks for one the emitted step cannot compute.
 
 Expert parallelism is then ordinary factor algebra: the expert matmuls are batched over ``e``
 (``[e, g*c, h] @ [e, h, f]``), so splitting ``e`` over an axis that also splits ``g`` on the
@@ -33,15 +36,19 @@ from .rules import ShardingRule
 def dispatch(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     operands = "gsh,gsk" + (",gsk" if len(ins) > 2 else "")
     shapes = [t.shape for t in ins]
-    return ShardingRule.from_spec(f"{operands}->egch", shapes, [outs[0].shape], "skc")
+    return ShardingRule.from_spec(f"{operands}->egch", shapes, [outs[0].shape], "skce")
 
 
 def combine(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
-    return ShardingRule.from_spec("egch,gsk,gsk->gsh", [t.shape for t in ins], [outs[0].shape], "c")
+    return ShardingRule.from_spec(
+        "egch,gsk,gsk->gsh", [t.shape for t in ins], [outs[0].shape], "ecks"
+    )
 
 
 def combine_wgrad(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
-    return ShardingRule.from_spec("gsh,egch,gsk->gsk", [t.shape for t in ins], [outs[0].shape], "c")
+    return ShardingRule.from_spec(
+        "gsh,egch,gsk->gsk", [t.shape for t in ins], [outs[0].shape], "ecks"
+    )
 
 
 register_rule("moe_dispatch", dispatch, flops="none")

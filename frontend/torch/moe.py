@@ -108,7 +108,7 @@ def _dispatch_setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def
 
 def _dispatch_backward(ctx, grad):  # type: ignore[no-untyped-def]
     (idx,) = ctx.saved_tensors
-    ones = torch.ones(idx.shape, dtype=grad.dtype, device=grad.device)
+    ones = torch.ones_like(idx, dtype=grad.dtype)  # a DTensor like idx when idx is one
     return moe_combine(grad, idx, ones), None, None, None, None
 
 
@@ -126,6 +126,39 @@ def _combine_backward(ctx, grad):  # type: ignore[no-untyped-def]
 
 moe_dispatch.register_autograd(_dispatch_backward, setup_context=_dispatch_setup)
 moe_combine.register_autograd(_combine_backward, setup_context=_combine_setup)
+
+
+def _register_dtensor_strategies() -> None:
+    """The layouts each op runs at on DTensors, per mesh dim: the IR rules' (``ir/moe.py``).
+
+    Groups ``g`` and hidden ``h`` split; everything that addresses slots (tokens, choices,
+    experts, capacity) stays whole on the device, because the kernels count slot positions
+    over the whole group and index experts globally."""
+    from torch.distributed.tensor import Partial, Replicate, Shard
+    from torch.distributed.tensor.experimental import register_sharding
+
+    r = Replicate()
+
+    @register_sharding(torch.ops.shardplan.moe_dispatch.default)
+    def _dispatch(x, idx, w, experts, capacity):  # type: ignore[no-untyped-def]
+        def ins(xp, ip):  # type: ignore[no-untyped-def]
+            return [xp, ip, None if w is None else ip, None, None]
+
+        return [([r], ins(r, r)), ([Shard(1)], ins(Shard(0), Shard(0))),
+                ([Shard(3)], ins(Shard(2), r))]  # fmt: skip
+
+    @register_sharding(torch.ops.shardplan.moe_combine.default)
+    def _combine(y, idx, w):  # type: ignore[no-untyped-def]
+        return [([r], [r, r, r]), ([Shard(0)], [Shard(1), Shard(0), Shard(0)]),
+                ([Shard(2)], [Shard(3), r, r])]  # fmt: skip
+
+    @register_sharding(torch.ops.shardplan.moe_combine_wgrad.default)
+    def _wgrad(gout, y, idx):  # type: ignore[no-untyped-def]
+        return [([r], [r, r, r]), ([Shard(0)], [Shard(0), Shard(1), Shard(0)]),
+                ([Partial()], [Shard(2), Shard(3), r])]  # fmt: skip
+
+
+_register_dtensor_strategies()
 
 
 def capacity(tokens: int, top_k: int, experts: int, capacity_factor: float | None) -> int:

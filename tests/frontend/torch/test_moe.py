@@ -21,7 +21,7 @@ from shardplan.ir import UnsupportedOpWarning
 
 pytestmark = pytest.mark.torch
 
-VOCAB, BATCH, SEQ = 128, 4, 8
+VOCAB, BATCH, SEQ = 128, 8, 64
 
 
 def _mixtral(layers: int = 1) -> torch.nn.Module:
@@ -98,13 +98,16 @@ def test_capture_lowers_routing_and_expert_ops(captured) -> None:  # type: ignor
         assert kind in kinds, kind
     assert not [k for k in kinds if k.startswith("aten.")]
     dispatch = next(op for op in graph.ops if op.kind == "moe_dispatch")
-    assert dispatch.attrs == {"experts": 8, "capacity": BATCH * SEQ // 32}
+    # dropless: every one of a group's BATCH * SEQ / 64 tokens has a slot in every expert
+    assert dispatch.attrs == {"experts": 8, "capacity": BATCH * SEQ // 64}
 
 
 def test_plan_splits_experts_over_ep(captured) -> None:  # type: ignore[no-untyped-def]
     graph, _ = captured
-    mesh = sp.Mesh({"dp": 2, "ep": 4}, cluster="h100-sxm")
+    # cpu-test: on an H100 a model this small runs at the kernel floor and splits nothing
+    mesh = sp.Mesh({"dp": 2, "ep": 4}, cluster="cpu-test")
     plan = sp.plan(graph, mesh=mesh, time_limit=60)
+    assert any(c.kind == "all-to-all" and c.axes == ("ep",) for c in plan.collectives())
     layouts = {k: v for k, v in plan.parameter_shardings().items() if "experts" in k}
     assert layouts
     for name, sharding in layouts.items():
