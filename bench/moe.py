@@ -21,7 +21,6 @@ import shardplan as sp
 import torch
 from shardplan import strategies
 from shardplan.frontend.torch.capture import capture
-from shardplan.solver.planner import plan_graph
 
 MIXTRAL_8X7B = dict(
     vocab_size=32000, hidden_size=4096, intermediate_size=14336, num_attention_heads=32,
@@ -45,9 +44,9 @@ def run(layers: int, seq: int, batch: int, mesh_axes: dict, time_limit: float) -
     model = mixtral(layers)
     ids = torch.zeros(batch, seq, dtype=torch.long, device="meta")
     start = time.perf_counter()
-    graph, context = capture(model, {"input_ids": ids, "labels": ids})
+    graph, _ = capture(model, {"input_ids": ids, "labels": ids})
     captured = time.perf_counter() - start
-    plan = plan_graph(graph, mesh, time_limit=time_limit, semantics=context.partial_semantics)
+    plan = sp.plan(graph, mesh=mesh, time_limit=time_limit)
     planned = time.perf_counter() - start
     rows = []
     for strategy in strategies.moe_baselines(mesh) + strategies.baselines(mesh):

@@ -51,8 +51,24 @@ def _loss_and_grads(model: torch.nn.Module, inputs: tuple) -> tuple[torch.Tensor
     return loss.detach(), {n: p.grad.detach() for n, p in model.named_parameters()}
 
 
-def test_dispatch_equals_hf_eager_experts(inputs: tuple) -> None:
-    eager = _mixtral()
+def _qwen2_moe() -> torch.nn.Module:
+    """Shared experts next to the routed ones (and a sigmoid-gated shared expert)."""
+    from transformers import Qwen2MoeConfig, Qwen2MoeForCausalLM
+
+    config = Qwen2MoeConfig(
+        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, moe_intermediate_size=32,
+        shared_expert_intermediate_size=64, num_hidden_layers=1, num_attention_heads=4,
+        num_key_value_heads=2, num_experts=8, num_experts_per_tok=2, max_position_embeddings=64,
+    )  # fmt: skip
+    torch.manual_seed(0)
+    model = Qwen2MoeForCausalLM(config)
+    model.config._attn_implementation = "sdpa"
+    return model
+
+
+@pytest.mark.parametrize("build", [_mixtral, _qwen2_moe], ids=["mixtral", "qwen2_moe"])
+def test_dispatch_equals_hf_eager_experts(inputs: tuple, build) -> None:  # type: ignore[no-untyped-def]
+    eager = build()
     eager.config._experts_implementation = "eager"
     ours = copy.deepcopy(eager)
     assert moe.use_dispatch(ours, groups=4) == 1  # one layer: one experts module
