@@ -66,8 +66,16 @@ class ParallelStrategy:
     """Mesh axis the stages are laid along when ``pp > 1``."""
     chunks: int = 1
     """Model chunks per pipeline device (Megatron's virtual pipeline): > 1 is interleaved 1F1B."""
+    ep: tuple[str, ...] | None = None
+    """Expert parallelism: mesh axes the expert dim (dim 0 of 3-D ``experts`` weights) is split
+    over. The batch stays split over the data axes, so when ``ep`` is (part of) them the tokens
+    reach their experts by all-to-all (GShard); ``tp`` then splits each expert's hidden dim."""
 
     def __post_init__(self) -> None:
+        if isinstance(self.ep, (str, list)):
+            object.__setattr__(
+                self, "ep", (self.ep,) if isinstance(self.ep, str) else tuple(self.ep)
+            )
         if isinstance(self.dp, str):
             object.__setattr__(self, "dp", (self.dp,))
         elif isinstance(self.dp, list):
@@ -98,6 +106,7 @@ class ParallelStrategy:
         sizes = dict(mesh.axes)
         named = [("tp", self.tp)] if self.tp is not None else []
         named += [("dp", a) for a in self.dp or ()]
+        named += [("ep", a) for a in self.ep or () if a != DATA_AXES]
         for role, axis in named:
             if axis not in sizes:
                 raise StrategyError(
@@ -127,6 +136,13 @@ class ParallelStrategy:
         if self.dp is not None:
             return self.dp
         return tuple(a for a, n in mesh.axes if a not in (self.tp, self.cp, "pp") and n > 1)
+
+    def expert_axes(self, mesh: Mesh) -> tuple[str, ...]:
+        """The axes expert weights split their expert dim over (mesh order); () without EP."""
+        if not self.ep:
+            return ()
+        named = self.data_axes(mesh) if DATA_AXES in self.ep else self.ep
+        return tuple(a for a in mesh.axis_names if a in named and mesh.axis_size(a) > 1)
 
     def shard_axes(self, mesh: Mesh) -> tuple[str, ...]:
         """Axes sharded parameters and states are split over: the data axes, then ``cp``."""
@@ -182,6 +198,10 @@ class ParallelStrategy:
         tp_dim = self._tp_dim(v) if self.tp else None
         if tp_dim is not None and v.type.shape[tp_dim] % mesh.axis_size(self.tp) == 0:
             dims[tp_dim] = (self.tp,)  # type: ignore[assignment]
+        ep = self.expert_axes(mesh)
+        if ep and is_expert_weight(v) and v.type.shape[0] % mesh.group_size(ep) == 0:
+            dims[0] = ep
+            dp = tuple(a for a in dp if a not in ep)  # what is left to shard it over
         if shard and dp:
             size = mesh.group_size(dp)
             free = [d for d in range(v.type.rank) if not dims[d]]
@@ -195,6 +215,8 @@ class ParallelStrategy:
     def _tp_dim(self, v: Value) -> int | None:
         """Column: the weight's output dim; row: its contracted (input) dim; vocab: vocab dim."""
         path = v.origin.path
+        if is_expert_weight(v):
+            return _expert_tp_dim(v)
         if v.type.rank != 2:
             return None
         if VOCAB.search(path):
@@ -214,7 +236,7 @@ class ParallelStrategy:
         return dict.fromkeys(liveness(graph).layers, self.recompute)
 
 
-def _output_dim(v: Value) -> int | None:
+def _output_dim(v: Value, skip: int | None = None) -> int | None:
     """Dim of a weight that passes through its first contraction into the result.
 
     The weight may reach the contraction through single-operand layout ops (``nn.Linear``
@@ -233,6 +255,8 @@ def _output_dim(v: Value) -> int | None:
         if info is not None and info.flops == "dot":
             result_factors = {f for dim in rule.results[0] for f in dim}
             for original, d in enumerate(dim_of):
+                if original == skip:
+                    continue
                 if d is not None and any(f in result_factors for f in dims[d]):
                     return original
             return None
@@ -241,6 +265,28 @@ def _output_dim(v: Value) -> int | None:
         result = rule.results[0]
         dim_of = [None if d is None else _follow(dims[d], result) for d in dim_of]
         v = use.op.results[0]
+
+
+DATA_AXES = "*"
+"""``ParallelStrategy.ep`` entry meaning "the strategy's data axes"."""
+EXPERTS = re.compile(r"(^|[._'\[])experts([._#'\]]|$)")
+
+
+def is_expert_weight(v: Value) -> bool:
+    """A stacked expert weight ``[experts, ...]`` (HF ``mlp.experts.gate_up_proj``)."""
+    return v.type.rank == 3 and bool(EXPERTS.search(v.origin.path))
+
+
+def _expert_tp_dim(v: Value) -> int | None:
+    """Megatron TP inside each expert: up/gate split their output features, down its input
+    features. Which stored dim that is comes from the weight's first batched matmul (the
+    expert dim 0 passes through too; the other passing dim is the output one)."""
+    out_dim = _output_dim(v, skip=0)
+    if out_dim is None:
+        return None
+    if ROW.search(v.origin.path):
+        return 3 - out_dim  # the other of dims 1 and 2
+    return out_dim if COLUMN.search(v.origin.path) else None
 
 
 def _follow(factors: tuple[str, ...], result: tuple[tuple[str, ...], ...]) -> int | None:
@@ -349,6 +395,50 @@ def tp_fsdp(
     """2-D: Megatron TP on ``tp`` and FSDP over the data axes (and ``cp``, the context axis)."""
     name = "tp-fsdp" + (f"-cp[{cp}]" if cp else "") + _suffix(recompute)
     return ParallelStrategy(name, tp=tp, dp=dp, shard_params=True, recompute=recompute, cp=cp)
+
+
+def expert_parallel(
+    ep: str | tuple[str, ...] | None = None,
+    tp: str | None = None,
+    shard_states: bool = False,
+    shard_params: bool = False,
+    recompute: str | None = None,
+) -> ParallelStrategy:
+    """Mixture-of-experts: the expert dim over ``ep`` (default: every data axis, GShard's
+    EP over the data axis), tokens split over the data axes and moved by all-to-all. With
+    ``tp``, Megatron TP on that axis for attention and inside each expert (EP x TP).
+    ``shard_states`` / ``shard_params``: ZeRO-1 / FSDP over the data axes the experts are not
+    already split over (and the full data axes for the dense weights)."""
+    dense = ParallelStrategy("probe", tp=tp)
+    ep_axes = (ep,) if isinstance(ep, str) else ep
+    name = f"ep[{','.join(ep_axes) if ep_axes else 'data'}]" + (f"-tp[{tp}]" if tp else "")
+    name += "-fsdp" if shard_params else "-zero1" if shard_states else ""
+    return ParallelStrategy(
+        name + _suffix(recompute),
+        tp=dense.tp,
+        ep=ep_axes or (DATA_AXES,),
+        shard_states=shard_states,
+        shard_params=shard_params,
+        recompute=recompute,
+    )
+
+
+def moe_baselines(mesh: Mesh) -> list[ParallelStrategy]:
+    """Expert-parallel baselines that fit the mesh: EP over the data axes (with ZeRO-1 and
+    FSDP), and EP x TP when the mesh has a ``tp`` axis."""
+    out = []
+    has_tp = "tp" in mesh.axis_names and mesh.axis_size("tp") > 1
+    has_ep = "ep" in mesh.axis_names and mesh.axis_size("ep") > 1
+    for recompute in (None, "full"):
+        for kw in ({}, {"shard_states": True}, {"shard_params": True}):
+            out.append(expert_parallel(recompute=recompute, **kw))
+            if has_ep:
+                out.append(expert_parallel("ep", recompute=recompute, **kw))
+            if has_tp:
+                out.append(expert_parallel(tp="tp", recompute=recompute, **kw))
+            if has_tp and has_ep:
+                out.append(expert_parallel("ep", tp="tp", recompute=recompute, **kw))
+    return out
 
 
 def _suffix(recompute: str | None) -> str:

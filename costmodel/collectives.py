@@ -17,6 +17,14 @@ with S the full buffer; ref §3 "Measured collective bandwidth"):
 (all-to-all traffic does not aggregate NICs; nccl-tests#267). A group of one device, or an
 empty buffer, costs nothing.
 
+An all-to-all sends one message of ``out / n`` bytes to each of its ``n - 1`` peers, all at
+once. Inside one node every message rides NVLink: ``(n-1)/n * out / bw_intra``. A group with
+``k`` members in each node sends ``k - 1`` messages over NVLink and ``n - k`` through the
+device's one NIC, concurrently, so the slower share bounds it:
+``max((k-1)/n * out / bw_intra, (n-k)/n * out / bw_nic)`` (MoE dispatch and combine: the
+expert axis inside a node costs NVLink time only; each node added moves more of the buffer
+onto the NIC).
+
 **Groups spanning islands** (``Cluster.islands``; the link has an ``inner`` part of ``m``
 members per island, ``k = n / m`` islands, DCN alpha ``a_d`` and per-device bandwidth ``d``) are
 priced hierarchically, the way a two-level NCCL/XLA collective runs over a slow DCN: only
@@ -37,13 +45,14 @@ formulas above unchanged.
 
 from __future__ import annotations
 
+import math
 from collections.abc import Iterable
 
 from shardplan.ir.mesh import Mesh
 
 from .cluster import Cluster, get_cluster
 from .collective import COLLECTIVE_KINDS, Collective
-from .links import GroupLink, group_link
+from .links import INTRA_NODE, GroupLink, group_link, local_factors
 
 
 def normalize_axes(axes: str | Iterable[str], mesh: Mesh) -> tuple[str, ...]:
@@ -83,8 +92,24 @@ def collective_time(
     n = mesh.group_size(group)
     if n == 1 or nbytes <= 0:
         return 0.0
-    link = group_link(group, mesh, resolve_cluster(cluster, mesh))
+    resolved = resolve_cluster(cluster, mesh)
+    link = group_link(group, mesh, resolved)
+    if kind == "all-to-all" and link.inner is None:
+        return link.latency + _all_to_all_volume(nbytes, n, group, mesh, link, resolved)
     return _time(kind, float(nbytes), n, link)
+
+
+def _all_to_all_volume(
+    nbytes: float, n: int, group: tuple[str, ...], mesh: Mesh, link: GroupLink, cluster: Cluster
+) -> float:
+    """Seconds of bandwidth of one all-to-all: per-peer messages of ``nbytes / n``, the ones to
+    peers in the same node over NVLink and the others through one NIC, concurrently."""
+    if link.level == INTRA_NODE:
+        return (n - 1) / n * nbytes / link.p2p_bandwidth
+    factors = local_factors(mesh, cluster.devices_per_node)
+    k = math.prod(factors[a] for a in group)  # group members in each node
+    intra = (k - 1) / n * nbytes / cluster.intra_node.bandwidth
+    return max(intra, (n - k) / n * nbytes / link.p2p_bandwidth)
 
 
 def _time(kind: str, nbytes: float, n: int, link: GroupLink) -> float:

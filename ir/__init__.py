@@ -1,5 +1,6 @@
 """The sharding IR: meshes, types, shardings, factor rules, ops and graphs (no torch, no jax)."""
 
+from . import moe as _moe  # noqa: F401  (registers the mixture-of-experts rules)
 from .errors import (
     FrontendError,
     InfeasiblePlanError,

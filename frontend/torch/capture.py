@@ -20,7 +20,7 @@ from torch import fx, nn
 from ...ir import FrontendError, Graph, Mesh, Role, Sharding, Value
 from ...passes.stamp_layers import StampedGraph
 from ...passes.stamp_layers import stamp_layers as stamp_graph
-from . import optim, stack
+from . import moe, optim, stack
 from .annotate import dtensor_parameter_pins
 from .lower import Lowering, add_input, infer_modules, lower_node
 from .trace import Traced, trace
@@ -147,6 +147,7 @@ def capture(
         raise ValueError(f"mode must be 'train', 'inference', 'prefill' or 'decode', got {mode!r}")
     if context_len is not None and mode not in ("prefill", "decode"):
         raise ValueError(f"context_len= is for mode='prefill'/'decode', not mode={mode!r}")
+    moe.ensure_traceable(model)  # HF experts: a static-shape dispatch instead of grouped_mm
     spec = optim.OptimizerSpec(name=optimizer, lr=lr)
     _ = spec.state_names  # validates the optimizer name early
     layers = stack.find_stack(model) if stamp_layers else None

@@ -274,6 +274,26 @@ def index_copy(low: Lowering, node: fx.Node) -> Value:
     return _single(low, "index_copy", operands, node, dim=int(dim))  # type: ignore[arg-type]
 
 
+def moe(kind: str, n_tensors: int) -> Row:
+    """shardplan::moe_* (frontend/torch/moe.py): tensor operands, then experts/capacity ints."""
+
+    def row(low: Lowering, node: fx.Node) -> Value:
+        operands = low.tensors([a for a in node.args[:n_tensors] if a is not None])
+        attrs = {}
+        if kind == "moe_dispatch":
+            attrs = {"experts": int(node.args[3]), "capacity": int(node.args[4])}
+        return _single(low, kind, operands, node, **attrs)
+
+    return row
+
+
+def topk(low: Lowering, node: fx.Node) -> list:
+    """aten.topk(x, k, dim=-1): values and indices, the ``topk`` rule along ``dim``."""
+    x = low.value(node.args[0])
+    dim = node.args[2] if len(node.args) > 2 else node.kwargs.get("dim", -1)
+    return _multi(low, "topk", [x], node, axis=dim % x.type.rank)
+
+
 def cast(low: Lowering, node: fx.Node) -> Value:
     x = low.value(node.args[0])
     out = low.result_types(node)[0]
@@ -351,6 +371,8 @@ def _table() -> dict[str, Row]:
     table.update(split=split, split_with_sizes=split, unbind=split)
     table.update(index=gather, index_select=gather, gather=gather, index_copy=index_copy)
     table.update(index_put=scatter, index_add=scatter, scatter=scatter, scatter_add=scatter)
+    table.update(moe_dispatch=moe("moe_dispatch", 3), moe_combine=moe("moe_combine", 3))
+    table.update(moe_combine_wgrad=moe("moe_combine_wgrad", 3), topk=topk)
     for aten_name in FACTORIES:
         table[aten_name] = constant()
     table["arange"] = constant("iota")

@@ -39,12 +39,13 @@ def test_collective_time_one_axis_intra_node(kind: str, expected: float) -> None
 
 # {"x": 8} on 4-device nodes: x spans 2 nodes with 4 members in each, so ring collectives run
 # 4 rings on 4 NICs: busbw = min(4 * 10 GB/s, 100 GB/s) = 40 GB/s; alpha = 10 us. All-to-all
-# and permute get one NIC (10 GB/s).
+# and permute get one NIC (10 GB/s); an all-to-all sends its 3 same-node messages over NVLink
+# (3/8 * MB / 100 GB/s) while the 4 remote ones share the NIC (4/8 * MB / 10 GB/s, slower).
 SPAN_8 = [
     ("all-gather", 10e-6 + 7 / 8 * MB / 4e10),
     ("reduce-scatter", 10e-6 + 7 / 8 * 8 * MB / 4e10),
     ("all-reduce", 10e-6 + 2 * 7 / 8 * MB / 4e10),
-    ("all-to-all", 10e-6 + 7 / 8 * MB / 1e10),
+    ("all-to-all", 10e-6 + 4 / 8 * MB / 1e10),
     ("collective-permute", 10e-6 + MB / 1e10),
 ]
 
@@ -61,7 +62,7 @@ def test_collective_time_literal_values() -> None:
     assert collective_time("all-gather", MB, "x", mesh, CPU) == pytest.approx(31.875e-6)
     assert collective_time("reduce-scatter", MB, "x", mesh, CPU) == pytest.approx(185e-6)
     assert collective_time("all-reduce", MB, "x", mesh, CPU) == pytest.approx(53.75e-6)
-    assert collective_time("all-to-all", MB, "x", mesh, CPU) == pytest.approx(97.5e-6)
+    assert collective_time("all-to-all", MB, "x", mesh, CPU) == pytest.approx(60e-6)
     assert collective_time("collective-permute", MB, "x", mesh, CPU) == pytest.approx(110e-6)
 
 
@@ -74,12 +75,13 @@ DP_4 = [
     ("all-to-all", 10e-6 + 0.75 * MB / 1e10),
     ("collective-permute", 10e-6 + MB / 1e10),
 ]
-# Over ("dp", "tp"): n = 16 with 4 members per node -> ring busbw 40 GB/s, a2a 10 GB/s.
+# Over ("dp", "tp"): n = 16 with 4 members per node -> ring busbw 40 GB/s, a2a 10 GB/s for
+# the 12 messages to other nodes (the 3 same-node ones ride NVLink meanwhile).
 DP_TP_16 = [
     ("all-gather", 10e-6 + 15 / 16 * MB / 4e10),
     ("reduce-scatter", 10e-6 + 15 / 16 * 16 * MB / 4e10),
     ("all-reduce", 10e-6 + 2 * 15 / 16 * MB / 4e10),
-    ("all-to-all", 10e-6 + 15 / 16 * MB / 1e10),
+    ("all-to-all", 10e-6 + 12 / 16 * MB / 1e10),
     ("collective-permute", 10e-6 + MB / 1e10),
 ]
 
