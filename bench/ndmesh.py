@@ -117,6 +117,24 @@ def llama_8b() -> dict:
     )  # fmt: skip
 
 
+def llama_70b_256() -> dict:
+    """Llama-3-70B shapes (bf16, 80 layers), 16 sequences of 131,072 tokens on 256 H100s:
+    ``pp=4`` pipelined, ``dp=2, cp=4, tp=8`` planned per stage."""
+    import torch
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(
+        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=131072,
+    )  # fmt: skip
+    with torch.device("meta"):
+        model = LlamaForCausalLM(config).to(torch.bfloat16)
+    ids = torch.empty((16, 131072), dtype=torch.long, device="meta")
+    mesh = Mesh({"pp": 4, "dp": 2, "cp": 4, "tp": 8}, cluster="h100-sxm")
+    plan, wall, cpu = _timed(lambda: sp.plan(model, {"input_ids": ids, "labels": ids}, mesh=mesh))
+    return _row("Llama-3-70B 16x128K", "4x2x4x8", plan, wall, cpu)
+
+
 def jax_gpt(scan: bool) -> dict:
     from jax_gpt import GPTConfig, make
 
@@ -143,11 +161,14 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-8b", action="store_true", help="leave out the Llama-3-8B row")
+    parser.add_argument("--skip-70b", action="store_true", help="leave out the 256-device row")
     args = parser.parse_args()
     warnings.simplefilter("ignore")
     rows = [tiny_llama((2, 2, 2)), tiny_llama((2, 2, 2, 2))]
     if not args.skip_8b:
         rows.append(llama_8b())
+    if not args.skip_70b:
+        rows.append(llama_70b_256())
     rows += [jax_gpt(scan=False), jax_gpt(scan=True)]
     print(table(rows))
     out = ROOT / "bench" / "results"
