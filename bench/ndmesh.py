@@ -8,10 +8,12 @@ Rows (each the ``sp.plan`` call, capture included, on this machine):
   ``dp=2, fsdp=4, tp=8`` H100s, beside the best hand-written strategy priced in the same run
   under the same cost model (``sp.evaluate``: HSDP x TP, TP x FSDP, Megatron with ZeRO-1 with
   and without sequence parallelism; each without and with full recomputation);
+- Llama-3-70B shapes (IR builder, bf16, 80 layers), 16 x 131,072 tokens on ``pp=4, dp=2,
+  cp=4, tp=8`` (256 H100s; minutes on this VM: ``--skip-70b`` leaves it out);
 - the README's JAX GPT (2 layers, ``dp=2, tp=4``), unrolled and under ``lax.scan``.
 
     .venv/bin/python bench/ndmesh.py            # table + bench/results/ndmesh.json
-    .venv/bin/python bench/ndmesh.py --skip-8b  # the quick rows only
+    .venv/bin/python bench/ndmesh.py --skip-8b --skip-70b  # the quick rows only
 """
 
 from __future__ import annotations
@@ -118,6 +120,19 @@ def llama_8b() -> dict:
     )  # fmt: skip
 
 
+def llama_70b_256() -> dict:
+    """Llama-3-70B shapes (bf16, 80 layers), 16 sequences of 131,072 tokens on 256 H100s:
+    ``pp=4`` pipelined, ``dp=2, cp=4, tp=8`` planned per stage. The IR builder's graph
+    (``models.training_step``): the HF-captured one ends ``InfeasiblePlanError`` (open,
+    docs/design.md "Planning speed")."""
+    from shardplan.models import LLAMA3_70B, training_step
+
+    graph = training_step(LLAMA3_70B, batch=16, seq=131072)
+    mesh = Mesh({"pp": 4, "dp": 2, "cp": 4, "tp": 8}, cluster="h100-sxm")
+    plan, wall, cpu = _timed(lambda: sp.plan(graph, mesh=mesh))
+    return _row("Llama-3-70B 16x128K", "4x2x4x8", plan, wall, cpu)
+
+
 def jax_gpt(scan: bool) -> dict:
     from jax_gpt import GPTConfig, make
 
@@ -144,6 +159,7 @@ def table(rows: list[dict]) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--skip-8b", action="store_true", help="leave out the Llama-3-8B row")
+    parser.add_argument("--skip-70b", action="store_true", help="leave out the 256-device row")
     add_record_argument(parser)
     args = parser.parse_args()
     clock = WallClock()
@@ -151,6 +167,8 @@ def main() -> None:
     rows = [tiny_llama((2, 2, 2)), tiny_llama((2, 2, 2, 2))]
     if not args.skip_8b:
         rows.append(llama_8b())
+    if not args.skip_70b:
+        rows.append(llama_70b_256())
     rows += [jax_gpt(scan=False), jax_gpt(scan=True)]
     print(table(rows))
     out = ROOT / "bench" / "results"

@@ -28,6 +28,10 @@ class Mesh:
     without ``cluster=`` it is the synthetic ``cpu-test``, and planning on it warns once."""
     cluster_given: bool = field(default=True, compare=False, repr=False)
     """Whether ``cluster=`` was passed (planning warns once when it was not)."""
+    _index: dict[str, tuple[int, int]] = field(
+        default_factory=dict, init=False, compare=False, repr=False
+    )
+    """name -> (position, size): the planner asks an axis's size millions of times."""
 
     def __init__(
         self,
@@ -43,6 +47,8 @@ class Mesh:
         object.__setattr__(self, "axes", mesh_axes(axes))
         object.__setattr__(self, "cluster", cluster or MESH_DEFAULT_CLUSTER)
         object.__setattr__(self, "cluster_given", cluster is not None)
+        index = {name: (i, size) for i, (name, size) in enumerate(self.axes)}
+        object.__setattr__(self, "_index", index)
 
     @property
     def axis_names(self) -> tuple[str, ...]:
@@ -57,9 +63,9 @@ class Mesh:
         return math.prod(size for _, size in self.axes)
 
     def axis_size(self, name: str) -> int:
-        for axis, size in self.axes:
-            if axis == name:
-                return size
+        found = self._index.get(name)
+        if found is not None:
+            return found[1]
         raise ShardingError(
             f"unknown mesh axis {name!r}; the mesh has axes {list(self.axis_names)}"
         )
@@ -69,8 +75,11 @@ class Mesh:
         return math.prod(self.axis_size(name) for name in names)
 
     def axis_index(self, name: str) -> int:
-        self.axis_size(name)
-        return self.axis_names.index(name)
+        found = self._index.get(name)
+        if found is not None:
+            return found[0]
+        self.axis_size(name)  # raises the unknown-axis error
+        return -1
 
     def __str__(self) -> str:
         return "<[" + ", ".join(f'"{name}"={size}' for name, size in self.axes) + "]>"

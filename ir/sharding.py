@@ -91,7 +91,7 @@ class Sharding:
 
     def shard_count(self, mesh: Mesh) -> int:
         """Number of distinct shards (devices holding different data) of the tensor."""
-        return math.prod(mesh.axis_size(a) for a in self.sharded_axes)
+        return math.prod(mesh.axis_size(a) for axes in self.dims for a in axes)  # axes unique
 
     def local_shape(self, type_: TensorType, mesh: Mesh) -> tuple[int, ...]:
         self.check(type_, mesh)

@@ -287,13 +287,19 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     def price(type_: TensorType, fused: bool = False):
         """Reshard seconds; on a fused edge also the HBM round trip the reshard forces."""
 
+        table = seen.get((type_, fused))  # per type: (a, b) keys hash and compare faster
+        if table is None:
+            table = seen[(type_, fused)] = {}
+
         def time(a: Sharding, b: Sharding) -> float:
-            key = (a, b, type_, fused)
-            if key not in seen:
-                seen[key] = reshard_time(a, b, type_, mesh, cluster)
+            key = (a, b)
+            found = table.get(key)
+            if found is None:
+                found = reshard_time(a, b, type_, mesh, cluster)
                 if fused:
-                    seen[key] += unfused_penalty(type_, a, b, mesh, cluster)
-            return seen[key]
+                    found += unfused_penalty(type_, a, b, mesh, cluster)
+                table[key] = found
+            return found
 
         return time
 

@@ -27,20 +27,34 @@ def prune_dominated(problem: Problem, memory=None, keep: dict[int, int] | None =
     usage = _memory_vectors(problem, memory)
     keep = keep or {}
     total = 0
+    visit = [n for n in problem.live_nodes() if len(problem.node_costs[n]) > 1]
+    worst: dict = {}  # alike edges (one cost matrix, same live columns) share their maxima
     for _ in range(PASSES):
-        pruned = 0
-        for n in problem.live_nodes():
-            if len(problem.node_costs[n]) > 1:
-                pruned += _prune_node(problem, n, usage.get(n), keep.get(n))
+        pruned, changed = 0, set()
+        for n in visit:
+            count = _prune_node(problem, n, usage.get(n), keep.get(n), worst)
+            if count:
+                pruned += count
+                changed.update(_neighbours(problem, n))
         total += pruned
         if not pruned:
             break
+        # Only a node next to a pruned one can lose more: with its edges' live columns
+        # unchanged, dominance being transitive, it would find what its last visit found.
+        visit = [n for n in visit if n in changed]
     if total:
         _drop_forbidden_groups(problem)
     return total
 
 
-def _prune_node(problem: Problem, n: int, usage: np.ndarray | None, keep: int | None) -> int:
+def _neighbours(problem: Problem, n: int) -> list[int]:
+    edges = (problem.edge_table[key] for key in problem.adjacency.get(n, ()))
+    return [e.v if e.u == n else e.u for e in edges]
+
+
+def _prune_node(
+    problem: Problem, n: int, usage: np.ndarray | None, keep: int | None, cache: dict
+) -> int:
     cost = problem.node_costs[n]
     allowed = np.isfinite(cost)
     finite = np.where(allowed, cost, 0.0)
@@ -54,13 +68,12 @@ def _prune_node(problem: Problem, n: int, usage: np.ndarray | None, keep: int | 
         live_cols = np.zeros(rows.shape[1], dtype=bool)
         other_node = e.v if e.u == n else e.u
         live_cols[other[np.isfinite(problem.node_costs[other_node])]] = True
-        rows = rows[:, live_cols]
-        if rows.shape[1] == 0:
+        if not live_cols.any():
             continue
-        with np.errstate(invalid="ignore"):
-            diff = rows[:, None, :] - rows[None, :, :]  # [gt, gs, j]
-        diff = np.where(np.isnan(diff), -np.inf, diff)
-        worst = diff.max(axis=2)
+        key = (id(e.cost), e.u == n, live_cols.tobytes())
+        worst = cache.get(key)
+        if worst is None:
+            worst = cache[key] = _worst(rows[:, live_cols])
         with np.errstate(invalid="ignore"):  # inf + -inf: a forbidden pair, stays undecided
             delta = delta + worst[np.ix_(mine, mine)]
     better = delta <= 0
@@ -77,6 +90,14 @@ def _prune_node(problem: Problem, n: int, usage: np.ndarray | None, keep: int | 
         return 0
     problem.node_costs[n] = np.where(dominated, np.inf, cost)
     return int(dominated.sum())
+
+
+def _worst(rows: np.ndarray) -> np.ndarray:
+    """``worst[t, s] = max_j (rows[t, j] - rows[s, j])``; inf - inf counts as -inf."""
+    with np.errstate(invalid="ignore"):
+        diff = rows[:, None, :] - rows[None, :, :]  # [gt, gs, j]
+    diff = np.where(np.isnan(diff), -np.inf, diff)
+    return diff.max(axis=2)
 
 
 def _drop_forbidden_groups(problem: Problem) -> None:

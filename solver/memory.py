@@ -153,8 +153,11 @@ class MemoryModel:
             layer: mode for (layer, mode), var in self._vars.items() if solver.Value(var)
         }
 
-    def minimum(self, problem: Problem, time_limit: float = 10.0) -> tuple[int, list[int], dict]:
-        """The smallest modelled peak any choice reaches (recomputing allowed), and the choice."""
+    def minimum(
+        self, problem: Problem, time_limit: float = 10.0
+    ) -> tuple[int, list[int], dict] | None:
+        """The smallest modelled peak any choice reaches (recomputing allowed), and the choice;
+        None when CP-SAT finds no choice within ``time_limit``."""
         model = cp_model.CpModel()
         x = {}
         for n in problem.live_nodes():
@@ -166,7 +169,9 @@ class MemoryModel:
         solver = cp_model.CpSolver()
         solver.parameters.max_time_in_seconds = time_limit
         solver.parameters.num_workers = 1
-        solver.Solve(model)
+        status = solver.Solve(model)
+        if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+            return None
         choice = [0] * len(problem.node_costs)
         for n, vars_ in x.items():
             choice[n] = next(s for s, v in enumerate(vars_) if solver.Value(v))
@@ -553,7 +558,14 @@ def _recompute_costs(space: Space, cluster: Cluster, live: Liveness) -> dict:
 
 def infeasible_error(memory: MemoryModel, problem: Problem, limit: float) -> InfeasiblePlanError:
     """The clear error: the smallest peak any layout (and recomputation) reaches, and its parts."""
-    peak, choice, decisions = memory.minimum(problem)
+    found = memory.minimum(problem)
+    if found is None:
+        return InfeasiblePlanError(
+            f"the training step does not fit {gib(limit)} per device (the solver proved it), and "
+            "its smallest peak was not found in time. Use more devices, a larger memory_limit, "
+            "or a smaller batch"
+        )
+    peak, choice, decisions = found
     profile = memory.profile(choice, decisions)
     error = InfeasiblePlanError(
         f"the training step does not fit: its smallest modelled peak is {gib(peak)} per device "

@@ -154,7 +154,7 @@ def _plan_space(
     o, clock, cluster, limit = options, options.clock, options.cluster, options.limit
     space.graph.mesh = space.mesh
     if o.batch_split_limit is not None:
-        clock("enumerate", cap_batch_split, space, o.batch_split_limit)
+        hints = _capped_hints(space, hints, o.batch_split_limit, clock)
     problem = clock("price", build_problem, space, cluster, limit)
     _check_memory_feasible(space, problem, limit)
     memory = clock(
@@ -344,6 +344,19 @@ def _simulated(plan: Plan) -> Plan:
     result = simulate(plan)
     plan.exposed_comm_time = result.exposed_comm_time
     return plan
+
+
+def _capped_hints(space: Space, hints: dict[int, int] | None, cap: int, clock) -> dict[int, int]:  # type: ignore[no-untyped-def]
+    """Cap the batch split (fewer strategies per list) and re-index the warm start to match: a
+    hinted strategy the cap removes is no longer hinted (it was an index into the old list)."""
+    chosen = {n: space.strategies[n][s] for n, s in (hints or {}).items()}
+    clock("enumerate", cap_batch_split, space, cap)
+    out = {}
+    for n, strategy in chosen.items():
+        found = next((i for i, t in enumerate(space.strategies[n]) if t is strategy), None)
+        if found is not None:
+            out[n] = found
+    return out
 
 
 def shrink(problem: Problem, space: Space, share_layers: bool, merge_followers: bool) -> None:

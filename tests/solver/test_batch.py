@@ -29,3 +29,33 @@ def test_capped_plan_never_splits_the_batch_wider_than_the_cap(cap: int) -> None
     graph = training_step(GPT_125M, batch=8, layers=2, seq=256)
     plan = plan_graph(graph, sp.Mesh({"dp": 4}, cluster="h100-sxm"), batch_split_limit=cap)
     assert cap % plan_batch_split(plan) == 0
+
+
+def test_capping_the_batch_split_reindexes_the_warm_start() -> None:
+    """A warm start (axis search: the incumbent's index per node) must name the same strategy
+    after the cap shortens the lists: an index into the old list crashed the 70B pp x dp x cp
+    x tp plan (IndexError in dominance pruning) or silently hinted another strategy."""
+    from shardplan.solver.batch import cap_batch_split
+    from shardplan.solver.costs import build_space
+    from shardplan.solver.planner import _capped_hints
+
+    graph = training_step(GPT_125M, batch=8, layers=1, seq=128)
+    mesh = sp.Mesh({"dp": 4, "tp": 2}, cluster="h100-sxm")
+    space, reference = build_space(graph, mesh), build_space(graph, mesh)
+    cap_batch_split(reference, 1)
+    before = [list(options) for options in space.strategies]
+    hints = {}  # per node: a strategy the cap removes where there is one, else the last
+    for n, options in enumerate(before):
+        gone = [i for i, s in enumerate(options) if s not in reference.strategies[n]]
+        hints[n] = gone[-1] if gone else len(options) - 1
+    capped = _capped_hints(space, hints, 1, lambda _name, fn, *args: fn(*args))
+    shortened = [n for n, options in enumerate(space.strategies) if len(options) < len(before[n])]
+    assert shortened  # the cap removed strategies, so old indexes would be wrong
+    dropped = 0
+    for n, index in hints.items():
+        if n in capped:
+            assert space.strategies[n][capped[n]] is before[n][index]
+        else:
+            dropped += 1
+            assert before[n][index] not in space.strategies[n]
+    assert dropped  # some hinted strategies split the batch over 4 devices
