@@ -54,7 +54,9 @@ def plan(
       pins: value name or origin path -> required sharding (GSPMD-style user constraints).
       memory_limit: per-device bytes (a number or ``"40GB"`` / ``"512MiB"``); defaults to the
         cluster's device memory.
-      time_limit: solver wall-clock limit in seconds.
+      time_limit: solver budget: about this many seconds of search on one idle core,
+        counted in CP-SAT's deterministic time, so the plan does not depend on machine load;
+        the wall clock stops the search only at 10x it (docs/design.md, "Deterministic solves").
       verbose: print progress on stderr (each phase with the seconds since the call began:
         capture, enumerate, price, solve with its bound and gap, simulate). Progress always
         goes to the ``logging`` logger ``"shardplan"`` at INFO (``progress.py``).

@@ -147,7 +147,10 @@ def build_parser() -> argparse.ArgumentParser:
         "cluster's device memory)",
     )  # fmt: skip
     plan.add_argument(
-        "--time-limit", type=parse_seconds, default=30.0, help="solver seconds (default 30)"
+        "--time-limit",
+        type=parse_seconds,
+        default=30.0,
+        help="solver budget: seconds of search on an idle core (deterministic; default 30)",
     )
     plan.add_argument(
         "--out", type=Path, help="also save the plan as JSON here (checked before planning, "

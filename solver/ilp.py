@@ -40,6 +40,28 @@ class Solution:
     status: str
     wall_time: float
     num_variables: int
+    work: float = 0.0
+    """CP-SAT deterministic seconds the search used (0 when the LP or elimination solved it)."""
+
+    @property
+    def seconds_of_budget(self) -> float:
+        """The ``time_limit`` seconds the search used up (``DETERMINISTIC_PER_SECOND``)."""
+        return self.work / DETERMINISTIC_PER_SECOND
+
+
+DETERMINISTIC_PER_SECOND = 0.25
+"""CP-SAT deterministic seconds (``max_deterministic_time``, its own count of work) per second of
+the user's ``time_limit``. CP-SAT stops at that budget, so a search cut short returns the same
+solution however busy or slow the machine is. Measured on a 2-core box: one deterministic
+second of this formulation's search took 15-19 wall seconds with the box loaded about 4.5x
+(load 9), i.e. about 4 s of an idle core; so ``time_limit=T`` stops after about ``T`` seconds
+of search on an idle core of such a box (longer on a busy one, shorter on a fast one)."""
+
+WALL_BACKSTOP = 10.0
+"""The wall clock (``max_time_in_seconds``) is only a backstop, at this many times the
+``time_limit`` the budget came from: it fires only on a machine so slow or loaded that the
+search would run on far past what the user asked for; only then can a plan depend on load (it
+is still a valid plan, status ``FEASIBLE``)."""
 
 
 def solve(
@@ -54,11 +76,14 @@ def solve(
     """Solve exactly: the LP relaxation when it is integral, else CP-SAT warm-started by it.
 
     Deterministic for the same problem (GLOP is deterministic; CP-SAT runs one worker with a
-    fixed seed). ``use_lp=False`` forces CP-SAT alone. ``memory`` (a ``solver.memory.MemoryModel``)
-    adds the peak-memory rows and recomputation choices (memory hook). ``work_limit`` caps
-    CP-SAT's deterministic time (its own work units), so a cut-short search still returns the
-    same solution on a slower or busier machine. Without peak rows, nodes of degree <= 2 are
-    first eliminated exactly (``solver/eliminate.py``) and the reduced problem is solved.
+    fixed seed and stops at a deterministic-time budget, not a wall-clock one). ``time_limit``:
+    seconds of search on an idle core, turned into that budget (``DETERMINISTIC_PER_SECOND``;
+    ``WALL_BACKSTOP`` times it is the wall-clock backstop); ``work_limit`` gives the budget in
+    deterministic seconds directly (the axis search's capped steps).
+    ``use_lp=False`` forces CP-SAT alone. ``memory`` (a ``solver.memory.MemoryModel``) adds
+    the peak-memory rows and recomputation choices (memory hook). Without peak rows, nodes of
+    degree <= 2 are first eliminated exactly (``solver/eliminate.py``) and the reduced problem
+    is solved.
     """
     start = time.perf_counter()
     prune_dominated(problem, memory, hints)  # exact: forbids strategies another one beats
@@ -81,7 +106,7 @@ def solve(
     bound = objective if solution.status == "OPTIMAL" else min(objective, solution.bound + offset)
     return Solution(
         solution.choice, objective, bound, solution.status, solution.wall_time,
-        solution.num_variables,
+        solution.num_variables, solution.work,
     )  # fmt: skip
 
 
@@ -129,8 +154,7 @@ def _solve(
         )
     if relaxation is not None and not all(n in (hints or {}) for n in problem.live_nodes()):
         hints = {n: relaxation.choice[n] for n in problem.live_nodes()}  # else: an incumbent
-    remaining = max(1.0, time_limit - (time.perf_counter() - start))
-    solution = _solve_cpsat(problem, remaining, hints, workers, start, memory, work_limit)
+    solution = _solve_cpsat(problem, time_limit, hints, workers, start, memory, work_limit)
     if not solution.choice and hints:
         solution = _warm_start(problem, hints, memory, start) or solution
     if not solution.choice and relaxation is not None and memory is not None:
@@ -144,6 +168,7 @@ def _solve(
             solution.status,
             solution.wall_time,
             solution.num_variables,
+            solution.work,
         )
     return solution
 
@@ -227,16 +252,19 @@ def _solve_cpsat(
     model.Minimize(sum(coef * var for var, coef in terms if coef))
     _add_hints(model, x, hints)
     solver = cp_model.CpSolver()
-    solver.parameters.max_time_in_seconds = time_limit
-    if work_limit is not None:
-        solver.parameters.max_deterministic_time = work_limit
+    budget = work_limit if work_limit is not None else time_limit * DETERMINISTIC_PER_SECOND
+    solver.parameters.max_deterministic_time = budget  # the limit: the same on any machine
+    backstop = WALL_BACKSTOP * budget / DETERMINISTIC_PER_SECOND
+    solver.parameters.max_time_in_seconds = backstop  # fires only far beyond the budget
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
     progress_callback = _Progress(constant, scale) if progress.enabled() else None
     status = solver.Solve(model, progress_callback)
     name = _STATUS.get(status, str(status))
+    work = solver.ResponseProto().deterministic_time
     if name not in ("OPTIMAL", "FEASIBLE"):
-        return Solution([], float("inf"), float("inf"), name, time.perf_counter() - start, 0)
+        elapsed = time.perf_counter() - start
+        return Solution([], float("inf"), float("inf"), name, elapsed, 0, work)
     choice = [0] * len(problem.node_costs)
     for n in live:
         choice[n] = 0 if len(x[n]) == 1 else next(s for s, v in enumerate(x[n]) if solver.Value(v))
@@ -245,9 +273,8 @@ def _solve_cpsat(
     if name == "OPTIMAL":
         bound = objective
     nvars = len(model.Proto().variables)
-    return Solution(
-        problem.expand(choice), objective, bound, name, time.perf_counter() - start, nvars
-    )
+    elapsed = time.perf_counter() - start
+    return Solution(problem.expand(choice), objective, bound, name, elapsed, nvars, work)
 
 
 class _Progress(cp_model.CpSolverSolutionCallback):

@@ -173,24 +173,20 @@ def _plan_space(
     chosen: list[list[int]] = []
     warm = {**_hints(space), **(hints or {})}
     seeded = o.baseline is not None and not quick and o.recompute is True
-    priced = 0.0  # seconds spent pricing the hand-written strategies: not the solver's time
     if seeded and binds:  # the limit binds: start from a baseline
         if not o.baseline.called:  # priced on this problem, not one plan_graph per strategy
             shrunk = partial(shrink, space=space, share_layers=o.share_layers, merge_followers=True)
-            priced = time.perf_counter()
             found = clock("seed", price_baselines, space, problem, memory, cluster, shrunk,
                           o.time_limit)  # fmt: skip
-            priced = time.perf_counter() - priced
             o.baseline.set(found)
         warm = {**clock("seed", _seed, space, memory, o.baseline()), **warm}
-    started = time.perf_counter()
+    left = share * o.time_limit  # spent in CP-SAT's deterministic time, not wall time (ilp.py)
     for index, (candidate, merge) in enumerate(variants):
         clock("shrink", shrink, candidate, space, o.share_layers, merge)
-        deadline = min(o.deadline + priced, started + share * o.time_limit)
-        left = max(1.0, deadline - time.perf_counter())
-        budget = left / (len(variants) - index)  # the user's limit covers every variant
+        budget = max(1.0, left) / (len(variants) - index)  # the limit covers every variant
         work = STEP_WORK if share < 1 else None  # a step cut short is still deterministic
         solution = clock("solve", solve, candidate, budget, warm, memory=memory, work_limit=work)
+        left = max(0.0, left - solution.seconds_of_budget)  # what one leaves, the next gets
         if not solution.choice and plans and not merge:
             continue  # the exact variant is extra: a merged plan stands
         if not solution.choice:

@@ -22,6 +22,7 @@ from ...ir import FrontendError, Mesh, Op, Sharding, Value
 from ...solver.plan import Plan
 from .capture import JaxContext
 from .paths import pinned_layouts
+from .pending import Pending, explicit_dot, sum_axes
 from .walk import Walker
 
 SCATTER_ADD = frozenset({"scatter-add", "scatter_add"})
@@ -112,6 +113,12 @@ class _Emit(Walker[Any]):
         self.values = {v.name: v for v in plan.graph.values()}
 
     def _pin(self, x: Any, sharding: Sharding | None) -> Any:
+        if isinstance(x, Pending) and sharding is not None:
+            x = sum_axes(x, sharding.partial, self.plan.mesh, self._pin)  # a planned reduction
+            if isinstance(x, Pending):
+                if sharding.rank == len(x.shape):
+                    x.array = self._pin(x.array, x.expanded(sharding.without_partial()))
+                return x
         if sharding is None or sharding.partial or sharding.rank != len(getattr(x, "shape", ())):
             return x
         self.constraints += 1
@@ -189,23 +196,45 @@ class _Emit(Walker[Any]):
         return jax.lax.add(base, self._pin_use(summed, add, 1))
 
     def pin_outputs(self, outs: list[Any]) -> list[Any]:
-        return [self._pin_path(x, self.outputs.get(i, [])) for i, x in enumerate(outs)]
+        return [_plain(self._pin_path(x, self.outputs.get(i, []))) for i, x in enumerate(outs)]
+
+    def _explicit_dot(self, eqn: Any, ins: list[Any], params: dict[str, Any]) -> Pending | None:
+        """A dot whose planned result is a pending sum, bound so that XLA reduces it as
+        planned (``pending.py``); None for any other equation."""
+        if eqn.primitive.name != "dot_general" or len(self.context.steps[self.step]) != 1:
+            return None
+        (name,) = self.context.steps[self.step]
+        value = self.values.get(name) if name else None
+        result = self.plan.shardings.get(name) if name else None
+        op = value.producer if value is not None else None
+        if result is None or not result.partial or op is None or id(op) not in self.op_index:
+            return None
+        i = self.op_index[id(op)]
+        layouts = []
+        for k, (x, operand) in enumerate(zip(ins, op.operands, strict=True)):
+            layout = self.plan.operand_shardings.get((i, k), self.plan.shardings.get(operand.name))
+            if layout is None or tuple(getattr(x, "shape", ())) != operand.type.shape:
+                return None
+            layouts.append(layout)
+        return explicit_dot(*ins, tuple(layouts), result, params, self.plan.mesh, self._pin)
 
     def apply(self, eqn: Any, ins: list[Any]) -> list[Any]:
-        ins = self._pin_operands(ins)
+        ins = [_plain(x) for x in self._pin_operands(ins)]
         params = eqn.primitive.get_bind_params(eqn.params)  # jax 0.10: params only
         with eqn.ctx.manager:  # the equation's context (compute type, metadata), as eval_jaxpr
             if eqn.primitive.name in SCATTER_ADD:
                 return self._pin_results([self._scatter_add(eqn, ins, params)])
+            if (pending := self._explicit_dot(eqn, ins, params)) is not None:
+                return self._pin_results([pending])
             outs = eqn.primitive.bind(*ins, **params)
         return self._pin_results(list(outs) if eqn.primitive.multiple_results else [outs])
 
     def index(self, x: Any, i: int) -> Any:
-        (x,) = self._pin_operands([x])
+        (x,) = [_plain(y) for y in self._pin_operands([x])]
         return self._pin_results([jax.lax.index_in_dim(x, i, axis=0, keepdims=False)])[0]
 
     def stack(self, pieces: list[Any]) -> Any:
-        pieces = self._pin_operands(pieces)
+        pieces = [_plain(p) for p in self._pin_operands(pieces)]
         rows = [jax.lax.expand_dims(p, (0,)) for p in pieces]
         return self._pin_results([jax.lax.concatenate(rows, 0)])[0]
 
@@ -226,8 +255,11 @@ class _Emit(Walker[Any]):
         n_carry, first = p["num_carry"], self.step
         carry_steps = range(first, first + len(init))
         index_steps = range(carry_steps.stop, carry_steps.stop + len(xs))
-        init = [self._pin_step(s, c) for s, c in zip(carry_steps, init, strict=True)]
-        xs = [self._pin_step(s, x, result=False) for s, x in zip(index_steps, xs, strict=True)]
+        init = [_plain(self._pin_step(s, c)) for s, c in zip(carry_steps, init, strict=True)]
+        xs = [
+            _plain(self._pin_step(s, x, result=False)) for s, x in zip(index_steps, xs, strict=True)
+        ]
+        consts = [_plain(c) for c in consts]
         traced: list[tuple[int, list[int]]] = []
         outer_chains = self.chains  # reshards done inside the body must not leak out of it
 
@@ -243,7 +275,7 @@ class _Emit(Walker[Any]):
             ]
             with self.body(p["length"]):
                 walked = self.run_closed(p["jaxpr"], [*consts, *carry, *sliced])
-            outs = [self.materialize(o) for o in walked]
+            outs = [_plain(self.materialize(o)) for o in walked]
             looped = []
             for o in outs[:n_carry]:
                 looped.append(self._pin_step(self.step, o))
@@ -272,6 +304,12 @@ class _Emit(Walker[Any]):
 
     def constant(self, value: Any) -> Any:
         return value
+
+
+def _plain(x: Any) -> Any:
+    """An array for a consumer the plan gives no reduction step: a pending sum is summed and
+    XLA reduces it as it likes (the emitter's behaviour before ``pending.py``)."""
+    return jax.numpy.sum(x.array, axis=0) if isinstance(x, Pending) else x
 
 
 Paths = dict[Any, list[Sharding]]

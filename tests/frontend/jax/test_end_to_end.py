@@ -25,16 +25,10 @@ GPT = jax_gpt.GPTConfig(n_layers=1, adam_eps=1e-4)  # eps >> |g|: the first Adam
 PLAN_TIME_LIMIT = 120
 
 
-_KNOWN_GAPS = {
-    ("gpt", (4, 2)): pytest.mark.xfail(
-        strict=True,
-        reason="the exact (unmerged) free plan reduce-scatters four tp-partial values onto a "
-        "layout XLA reaches by an all-reduce over tp and a collective-permute over (dp,tp) "
-        "(numerics match; the plan under-prices it); same cell as the emission matrix's "
-        "gpt1-4x2-free",
-    )
-}
-"""Measured gaps between the plan's collectives and XLA's: strict, so a fixed cell fails here."""
+_KNOWN_GAPS: dict[tuple[str, tuple[int, ...]], pytest.MarkDecorator] = {}
+"""Measured gaps between the plan's collectives and XLA's: strict, so a fixed cell fails here.
+The GPT's free plan on (4, 2) was one until the emitter bound a dot's pending sum explicitly
+(``frontend/jax/pending.py``): XLA ran its reduce-scatters as all-reduce + collective-permute."""
 
 
 def _mesh(shape: tuple[int, ...]) -> sp.Mesh:
