@@ -48,6 +48,7 @@ _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 """Run-time calls that ``make_fx`` records under another name."""
 _ADD = "aten.add.Tensor"
 _CLONE = "aten.clone.default"
+_COPY = "aten.copy_.default"
 _IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
 _LOOKAHEAD = 64
 """How many captured calls a run-time call may skip to find its match."""
@@ -291,7 +292,10 @@ class PlanFollower(TorchDispatchMode):
             target = self._through_identities(tensors[0], step.operands[0] or "", step)
             moved[0] = self._to(target, self._want(step, 0), step)
             args, kwargs = _replace((args, kwargs), iter(moved))
-            out = self._results(step, _out_of_place(func)(*args, **kwargs))
+            if step.target == _COPY:  # no DTensor rule for the functional copy
+                out = self._results(step, torch.ops.aten.clone.default(moved[1]))
+            else:
+                out = self._results(step, _out_of_place(func)(*args, **kwargs))
             _assign(tensors[0], out)
             return tensors[0]
         args, kwargs = _replace((args, kwargs), iter(moved))
@@ -326,12 +330,22 @@ class PlanFollower(TorchDispatchMode):
         and the target takes the result (``_assign``). HF Falcon's ``mlp_output +=
         attention_output`` adds a pending sum the plan reduce-scatters first."""
         name = step.results[0] if step.results else None
+        if step.target == _COPY and not (
+            len(step.operands) == 2 and self._same_type(step.operands[0], step.operands[1])
+        ):
+            return False  # a broadcasting or casting copy stays in place
         return (
             isinstance(target, DTensor)
             and name is not None
             and step.operands[0] is not None
             and not same_layout(tuple(target.placements), self._placements(None, name))
         )
+
+    def _same_type(self, a: str | None, b: str | None) -> bool:
+        """Two IR values of one shape and dtype (a ``copy_`` that is a plain copy)."""
+        if a is None or b is None:
+            return False
+        return self.plan.graph.value(a).type == self.plan.graph.value(b).type
 
     def _empty_at(self, out: DTensor, value: str) -> DTensor:
         """An uninitialised tensor at the planned layout of ``value`` (the in-place call that
