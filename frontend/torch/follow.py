@@ -289,15 +289,7 @@ class PlanFollower(TorchDispatchMode):
             for i, (t, name) in enumerate(zip(tensors, step.operands, strict=True))
         ]
         if inplace and self._relayout(step, args[0]):
-            target = self._through_identities(tensors[0], step.operands[0] or "", step)
-            moved[0] = self._to(target, self._want(step, 0), step)
-            args, kwargs = _replace((args, kwargs), iter(moved))
-            if step.target == _COPY:  # no DTensor rule for the functional copy
-                out = self._results(step, torch.ops.aten.clone.default(moved[1]))
-            else:
-                out = self._results(step, _out_of_place(func)(*args, **kwargs))
-            _assign(tensors[0], out)
-            return tensors[0]
+            return self._run_out_of_place(step, func, (args, kwargs), tensors, moved)
         args, kwargs = _replace((args, kwargs), iter(moved))
         if step.target == "aten.cat.default":
             args = (without_legacy_empty(args[0]), *args[1:])
@@ -323,6 +315,21 @@ class PlanFollower(TorchDispatchMode):
             if step.target.startswith("aten.arange") and self.order is not None:
                 out = self._positions(out)
         return out if inplace else self._results(step, out)
+
+    def _run_out_of_place(
+        self, step: AtenStep, func: Any, call: tuple, tensors: list, moved: list
+    ) -> torch.Tensor:
+        """An in-place call run out of place at the planned layouts; the target takes the
+        result (``_relayout``)."""
+        target = self._through_identities(tensors[0], step.operands[0] or "", step)
+        moved[0] = self._to(target, self._want(step, 0), step)
+        args, kwargs = _replace(call, iter(moved))
+        if step.target == _COPY:  # no DTensor rule for the functional copy
+            out = self._results(step, torch.ops.aten.clone.default(moved[1]))
+        else:
+            out = self._results(step, _out_of_place(func)(*args, **kwargs))
+        _assign(tensors[0], out)
+        return tensors[0]
 
     def _relayout(self, step: AtenStep, target: torch.Tensor) -> bool:
         """An in-place call whose planned result layout is not its target's: DTensor keeps
