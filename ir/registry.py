@@ -320,6 +320,20 @@ def norm(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     return rowwise(ins, outs, {**attrs, "_trailing_weights": True})
 
 
+def norm_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """layer_norm / rms_norm backward: the input gradient passes every row dim through; the
+    weight and bias gradients sum over the rows, so a split row dim leaves them partial
+    (*summed* into those results; DTensor makes them ``Partial`` too)."""
+    rule = rowwise(ins, outs, attrs)
+    rows = {f for dim in rule.results[0] for f in dim} - rule.need_replication
+    summed = tuple(
+        (f, tuple(k for k, r in enumerate(rule.results) if not any(f in d for d in r)))
+        for f in sorted(rows)
+    )
+    summed = tuple((f, ks) for f, ks in summed if ks)
+    return ShardingRule(rule.operands, rule.results, rule.sizes, rule.need_replication, summed)
+
+
 def _topk(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     """topk along ``axis``: values and indices share the k factor; the input axis is whole."""
     x, out = ins[0], outs[0]
@@ -641,10 +655,11 @@ for _kind in ("argmax", "argmin"):
     register_rule(_kind, argreduce)
 for _kind in ("layer_norm", "rms_norm"):
     register_rule(_kind, norm)
-for _kind in """softmax log_softmax softmax_backward log_softmax_backward
-layer_norm_backward rms_norm_backward cross_entropy cross_entropy_backward nll_loss
-nll_loss_backward cumsum sort""".split():
+for _kind in """softmax log_softmax softmax_backward log_softmax_backward cross_entropy
+cross_entropy_backward nll_loss nll_loss_backward cumsum sort""".split():
     register_rule(_kind, rowwise)
+for _kind in ("layer_norm_backward", "rms_norm_backward"):
+    register_rule(_kind, norm_backward)
 register_rule("topk", lambda ins, outs, attrs: _topk(ins, outs, attrs))
 register_rule("reshape", reshape, flops="none", linear=True)
 register_rule("transpose", transpose, flops="none", linear=True)

@@ -231,9 +231,10 @@ def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
     for node in gm.graph.nodes:
         if node.op == "call_function":
             first = len(graph.ops)
+            operands = _operand_names(low, node)  # before an in-place op rebinds its target
             lower_node(low, node)
             if _is_aten_call(node):
-                context.steps.append(_step(low, node, range(first, len(graph.ops))))
+                context.steps.append(_step(low, node, operands, range(first, len(graph.ops))))
         elif node.op == "get_attr":
             add_input(low, node, Role.CONSTANT, node.target, module=low.module_of.get(node, ""))
     _record_marks(context, low.marks, traced.pins)
@@ -272,11 +273,14 @@ def leaves(tree: object, kind: type) -> list:
     return []
 
 
-def _step(low: Lowering, node: fx.Node, ops: range) -> AtenStep:
-    operands = tuple(
+def _operand_names(low: Lowering, node: fx.Node) -> tuple[str | None, ...]:
+    return tuple(
         low.env[a].name if isinstance(low.env.get(a), Value) else None
         for a in leaves((node.args, node.kwargs), fx.Node)
     )
+
+
+def _step(low: Lowering, node: fx.Node, operands: tuple[str | None, ...], ops: range) -> AtenStep:
     results = _result_names(low.env.get(node), node.meta.get("val"))
     target = str(node.target)
     first = node.args[0] if node.args and isinstance(node.args[0], fx.Node) else None

@@ -174,6 +174,7 @@ def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
     _distribute_parameters(plan, context, model, device_mesh)
     _install_root_hooks(plan, context, model, device_mesh)
     _install_boundary_hooks(plan, context, model)
+    _install_mark_hooks(model)
     _install_grad_hooks(plan, context, model)
     return model
 
@@ -479,6 +480,37 @@ def _output_hook(placements: Placements):  # type: ignore[no-untyped-def]
         return out if follow.following() else redistribute(out, placements)
 
     return hook
+
+
+def _install_mark_hooks(model: nn.Module) -> None:
+    """Under ``follow_plan``, alias the inputs and output of every parameter-owning module as
+    the capture's marks do (``trace.module_annotations``).
+
+    The marks are ``aten.alias`` calls, so the captured autograd graph has an ``AliasBackward``
+    node at each such boundary. The engine's order of work, and so the order in which a
+    value's gradients are summed (``(g1 + g2) + g3`` or ``g1 + (g2 + g3)``), depends on those
+    nodes: with them the run sums gradients as the trace does, and each sum is the traced
+    ``add`` at its planned layouts. The aliases move no data (the follower skips them)."""
+    from .trace import boundary_modules
+
+    for path in boundary_modules(model):
+        module = model.get_submodule(path)
+        module.register_forward_pre_hook(_mark_inputs)
+        module.register_forward_hook(_mark_output)
+
+
+def _mark_inputs(module: nn.Module, args: tuple) -> tuple | None:
+    if not follow.following():
+        return None
+    return tuple(_alias(a) for a in args)
+
+
+def _mark_output(module: nn.Module, args: tuple, out: Any) -> Any:
+    return _alias(out) if follow.following() else None
+
+
+def _alias(x: Any) -> Any:
+    return torch.ops.aten.alias.default(x) if isinstance(x, torch.Tensor) else x
 
 
 def _install_grad_hooks(plan: Plan, context: TorchContext, model: nn.Module) -> None:

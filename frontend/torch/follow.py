@@ -26,6 +26,7 @@ Three calls are run differently from DTensor's own dispatch (docs/torch.md, "Fol
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import math
 from collections.abc import Iterator, Sequence
 from typing import Any
@@ -46,6 +47,8 @@ _MATMUL_ADD = {"aten.addmm.default": torch.ops.aten.mm, "aten.baddbmm.default": 
 _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 """Run-time calls that ``make_fx`` records under another name."""
 _ADD = "aten.add.Tensor"
+_CLONE = "aten.clone.default"
+_COPY = "aten.copy_.default"
 _IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
 _LOOKAHEAD = 64
 """How many captured calls a run-time call may skip to find its match."""
@@ -131,6 +134,15 @@ class PlanFollower(TorchDispatchMode):
                 terms = tuple(t for o in s.operands for t in self._terms(o or "?"))
                 self.sum_terms[s.results[0]] = terms
                 self.sums.setdefault(tuple(sorted(terms)), k)
+        self.fill_layout: dict[str, str] = {}
+        """Result of an uninitialised factory -> the in-place call's result it is the target of
+        (made at that layout: DTensor keeps an in-place target's placements)."""
+        made_by = {r: s.target for s in self.steps for r in s.results if r is not None}
+        for s in self.steps:
+            if _in_place(s.target) and s.operands and made_by.get(s.operands[0] or "") in _EMPTY:
+                self.fill_layout.setdefault(s.operands[0] or "", s.results[0] or "")
+        self.empty = {v.name for v in plan.graph.values() if tuple(v.type.shape) == (0,)}
+        """Values that are a legacy ``torch.tensor([])`` (a ``cat`` operand eager ``cat`` skips)."""
         self.cursor = 0
         self.skipped: dict[int, AtenStep] = {}
         """Traced calls passed over by a later match, by index: the run may still make them."""
@@ -167,6 +179,11 @@ class PlanFollower(TorchDispatchMode):
         step = self._match(target, known)
         if step is None and target == _ADD:
             step = self._match_sum(known)
+        if step is None and target == _CLONE and self.names.get(tensors[0]) is not None:
+            self.deviations[-1:] = []  # ``.contiguous()`` where a run-time stride differs
+            out = func(*args, **kwargs)
+            self.names[out] = self.names[tensors[0]]  # the same values, at the same layout
+            return out
         if step is None:
             if target in _IN_PLACE_ADDS and isinstance(args[0], DTensor):  # e.g. `a += b`
                 args = (args[0], emit.pending_like(args[0], args[1]), *args[2:])
@@ -185,17 +202,32 @@ class PlanFollower(TorchDispatchMode):
         """The next traced call with this target whose operands agree with the values the
         run-time operands are known to hold; calls skipped on the way are reported."""
         for k, step in list(self.skipped.items()):  # autograd may run ready nodes in
-            if step.target == target and self._agree(step.operands, known):  # another order
+            fit = self._fit(step, target, known)  # another order
+            if fit is not None:
                 del self.skipped[k]
-                return step
+                return fit
         end = min(self.cursor + _LOOKAHEAD, len(self.steps))
         for k in range(self.cursor, end):
-            step = self.steps[k]
-            if step.target == target and self._agree(step.operands, known):
+            fit = self._fit(self.steps[k], target, known)
+            if fit is not None:
                 self.skipped.update((j, self.steps[j]) for j in range(self.cursor, k))
                 self.cursor = k + 1
-                return self.steps[k]
+                return fit
         self.deviations.append(f"call not in the trace: {target}")
+        return None
+
+    def _fit(self, step: AtenStep, target: str, known: list[str | None]) -> AtenStep | None:
+        """``step`` if the call matches it; a traced ``cat`` also matches without its legacy
+        empty operands (``apply``'s ``cat`` rule drops them before dispatch, as eager ``cat``
+        ignores them), as a step of the operands left."""
+        if step.target != target:
+            return None
+        if self._agree(step.operands, known):
+            return step
+        if target == "aten.cat.default" and len(known) < len(step.operands):
+            kept = tuple(o for o in step.operands if o not in self.empty)
+            if self._agree(kept, known):
+                return dataclasses.replace(step, operands=kept)
         return None
 
     def _terms(self, name: str) -> tuple[str, ...]:
@@ -229,6 +261,8 @@ class PlanFollower(TorchDispatchMode):
     def finish(self) -> None:
         """Report the traced calls the run never made."""
         for step in self.skipped.values():
+            if step.results and set(step.results) <= self.empty:
+                continue  # a gradient of a skipped legacy empty ``cat`` operand
             self.deviations.append(f"traced call not run: {step.target}")
         self.skipped.clear()
 
@@ -254,6 +288,8 @@ class PlanFollower(TorchDispatchMode):
             else self._to(self._through_identities(t, name, step), self._want(step, i), step)
             for i, (t, name) in enumerate(zip(tensors, step.operands, strict=True))
         ]
+        if inplace and self._relayout(step, args[0]):
+            return self._run_out_of_place(step, func, (args, kwargs), tensors, moved)
         args, kwargs = _replace((args, kwargs), iter(moved))
         if step.target == "aten.cat.default":
             args = (without_legacy_empty(args[0]), *args[1:])
@@ -269,12 +305,69 @@ class PlanFollower(TorchDispatchMode):
             out = self._matmul_add(step, args, kwargs)
         elif step.target in VIEW_CALLS and (local := _local_view(args)) is not None:
             out = local
+        elif step.target in _EMPTY and step.results[0] in self.fill_layout:
+            return self._empty_at(func(*args, **kwargs), self.fill_layout[step.results[0]])
+        elif step.target == "aten.cat.default" and len(args[0]) == 1:
+            out = torch.ops.aten.clone.default(args[0][0])  # DTensor would gather the cat dim
         else:
             self._check_internal(step)
             out = func(*args, **kwargs)
             if step.target.startswith("aten.arange") and self.order is not None:
                 out = self._positions(out)
         return out if inplace else self._results(step, out)
+
+    def _run_out_of_place(
+        self, step: AtenStep, func: Any, call: tuple, tensors: list, moved: list
+    ) -> torch.Tensor:
+        """An in-place call run out of place at the planned layouts; the target takes the
+        result (``_relayout``)."""
+        target = self._through_identities(tensors[0], step.operands[0] or "", step)
+        moved[0] = self._to(target, self._want(step, 0), step)
+        args, kwargs = _replace(call, iter(moved))
+        if step.target == _COPY:  # no DTensor rule for the functional copy
+            out = self._results(step, torch.ops.aten.clone.default(moved[1]))
+        else:
+            out = self._results(step, _out_of_place(func)(*args, **kwargs))
+        _assign(tensors[0], out)
+        return tensors[0]
+
+    def _relayout(self, step: AtenStep, target: torch.Tensor) -> bool:
+        """An in-place call whose planned result layout is not its target's: DTensor keeps
+        an in-place target's placements, so the call runs out of place at the planned layouts
+        and the target takes the result (``_assign``). HF Falcon's ``mlp_output +=
+        attention_output`` adds a pending sum the plan reduce-scatters first."""
+        name = step.results[0] if step.results else None
+        if step.target == _COPY and not (
+            len(step.operands) == 2 and self._same_type(step.operands[0], step.operands[1])
+        ):
+            return False  # a broadcasting or casting copy stays in place
+        return (
+            isinstance(target, DTensor)
+            and name is not None
+            and step.operands[0] is not None
+            and not same_layout(tuple(target.placements), self._placements(None, name))
+        )
+
+    def _same_type(self, a: str | None, b: str | None) -> bool:
+        """Two IR values of one shape and dtype (a ``copy_`` that is a plain copy)."""
+        if a is None or b is None:
+            return False
+        return self.plan.graph.value(a).type == self.plan.graph.value(b).type
+
+    def _empty_at(self, out: DTensor, value: str) -> DTensor:
+        """An uninitialised tensor at the planned layout of ``value`` (the in-place call that
+        fills it): made replicated, then each rank keeps its slice (no collective; the IR's
+        factory is free, so the plan prices none)."""
+        want = tuple(
+            Replicate() if isinstance(p, Partial) else p for p in self._placements(None, value)
+        )
+        if isinstance(out, DTensor) and tuple(out.placements) == want:
+            return out
+        shape, stride = tuple(out.shape), tuple(out.stride())
+        local = torch.empty_strided(shape, stride, dtype=out.dtype, device=out.device)
+        whole = DTensor.from_local(local, self.mesh, [Replicate()] * self.mesh.ndim,
+                                   run_check=False, shape=out.shape, stride=stride)  # fmt: skip
+        return whole.redistribute(placements=want)
 
     def _balanced(self, t: torch.Tensor, name: str | None) -> torch.Tensor:
         """A data input in the balanced token order (reordered once per run-time tensor); also
@@ -447,6 +540,37 @@ class PlanFollower(TorchDispatchMode):
             step *= shape[d]
         return DTensor.from_local(local, self.mesh, placements, run_check=False,
                                   shape=torch.Size(shape), stride=tuple(stride))  # fmt: skip
+
+
+_EMPTY = frozenset({
+    "aten.new_empty_strided.default", "aten.new_empty.default", "aten.empty_like.default",
+    "aten.empty.memory_format", "aten.empty_strided.default",
+})  # fmt: skip
+"""Factories of uninitialised tensors: any layout is made without communication."""
+
+
+def _out_of_place(func: Any) -> Any:
+    """``aten.add.Tensor`` for ``aten.add_.Tensor``."""
+    packet = getattr(torch.ops.aten, func._overloadpacket.__name__.removesuffix("_"))
+    return getattr(packet, func._overloadname)
+
+
+def _assign(target: DTensor, value: DTensor) -> None:
+    """Make ``target`` hold ``value`` (same global shape) at ``value``'s placements.
+
+    Private: DTensor has no public way to change a tensor's placements in place, and an
+    in-place call must leave its result in the very tensor object it was given (autograd
+    returns that object; the model may keep other references to it). The wrapper keeps its
+    global shape and autograd identity; its local shard and spec are replaced.
+    """
+    target._local_tensor = value._local_tensor
+    target._spec = value._spec
+
+
+def _in_place(target: str) -> bool:
+    """``aten.copy_.default``, ``aten.add_.Tensor``: the op name ends in one underscore."""
+    name = target.split(".")[1] if target.count(".") >= 1 else target
+    return name.endswith("_") and not name.endswith("__")
 
 
 def _identity(target: str, args: tuple) -> bool:

@@ -311,7 +311,8 @@ VIEWS = (
 )  # fmt: skip
 FACTORIES = (
     "full", "zeros", "ones", "empty", "scalar_tensor", "full_like", "zeros_like", "ones_like",
-    "empty_like", "new_zeros", "new_ones", "new_full", "new_empty", "empty_strided", "rand",
+    "empty_like", "new_zeros", "new_ones", "new_full", "new_empty", "empty_strided",
+    "new_empty_strided", "rand",
     "randn", "rand_like", "randn_like", "randint",
 )  # fmt: skip
 

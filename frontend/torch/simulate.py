@@ -22,7 +22,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # documented home of
 
 from ...ir import Sharding
 from ...solver.plan import Plan, Reshard
-from .emit import context_of
+from .emit import consumed_layout, context_of
 
 
 def simulated_world(world_size: int) -> None:
@@ -86,8 +86,8 @@ def planned_reshards(plan: Plan) -> list[Reshard]:
     """The reshards one applied forward + backward performs, in graph order.
 
     Every reshard into a forward or backward op (``follow_plan`` performs each at its op), plus
-    each gradient's move into the optimizer, once per gradient and layout (``apply``'s gradient
-    hook moves it once; every optimizer op then reads that copy).
+    each gradient's move to the layout its first optimizer op reads (``apply``'s gradient hook
+    moves it there once; the optimizer step, ``torch.optim``'s, is not part of the step).
     """
     context = context_of(plan)
     grads = set(context.grad_values.values())
@@ -100,6 +100,8 @@ def planned_reshards(plan: Plan) -> list[Reshard]:
         if plan.graph.ops[int(rest.split(":")[0])].origin.module == "optimizer":
             if reshard.value not in grads or (reshard.value, reshard.dst) in seen:
                 continue
+            if reshard.dst != consumed_layout(plan, reshard.value, "optimizer"):
+                continue  # the hook moves a gradient once; other reads are the optimizer's
             seen.add((reshard.value, reshard.dst))
         result.append(reshard)
     return result

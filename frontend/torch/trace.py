@@ -63,6 +63,12 @@ def mark(tensor: torch.Tensor, tag: str) -> torch.Tensor:
         return torch.ops.aten.alias.default(tensor)
 
 
+def boundary_modules(model: nn.Module) -> set[str]:
+    """Paths of the modules that own parameters directly: their inputs and outputs are marked
+    (and ``emit.apply`` aliases them alike under ``follow_plan``, see there)."""
+    return {n for n, m in model.named_modules() if any(True for _ in m.parameters(False))}
+
+
 @contextlib.contextmanager
 def module_annotations(model: nn.Module, boundaries: set[str]) -> Iterator[None]:
     """Annotate every op with its module path; mark inputs/outputs of ``boundaries`` modules."""
@@ -158,7 +164,7 @@ def trace(
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     tied = _tied_aliases(model)
-    boundaries = {n for n, m in model.named_modules() if any(True for _ in m.parameters(False))}
+    boundaries = boundary_modules(model)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     fake_params = [fake_like(mode, p, requires_grad=train) for p in params.values()]
     fake_buffers = [fake_like(mode, b) for b in buffers.values()]

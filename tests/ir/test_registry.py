@@ -142,7 +142,7 @@ ELEMENTWISE_HAND = ["->", "ab->ab", "abc,c->abc"]  # scalar, size-1 dim, trailin
 REDUCE_HAND = ["ab->a red=b", "a-> red=a", "abc->1b1 red=ac", "->"]
 ROW_HAND = ["ab->ab need=b"] * 2  # the row (axis 1) is read whole
 NORM_HAND = ["ab,b,b->ab,a,a need=b", "ab,b->ab need=b"]  # statistics over the hidden dim
-NORM_BACKWARD_HAND = ["ab,ab,a,a,b->ab,b need=b"]
+NORM_BACKWARD_HAND = ["ab,ab,a,a,b->ab,b need=b sum=a:1"]  # the weight gradient sums the rows
 LOSS_HAND = ["ab,a-> red=a need=b", "abc,ab-> red=ab need=c"]  # a mean over tokens; vocab whole
 LOSS_BACKWARD_HAND = [",ab,a->ab need=b"]
 BROADCAST_HAND = ["b->ab", "1b->ab", "->a"]
