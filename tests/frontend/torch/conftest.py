@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import sys
 import warnings
 from pathlib import Path
 from types import ModuleType
@@ -10,6 +11,9 @@ from types import ModuleType
 import pytest
 
 EXAMPLES = Path(__file__).resolve().parents[3] / "examples"
+MODELS = Path(__file__).resolve().parent  # test-only models (moe_models.py)
+if str(MODELS) not in sys.path:
+    sys.path.insert(0, str(MODELS))
 
 
 def load_example(name: str) -> ModuleType:

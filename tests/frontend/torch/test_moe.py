@@ -14,28 +14,13 @@ import warnings
 import pytest
 import shardplan as sp
 import torch
+from moe_models import BATCH, SEQ, VOCAB, tiny_mixtral
 from shardplan.frontend.torch import moe
 from shardplan.frontend.torch.capture import capture
 from shardplan.frontend.torch.train import step_loss
 from shardplan.ir import UnsupportedOpWarning
 
 pytestmark = pytest.mark.torch
-
-VOCAB, BATCH, SEQ = 128, 8, 64
-
-
-def _mixtral(layers: int = 1) -> torch.nn.Module:
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    config = MixtralConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=layers,
-        num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
-        num_experts_per_tok=2, max_position_embeddings=64,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = MixtralForCausalLM(config)
-    model.config._attn_implementation = "sdpa"
-    return model
 
 
 @pytest.fixture(scope="module")
@@ -66,7 +51,7 @@ def _qwen2_moe() -> torch.nn.Module:
     return model
 
 
-@pytest.mark.parametrize("build", [_mixtral, _qwen2_moe], ids=["mixtral", "qwen2_moe"])
+@pytest.mark.parametrize("build", [tiny_mixtral, _qwen2_moe], ids=["mixtral", "qwen2_moe"])
 def test_dispatch_equals_hf_eager_experts(inputs: tuple, build) -> None:  # type: ignore[no-untyped-def]
     eager = build()
     eager.config._experts_implementation = "eager"
@@ -100,7 +85,7 @@ def test_custom_op_gradients_with_dropped_tokens() -> None:
 
 @pytest.fixture(scope="module")
 def captured(inputs: tuple):  # type: ignore[no-untyped-def]
-    model = _mixtral()
+    model = tiny_mixtral()
     with warnings.catch_warnings():
         warnings.simplefilter("error", UnsupportedOpWarning)
         graph, context = capture(model, *inputs, stamp_layers=False)

@@ -17,6 +17,7 @@ import copy
 import pytest
 import shardplan as sp
 import torch
+from moe_models import BATCH, SEQ, VOCAB, tiny_mixtral
 from shardplan.frontend.torch import simulate
 from shardplan.frontend.torch.capture import capture
 from shardplan.frontend.torch.follow import follow_plan
@@ -27,22 +28,12 @@ from torch.distributed.tensor import DTensor, Shard
 
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
-VOCAB, BATCH, SEQ = 128, 8, 64
 MESH = {"dp": 2, "ep": 4}
 
 
 @pytest.fixture(scope="module")
 def family():  # type: ignore[no-untyped-def]
-    from transformers import MixtralConfig, MixtralForCausalLM
-
-    config = MixtralConfig(
-        vocab_size=VOCAB, hidden_size=64, intermediate_size=96, num_hidden_layers=1,
-        num_attention_heads=4, num_key_value_heads=2, num_local_experts=8,
-        num_experts_per_tok=2, max_position_embeddings=64,
-    )  # fmt: skip
-    torch.manual_seed(0)
-    model = MixtralForCausalLM(config)
-    model.config._attn_implementation = "sdpa"
+    model = tiny_mixtral()
     ids = torch.randint(0, VOCAB, (BATCH, SEQ))
     inputs = ({"input_ids": ids, "labels": ids},)
     graph, context = capture(model, *inputs, stamp_layers=False)  # dropless: HF's numerics
