@@ -21,7 +21,7 @@ import json
 import statistics
 from pathlib import Path
 
-from shardplan.costmodel.calibration import DEFAULTS, apply, fit
+from shardplan.costmodel.calibration import DEFAULTS, apply, fit, gpu_seconds
 from shardplan.costmodel.cluster import get_cluster
 from shardplan.costmodel.compute import compute_time
 from shardplan.records import WallClock, add_record_argument, save_record
@@ -29,11 +29,6 @@ from shardplan.records import WallClock, add_record_argument, save_record
 ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "data" / "calibration" / "h100-sxm-measured-raw.json"
 L2_BYTES = 50e6  # H100 SXM L2: a weight this small stays cached across graph replays
-
-
-def _seconds(row: dict) -> float:
-    """GPU-side seconds: the CUDA-graph replay time where measured, else the eager time."""
-    return float(row.get("graph_seconds") or row["seconds"])
 
 
 def kernels(raw: dict) -> list[dict]:
@@ -44,18 +39,19 @@ def kernels(raw: dict) -> list[dict]:
         nbytes = size * (r["m"] * r["k"] + r["k"] * r["n"] + r["m"] * r["n"])
         out.append({"class": "gemm " + r["dtype"], "name": f"{r['m']}x{r['n']}x{r['k']}",
                     "flops": r["flops"], "bytes": nbytes, "dtype": r["dtype"],
-                    "measured": _seconds(r)})  # fmt: skip
+                    "measured": gpu_seconds(r)})  # fmt: skip
     for r in raw.get("gemv", []):
         if r["weight_bytes"] < L2_BYTES:
             continue
         nbytes = r["weight_bytes"] + 2 * r["m"] * (r["k"] + r["n"])
         out.append({"class": "decode gemm", "name": f"{r['m']}x{r['n']}x{r['k']}",
                     "flops": r["flops"], "bytes": nbytes, "dtype": "bf16",
-                    "measured": _seconds(r)})  # fmt: skip
+                    "measured": gpu_seconds(r)})  # fmt: skip
     for r in raw.get("attention_decode", []):
         out.append({"class": "decode attention", "name": f"b{r['batch']} ctx{r['context']}",
                     "flops": 4.0 * r["batch"] * r["heads"] * r["context"] * r["head_dim"],
-                    "bytes": r["kv_bytes"], "dtype": "bf16", "measured": _seconds(r)})  # fmt: skip
+                    "bytes": r["kv_bytes"], "dtype": "bf16",
+                    "measured": gpu_seconds(r)})  # fmt: skip
     for r in raw.get("grouped_gemm", []):
         tokens = r["experts"] * r["tokens_per_expert"]
         nbytes = r["weight_bytes"] + 2 * tokens * (r["hidden"] + r["ffn"])
@@ -66,7 +62,7 @@ def kernels(raw: dict) -> list[dict]:
     for r in raw.get("elementwise", []):
         out.append({"class": "elementwise", "name": f"{r['op']} {r['tokens']}x{r['hidden']}",
                     "flops": 0.0, "bytes": r["bytes"], "dtype": "bf16",
-                    "measured": _seconds(r)})  # fmt: skip
+                    "measured": gpu_seconds(r)})  # fmt: skip
     for r in raw.get("attention_train", []):
         if r["causal"]:
             name = f"b{r['batch']} h{r['heads']} s{r['seq']} d{r['head_dim']}"

@@ -195,7 +195,7 @@ def _load(measurements: Mapping[str, object] | str | Path) -> Mapping[str, objec
 
 
 def _fit_matmul(rows, cluster: Cluster) -> dict[str, float]:
-    pts = [(float(r["flops"]), _gpu_seconds(r), str(r.get("dtype", "bf16"))) for r in rows]
+    pts = [(float(r["flops"]), gpu_seconds(r), str(r.get("dtype", "bf16"))) for r in rows]
     pts = [(f, s, d) for f, s, d in pts if f > 0 and s > 0]
     if len(pts) < 2:
         return {}
@@ -210,7 +210,7 @@ def _fit_matmul(rows, cluster: Cluster) -> dict[str, float]:
     return out
 
 
-def _gpu_seconds(row: Mapping[str, object]) -> float:
+def gpu_seconds(row: Mapping[str, object]) -> float:
     """A row's GPU-side time: its CUDA-graph replay time where measured (the host's launch
     cost of an eager call is not the kernel's), else its plain time."""
     graph = row.get("graph_seconds")
@@ -274,5 +274,6 @@ __all__ = [
     "apply",
     "default_calibration",
     "fit",
+    "gpu_seconds",
     "load_calibration",
 ]
