@@ -87,10 +87,7 @@ def op_strategies(op: Op, mesh: Mesh, partial_passthrough: bool = True) -> list[
     for assign in _assignments(rule, mesh):
         operand_dims = [_dims_sharding(t, assign) for t in rule.operands]
         result_dims = [_dims_sharding(t, assign) for t in rule.results]
-        reduced = [
-            frozenset(a for f in rule.partial_factors(k) for a in assign.get(f, ()))
-            for k in range(len(result_dims))
-        ]
+        reduced = [_partial_axes(rule, k, assign) for k in range(len(result_dims))]
         used = {a for axes in assign.values() for a in axes}
         free = [a for a in _mesh_axes(mesh) if a not in used]
         extra_partials = _subsets(free) if linear and op.operands else [frozenset()]
@@ -106,6 +103,12 @@ def op_strategies(op: Op, mesh: Mesh, partial_passthrough: bool = True) -> list[
                 label = tuple(sorted(assign.items(), key=lambda kv: rule.factor_names.index(kv[0])))
                 out[key] = Strategy(operands, results, label, split)
     return list(out.values())
+
+
+def _partial_axes(rule: ShardingRule, result: int, assign: dict[str, tuple[str, ...]]) -> frozenset:
+    """Mesh axes over which result ``result`` is a pending sum: those splitting a reduction
+    factor or a factor summed into it (attention's dK/dV under a query split)."""
+    return frozenset(a for f in rule.partial_factors(result) for a in assign.get(f, ()))
 
 
 PENDING = "(pending)"
@@ -165,10 +168,10 @@ def op_strategies_near(
         if not _compound_ok(rule, assign, mesh):
             continue
         pending = frozenset(a for a, c in zip(axes, coords, strict=True) if c == PENDING)
-        reduced = frozenset(a for f in rule.reduction for a in assign.get(f, ()))
         operands = tuple(Sharding(_dims_sharding(t, assign), pending) for t in rule.operands)
         results = tuple(
-            Sharding(_dims_sharding(t, assign), reduced | pending) for t in rule.results
+            Sharding(_dims_sharding(t, assign), _partial_axes(rule, k, assign) | pending)
+            for k, t in enumerate(rule.results)
         )
         if (operands, results) not in out:
             used = sorted(a for group in assign.values() for a in group)

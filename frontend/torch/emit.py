@@ -262,7 +262,8 @@ class _ApplyMode(TorchFunctionMode):
             if out is not None:
                 return out
         elif func is F.embedding and len(args) > 1 and isinstance(args[1], DTensor):
-            args = (args[0], one_vocab_split(args[1]), *args[2:])
+            table = one_vocab_split(args[1])
+            args = (ids_for_lookup(args[0], table), table, *args[2:])
         elif func is F.scaled_dot_product_attention:
             out = local_attention(func, args, kwargs)
             if out is not None:
@@ -419,6 +420,29 @@ def one_vocab_split(weight: DTensor) -> DTensor:
     placements = tuple(Replicate() if i in rows[1:] else p for i, p in enumerate(weight.placements))
     with follow.paused():
         return weight.redistribute(placements=placements)
+
+
+def ids_for_lookup(ids: Any, table: DTensor) -> Any:
+    """The ids whole on every mesh dim that splits a vocabulary-split table.
+
+    DTensor's lookup in a table split along rows on one mesh dim and along its hidden dim on
+    others gathers the ids over the hidden-split dims, but its redistribution masks the ids
+    for the vocabulary split before it gathers them: the mask keeps the ids' local shape and
+    the reduction fails ("The shape of the mask [2, 8] at index 0 does not match the shape of
+    the indexed tensor [8, 8, 16]"; Gemma TP x FSDP on (2, 2, 2)). Gathering the ids first
+    (what that lookup needs anyway; they are far smaller than the table) leaves DTensor only
+    the local masking."""
+    rows = any(isinstance(p, Shard) and p.dim == 0 for p in table.placements)
+    if not rows or not isinstance(ids, DTensor):
+        return ids
+    placements = tuple(
+        Replicate() if isinstance(t, Shard) else p
+        for p, t in zip(ids.placements, table.placements, strict=True)
+    )
+    if placements == tuple(ids.placements):
+        return ids
+    with follow.paused():
+        return ids.redistribute(placements=placements)
 
 
 def _view(func: Any, args: tuple, kwargs: dict) -> Any:

@@ -5,7 +5,9 @@ order, an all-gather where the cost model moves a split with an all-to-all. The 
 replays the cost model's walk instead (``costmodel.reshard.reshard_steps``): all-gathers,
 reduce-scatters and all-reduces over a group of axes go through ``redistribute`` (one
 collective on the flattened mesh, ``emit.flattened_meshes``); an all-to-all is run on the
-group's own 1-D mesh, where DTensor's ``Shard(i) -> Shard(j)`` is exactly one all-to-all.
+group's own 1-D mesh, where DTensor's ``Shard(i) -> Shard(j)`` is exactly one all-to-all, and
+so is a reduce-scatter over several axes (``redistribute`` runs ``Partial -> Shard(d)`` over
+two mesh dims as an all-reduce over the minor one and a reduce-scatter over the major one).
 Steps whose layouts DTensor cannot hold (axes out of mesh order) and collective-permutes are
 left to ``redistribute`` from there to the target (counted as a deviation by the caller).
 """
@@ -57,11 +59,40 @@ def reshard(t: DTensor, want: emit.Placements, mesh: Mesh | None = None) -> tupl
             if moved is None:
                 return t.redistribute(placements=want), False
             t = moved
+        elif kind == "reduce-scatter" and len(axes) > 1:
+            moved = _reduce_scatter(t, axes, after, mesh)
+            if moved is None:
+                return t.redistribute(placements=want), False
+            t = moved
         else:
             t = t.redistribute(placements=emit.placements_of(after, mesh))
     if tuple(t.placements) != tuple(want):
         t = t.redistribute(placements=want)  # local slices only (the walk ends in them)
     return t, True
+
+
+def _reduce_scatter(
+    t: DTensor, axes: tuple[str, ...], after: Sharding, mesh: Mesh
+) -> DTensor | None:
+    """Reduce the pending sum over ``axes`` (two or more) and split it along the dim ``after``
+    appends them to: one reduce-scatter on the group's flattened mesh, whose rank order (major
+    axis first) is the nested split's. None when the move is not that (the group not minor-most
+    on the dim, or not all partial)."""
+    target = next(d for d, a in enumerate(after.dims) if axes[0] in a)
+    before = sharding_of(tuple(t.placements), mesh, t.ndim)
+    dims = list(before.dims)
+    dims[target] = (*dims[target], *axes)
+    partials = [t.placements[mesh.axis_index(a)] for a in axes]
+    if tuple(dims) != after.dims or not all(isinstance(p, Partial) for p in partials):
+        return None
+    op = partials[0].reduce_op  # type: ignore[union-attr]
+    if any(p.reduce_op != op for p in partials):  # type: ignore[union-attr]
+        return None
+    group = emit.flattened_meshes(t.device_mesh)[axes]
+    local = DTensor.from_local(t.to_local(), group, [Partial(op)], run_check=False)
+    moved = local.redistribute(placements=[Shard(target)]).to_local()
+    return DTensor.from_local(moved, t.device_mesh, emit.placements_of(after, mesh),
+                              run_check=False, shape=t.shape, stride=t.stride())  # fmt: skip
 
 
 def _all_to_all(t: DTensor, axes: tuple[str, ...], after: Sharding, mesh: Mesh) -> DTensor | None:

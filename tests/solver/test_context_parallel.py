@@ -24,7 +24,7 @@ from shardplan.ir.builder import GraphBuilder
 from shardplan.ir.errors import IRVerifyError
 from shardplan.ir.rules import ShardingRule
 from shardplan.models import LLAMA3_8B, TransformerConfig, training_step
-from shardplan.passes.enumerate_strategies import op_strategies
+from shardplan.passes.enumerate_strategies import op_coords, op_strategies, op_strategies_near
 from shardplan.passes.propagate import propagate
 from shardplan.solver.brute_force import brute_force
 from shardplan.solver.costs import build_problem, build_space
@@ -63,6 +63,24 @@ def test_query_split_leaves_only_dk_dv_partial() -> None:
     assert strategy.results[0] == Sharding(((), (), ("cp",), ()))
     assert strategy.results[1] == Sharding(((), (), (), ()), frozenset({"cp"}))
     assert strategy.results[2].partial == frozenset({"cp"})
+
+
+def test_axis_search_neighbourhood_keeps_dk_dv_partial() -> None:
+    """The axis search's enumerator (3-D meshes) gives each strategy the same pending sums as
+    the full one: with the query split over an axis, dK/dV are partial over it (they were
+    left unpartial, so the plan did not price their reduction)."""
+    op = attention_backward_graph().ops[-1]
+    mesh = Mesh({"dp": 2, "fsdp": 2, "cp": 2})
+    full = {(s.operands, s.results) for s in op_strategies(op, mesh)}
+    for center in {op_coords(s, mesh) for s in op_strategies(op, mesh)}:
+        near = op_strategies_near(op, mesh, center)
+        assert near
+        assert {(s.operands, s.results) for s in near} <= full
+    near = op_strategies_near(op, mesh, (None, None, "s"))
+    split = [(s, set(dict(s.assignment)["s"])) for s in near if "s" in dict(s.assignment)]
+    assert split
+    assert all(s.results[1].partial == s.results[2].partial == a for s, a in split)
+    assert all(not s.results[0].partial for s, _ in split)
 
 
 def test_summed_rule_prints_and_parses_back() -> None:
