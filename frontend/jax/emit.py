@@ -322,7 +322,7 @@ def _reshard_paths(plan: Plan) -> tuple[Paths, Paths, Paths]:
     results: Paths = {}
     outputs: Paths = {}
     for r in plan.reshards:
-        layouts = pinned_layouts(r.src, r.dst, r.collectives, plan.mesh)
+        layouts = pinned_layouts(r.src, r.dst, r.collectives, plan.mesh, partial=True)
         kind, _, where = r.consumer.partition(":")
         if kind == "op":
             op, operand = where.split(":")
