@@ -309,7 +309,7 @@ class _Emit(Walker[Any]):
 def _plain(x: Any) -> Any:
     """An array for a consumer the plan gives no reduction step: a pending sum is summed and
     XLA reduces it as it likes (the emitter's behaviour before ``pending.py``)."""
-    return jax.numpy.sum(x.array, axis=0) if isinstance(x, Pending) else x
+    return x.total() if isinstance(x, Pending) else x
 
 
 Paths = dict[Any, list[Sharding]]
