@@ -111,6 +111,9 @@ class _Emit(Walker[Any]):
         self.edges, self.results, self.outputs = _reshard_paths(plan)
         self.chains: dict[tuple[str, tuple[Sharding, ...]], Any] = {}
         self.values = {v.name: v for v in plan.graph.values()}
+        self.produced = {
+            r.value: r.src for r in plan.reshards if r.consumer.startswith("reduce:")
+        }  # a reduce-once value's layout as its producer computes it (its pending sum)
 
     def _pin(self, x: Any, sharding: Sharding | None) -> Any:
         if isinstance(x, Pending) and sharding is not None:
@@ -205,7 +208,7 @@ class _Emit(Walker[Any]):
             return None
         (name,) = self.context.steps[self.step]
         value = self.values.get(name) if name else None
-        result = self.plan.shardings.get(name) if name else None
+        result = self.produced.get(name) or self.plan.shardings.get(name) if name else None
         op = value.producer if value is not None else None
         if result is None or not result.partial or op is None or id(op) not in self.op_index:
             return None
