@@ -117,7 +117,7 @@ class _Emit(Walker[Any]):
 
     def _pin(self, x: Any, sharding: Sharding | None) -> Any:
         if isinstance(x, Pending) and sharding is not None:
-            x = sum_axes(x, sharding.partial, self.plan.mesh, self._pin)  # a planned reduction
+            x = sum_axes(x, sharding.partial)  # a planned reduction
             if isinstance(x, Pending):
                 if sharding.rank == len(x.shape):
                     x.array = self._pin(x.array, x.expanded(sharding.without_partial()))

@@ -5,7 +5,7 @@ dot's partial result unconstrained and pin only its reader. XLA's dot partitione
 the reduction itself, and when the operands are replicated over other mesh axes (e.g. ``dp``
 with ``tp`` contracted) it computes the dot already sliced over those axes, all-reduces that
 slice and collective-permutes it into place: an all-reduce + permute where the plan priced one
-reduce-scatter (docs/costmodel.md, "Reductions XLA runs as the plan prices them").
+reduce-scatter (docs/costmodel.md, "Reductions: what XLA runs for a dot's pending sum").
 
 The emitter therefore binds such a dot with each contracted mesh axis split off its contracting
 dim as a leading *batch* dim of that axis' size, sharded over that axis: the per-device
@@ -50,20 +50,29 @@ class Pending:
         return Sharding(tuple((a,) for a in self.axes) + sharding.dims)
 
     def total(self) -> Any:
-        """The value: every pending sum reduced (XLA reduces it as it likes)."""
-        return jax.numpy.sum(self.array, axis=tuple(range(len(self.axes))))
+        """The value: every pending sum reduced, in one collective (``sum_axes``)."""
+        return sum_axes(self, frozenset())
 
 
-def sum_axes(x: Pending, keep: frozenset[str] | set[str], mesh: Mesh, pin: Any) -> Pending | Any:
-    """Sum the pending sums over the axes not in ``keep``, in one reduction over their dims (a
-    plain array when none is left); ``mesh`` and ``pin`` are unused, kept for the callers."""
+def sum_axes(x: Pending, keep: frozenset[str] | set[str]) -> Pending | Any:
+    """Sum the pending sums over the axes not in ``keep`` in one reduction (a plain array when
+    none is left). Their dims are first moved to the front (a local transpose) and merged into
+    one dim sharded over all of them: XLA reduces one ``reduce_sum`` over several sharded dims
+    with one collective per dim, over a merged dim with one collective."""
     drop = tuple(k for k, a in enumerate(x.axes) if a not in keep)
-    kept = tuple(a for a in x.axes if a in keep)
+    kept = tuple(k for k, a in enumerate(x.axes) if a in keep)
     if not drop:
         return x
+    n = len(x.axes)
+    array = x.array
+    if len(drop) > 1:
+        array = jax.numpy.transpose(array, (*drop, *kept, *range(n, array.ndim)))
+        array = array.reshape(-1, *array.shape[len(drop) :])
+        drop = (0,)
+    summed = jax.numpy.sum(array, axis=drop)
     if not kept:
-        return x.total()
-    return Pending(jax.numpy.sum(x.array, axis=drop), kept)
+        return summed
+    return Pending(summed, tuple(x.axes[k] for k in kept))
 
 
 def explicit_dot(
