@@ -32,11 +32,10 @@ class Pending:
     """A value with pending sums over ``axes``: ``array`` has one leading dim per axis, of
     that axis' size and sharded over it; the value is ``array`` summed over those dims.
 
-    One dim per axis (not one dim over their group) so that reducing some of them is a plain
-    ``reduce_sum`` over their dims: a reshape that regroups a dim sharded over several axes
-    makes XLA gather the array's other sharded dims first (measured on (2, 2, 2): an
-    all-gather over tp and an all-reduce of the whole product where the plan reduce-scatters
-    over fsdp)."""
+    One dim per axis (not one dim over their group) so that reducing some of them never
+    splits a dim sharded over several axes: that reshape makes XLA gather the array's other
+    sharded dims first (measured on (2, 2, 2): an all-gather over tp and an all-reduce of the
+    whole product where the plan reduce-scatters over fsdp)."""
 
     array: Any
     axes: tuple[str, ...]
