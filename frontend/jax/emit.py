@@ -111,10 +111,13 @@ class _Emit(Walker[Any]):
         self.edges, self.results, self.outputs = _reshard_paths(plan)
         self.chains: dict[tuple[str, tuple[Sharding, ...]], Any] = {}
         self.values = {v.name: v for v in plan.graph.values()}
+        self.produced = {
+            r.value: r.src for r in plan.reshards if r.consumer.startswith("reduce:")
+        }  # a reduce-once value's layout as its producer computes it (its pending sum)
 
     def _pin(self, x: Any, sharding: Sharding | None) -> Any:
         if isinstance(x, Pending) and sharding is not None:
-            x = sum_axes(x, sharding.partial, self.plan.mesh, self._pin)  # a planned reduction
+            x = sum_axes(x, sharding.partial)  # a planned reduction
             if isinstance(x, Pending):
                 if sharding.rank == len(x.shape):
                     x.array = self._pin(x.array, x.expanded(sharding.without_partial()))
@@ -205,7 +208,7 @@ class _Emit(Walker[Any]):
             return None
         (name,) = self.context.steps[self.step]
         value = self.values.get(name) if name else None
-        result = self.plan.shardings.get(name) if name else None
+        result = self.produced.get(name) or self.plan.shardings.get(name) if name else None
         op = value.producer if value is not None else None
         if result is None or not result.partial or op is None or id(op) not in self.op_index:
             return None
@@ -309,7 +312,7 @@ class _Emit(Walker[Any]):
 def _plain(x: Any) -> Any:
     """An array for a consumer the plan gives no reduction step: a pending sum is summed and
     XLA reduces it as it likes (the emitter's behaviour before ``pending.py``)."""
-    return jax.numpy.sum(x.array, axis=0) if isinstance(x, Pending) else x
+    return x.total() if isinstance(x, Pending) else x
 
 
 Paths = dict[Any, list[Sharding]]
@@ -322,7 +325,7 @@ def _reshard_paths(plan: Plan) -> tuple[Paths, Paths, Paths]:
     results: Paths = {}
     outputs: Paths = {}
     for r in plan.reshards:
-        layouts = pinned_layouts(r.src, r.dst, r.collectives, plan.mesh)
+        layouts = pinned_layouts(r.src, r.dst, r.collectives, plan.mesh, partial=True)
         kind, _, where = r.consumer.partition(":")
         if kind == "op":
             op, operand = where.split(":")

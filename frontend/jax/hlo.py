@@ -182,23 +182,25 @@ def _permute_axes(attrs: str, mesh: Mesh) -> tuple[str, ...] | None:
     return tuple(n for n in mesh.axis_names if n in axes)
 
 
-def _slice_only_bytes(table: dict[str, _Instruction], params: dict, name: str) -> int | None:
-    """Bytes of the dynamic-slices that are the only users of ``name`` (looking into fusions),
-    when they all slice the same number of bytes; None otherwise."""
-    sizes = set()
+def _slice_only_shape(table: dict[str, _Instruction], params: dict, name: str) -> str | None:
+    """The slice type (``f32[2,8,32]``) when the only users of ``name`` (looking into fusions)
+    are dynamic-slices that all take that shape; None otherwise. Readers that slice the same
+    number of bytes along different dims (``[8,8,8]`` and ``[2,8,32]`` of ``[8,8,32]``) read
+    the whole reduced tensor between them: that stays an all-reduce."""
+    shapes = set()
     for user_name, index in table[name].users:
         user = table[user_name]
         if user.opcode == "dynamic-slice" and index == 0:
-            sizes.add(sum(type_bytes(user.type)))
+            shapes.add(user.type.split("{")[0])
         elif user.opcode == "fusion" and (m := re.search(r"calls=%([\w.\-]+)", user.attrs)):
             inner = params.get((m.group(1), index))
-            found = _slice_only_bytes(table, params, inner) if inner else None
+            found = _slice_only_shape(table, params, inner) if inner else None
             if found is None:
                 return None
-            sizes.add(found)
+            shapes.add(found)
         else:
             return None
-    return sizes.pop() if len(sizes) == 1 else None
+    return shapes.pop() if len(shapes) == 1 else None
 
 
 def _scattered_bytes(
@@ -206,8 +208,10 @@ def _scattered_bytes(
 ) -> int | None:
     """The shard bytes when an all-reduce's result is only read as its ``1/group`` slice (XLA's
     reduce-scatter pattern); None when any reader keeps more (readers that slice it apart,
-    e.g. one by a sub-group of the reduction, read a reduced tensor: it stays an all-reduce)."""
-    scattered = _slice_only_bytes(table, params, name) if name in table else None
+    e.g. one by a sub-group of the reduction, or along another dim, read a reduced tensor: it
+    stays an all-reduce)."""
+    shape = _slice_only_shape(table, params, name) if name in table else None
+    scattered = sum(type_bytes(shape)) if shape is not None else None
     if scattered is None or not group or scattered * group != nbytes:
         return None
     return scattered

@@ -144,17 +144,24 @@ def _permuted(
 
 
 def pinned_layouts(
-    src: Sharding, dst: Sharding, collectives: Sequence[Collective], mesh: Mesh | None = None
+    src: Sharding,
+    dst: Sharding,
+    collectives: Sequence[Collective],
+    mesh: Mesh | None = None,
+    partial: bool = False,
 ) -> list[Sharding]:
-    """The non-partial layouts a reshard passes through, ending with ``dst``: with ``mesh``,
-    every layout of the cost model's walk (``walk_layouts``); without it, or when the walk
-    does not give these collectives, the layout after each collective (``replay``).
+    """The layouts a reshard passes through, ending with ``dst``: with ``mesh``, every layout
+    of the cost model's walk (``walk_layouts``); without it, or when the walk does not give
+    these collectives, the layout after each collective (``replay``).
 
-    Partial layouts are left out: ``Auto`` mode cannot express a pending sum.
+    Partial layouts are left out unless ``partial``: ``Auto`` mode cannot express a pending
+    sum, but the emitter's explicit one (``pending.Pending``) can, and a staged reduction
+    (reduce-scatter over some partial axes, then all-reduce over the rest) needs its middle
+    layout pinned, or the sum is reduced in one step.
     """
     steps = walk_layouts(src, dst, collectives, mesh) if mesh is not None else None
     steps = steps or replay(src, dst, collectives) or [dst]
-    return [s for s in steps if not s.partial and s != src]
+    return [s for s in steps if (partial or not s.partial) and s != src]
 
 
 def distinct_collectives(reshards: Sequence[object]) -> list[Collective]:

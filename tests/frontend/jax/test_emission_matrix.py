@@ -117,40 +117,16 @@ def test_plan_jit_matches_the_unsharded_step(model, mesh, kind):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
 
 
-_PARTIAL_EDGE = (
-    "a dot's pending sum read by one op and reduced by its edge in several steps (reduce-"
-    "scatter fsdp, all-to-all tp, all-reduce dp, 4 KiB each): XLA cannot keep the partial "
-    "reduce-scattered dim's layout and rematerializes (all-reduce over dp,fsdp of 8 KiB, "
-    "all-gather over tp of 16 KiB); numerics match"
-)
-_SPLIT_SUM = (
-    "a pending sum over (fsdp, tp) the plan all-reduces (8 KiB) where XLA reduce-scatters it "
-    "(2 KiB; every reader slices it alike): the plan over-prices it; numerics match"
-)
-_STAGED = (
-    "the plan reduces a dot's pending sum over (dp, fsdp, tp) in two steps (a reduce-scatter "
-    "over fsdp,tp and an all-reduce over dp); bound explicitly (frontend/jax/pending.py), XLA "
-    "regroups the pending dim and reduces it in one all-reduce over all three (measured: the "
-    "bare dot matched here); numerics match"
-)
 NOT_STRICT: set[tuple[str, str, str]] = set()
 """Known gaps that show only in some plans; none since CP-SAT stops at a deterministic budget
 (the scanned GPT's free plan on (2,2,2) was one: its 30 s wall-clock solve under load)."""
-KNOWN_COLLECTIVE_GAPS = {
-    ("mlp", "2x2x2", "megatron"): _PARTIAL_EDGE,
-    ("gqa", "2x2x2", "free"): _SPLIT_SUM,
-    ("gqa", "2x2x2", "fsdp"): _STAGED,
-    ("gqa", "2x2x2", "megatron"): (
-        "the plan reduce-scatters a tp-partial value that XLA all-reduces and then "
-        "collective-permutes over (dp,fsdp) and (dp,fsdp,tp) (numerics match; the plan "
-        "under-prices it)"
-    ),
-    ("gpt1", "2x2x2", "fsdp"): _STAGED,
-}
+KNOWN_COLLECTIVE_GAPS: dict[tuple[str, str, str], str] = {}
 """Cells whose compiled collectives differ from the plan's, as measured: strict (but for
 ``NOT_STRICT``), so a cell that starts matching fails here until it is taken off this list.
-The unrolled GPT's free and Megatron plans on (4,2) and (2,2,2) and the scanned GPT's free plan
-on (2,2,2) left it when the emitter bound a dot's pending sum explicitly (``pending.py``)."""
+Empty: the last five (all on (2,2,2)) left it when the emitter pinned a staged reduction's
+partial middle layout, kept one leading dim per pending axis, bound reduce-once dots
+explicitly, and the checker stopped reading differently-sliced all-reduces as reduce-scatters
+(``frontend/jax/pending.py``, docs/costmodel.md)."""
 
 
 def _collective_cells() -> list:

@@ -134,3 +134,41 @@ ENTRY %main (p0: f32[8,8,32], p1: s32[]) -> f32[8,8,8] {
     assert [(c.kind, c.bytes, c.axes) for c in found] == [
         ("reduce-scatter", 1024, ("data", "model"))
     ]
+
+
+def test_all_reduce_sliced_along_different_dims_stays_an_all_reduce():
+    """Two readers that each take a quarter, one along dim 2 and one along dim 0, read the
+    whole reduced tensor between them: an all-reduce, not a reduce-scatter (GQA decoder on
+    (2, 2, 2), free plan: the plan's all-reduce of 8 KiB was once counted as a 2 KiB
+    reduce-scatter because both slices were 2 KiB)."""
+    hlo = """
+%by_last (param_0: f32[8,8,32], param_1: s32[]) -> f32[8,8,8] {
+  %param_0 = f32[8,8,32]{2,1,0} parameter(0)
+  %param_1 = s32[] parameter(1)
+  %zero = s32[] constant(0)
+  ROOT %ds = f32[8,8,8]{2,1,0} dynamic-slice(%param_0, %zero, %zero, %param_1),
+      dynamic_slice_sizes={8,8,8}
+}
+
+%by_first (param_2: f32[8,8,32], param_3: s32[]) -> f32[2,8,32] {
+  %param_2 = f32[8,8,32]{2,1,0} parameter(0)
+  %param_3 = s32[] parameter(1)
+  %zero.1 = s32[] constant(0)
+  ROOT %ds.1 = f32[2,8,32]{2,1,0} dynamic-slice(%param_2, %param_3, %zero.1, %zero.1),
+      dynamic_slice_sizes={2,8,32}
+}
+
+ENTRY %main (p0: f32[8,8,32], p1: s32[]) -> (f32[8,8,8], f32[2,8,32]) {
+  %p0 = f32[8,8,32]{2,1,0} parameter(0)
+  %p1 = s32[] parameter(1)
+  %ar = f32[8,8,32]{2,1,0} all-reduce(%p0), replica_groups=[2,4]<=[8], to_apply=%add
+  %a = f32[8,8,8]{2,1,0} fusion(%ar, %p1), kind=kLoop, calls=%by_last
+  %b = f32[2,8,32]{2,1,0} fusion(%ar, %p1), kind=kLoop, calls=%by_first
+  ROOT %t = (f32[8,8,8]{2,1,0}, f32[2,8,32]{2,1,0}) tuple(%a, %b)
+}
+"""
+    found = collectives(hlo, MESH)
+    assert [(c.kind, c.bytes, c.axes) for c in found] == [("all-reduce", 8192, ("model",))]
+    alike = hlo.replace("f32[2,8,32]", "f32[8,8,8]").replace("sizes={2,8,32}", "sizes={8,8,8}")
+    found = collectives(alike, MESH)
+    assert [(c.kind, c.bytes, c.axes) for c in found] == [("reduce-scatter", 2048, ("model",))]

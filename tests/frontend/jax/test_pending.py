@@ -13,7 +13,8 @@ from jax.sharding import NamedSharding, PartitionSpec
 from shardplan.costmodel.reshard import reshard
 from shardplan.frontend.jax.emit import make_jax_mesh, partition_spec
 from shardplan.frontend.jax.hlo import collectives
-from shardplan.frontend.jax.pending import explicit_dot, sum_axes
+from shardplan.frontend.jax.paths import pinned_layouts
+from shardplan.frontend.jax.pending import Pending, explicit_dot, sum_axes
 
 pytestmark = pytest.mark.jax
 
@@ -34,7 +35,7 @@ def _compile(explicit: bool):
         if explicit:
             pending = explicit_dot(x, y, (BATCH, BATCH), PRODUCT, {"dimension_numbers": NUMBERS},
                                    MESH, pin)  # fmt: skip
-            z = sum_axes(pending, TARGET.partial, MESH, pin)
+            z = sum_axes(pending, TARGET.partial)
         else:
             z = jax.lax.dot_general(x, y, NUMBERS)
         return pin(z, TARGET)
@@ -76,3 +77,50 @@ def test_the_bare_dot_is_what_xla_chooses_itself(operands) -> None:
         ("all-reduce", half, ("tp",)),
         ("collective-permute", half, ("dp", "tp")),
     ]
+
+
+def test_a_staged_reduction_on_three_axes_is_the_planned_one() -> None:
+    """A pending sum over (dp, fsdp) reduced in three planned steps on (2, 2, 2): reduce-
+    scatter over fsdp, all-to-all over tp, all-reduce over dp (the MLP's Megatron plan in the
+    emission matrix). Pinning each layout of ``pinned_layouts(..., partial=True)`` on the
+    explicit form gives exactly those collectives; a regrouping reshape of the pending dims, or
+    a path without the partial layouts, made XLA gather tp and all-reduce the whole product."""
+    mesh3 = sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2})
+    jax_mesh = make_jax_mesh(mesh3)
+    left, right = sp.Sharding.of(("dp", "fsdp"), "tp"), sp.Sharding.of(("dp", "fsdp"), None)
+    product = sp.Sharding.of("tp", None, partial=["dp", "fsdp"])
+    target = sp.Sharding.of(None, ("fsdp", "tp"))
+    planned = reshard(product, target, sp.TensorType((128, 32), "f32"), mesh3)
+    assert [(c.kind, tuple(c.axes)) for c in planned] == [
+        ("reduce-scatter", ("fsdp",)),
+        ("all-to-all", ("tp",)),
+        ("all-reduce", ("dp",)),
+    ]
+    path = pinned_layouts(product, target, planned, mesh3, partial=True)
+    assert any(s.partial for s in path)
+
+    def pin(x, sharding):
+        spec = NamedSharding(jax_mesh, partition_spec(sharding))
+        return jax.lax.with_sharding_constraint(x, spec)
+
+    def step(x, y):
+        z = explicit_dot(x, y, (left, right), product, {"dimension_numbers": NUMBERS}, mesh3, pin)
+        for layout in path:
+            z = sum_axes(z, layout.partial)
+            if isinstance(z, Pending):
+                z.array = pin(z.array, z.expanded(layout.without_partial()))
+            else:
+                z = pin(z, layout)
+        return z
+
+    shardings = [NamedSharding(jax_mesh, partition_spec(s)) for s in (left, right)]
+    jitted = jax.jit(step, in_shardings=shardings)
+    rng = np.random.default_rng(1)
+    x, y = (
+        rng.normal(size=(64, 128)).astype(np.float32),
+        rng.normal(size=(64, 32)).astype(np.float32),
+    )
+    hlo = jitted.lower(x, y).compile().as_text()
+    got = sorted((c.kind, c.bytes, c.axes) for c in collectives(hlo, mesh3))
+    assert got == sorted((c.kind, c.bytes, tuple(c.axes)) for c in planned)
+    np.testing.assert_allclose(np.asarray(jitted(x, y)), x.T @ y, rtol=1e-4, atol=1e-4)
