@@ -12,9 +12,9 @@ from __future__ import annotations
 
 import time
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from .. import progress
 from .dominance import prune_dominated
@@ -22,13 +22,11 @@ from .eliminate import eliminate_chains
 from .lp import solve_relaxation
 from .problem import Edge, Problem
 
-_STATUS = {
-    cp_model.OPTIMAL: "OPTIMAL",
-    cp_model.FEASIBLE: "FEASIBLE",
-    cp_model.INFEASIBLE: "INFEASIBLE",
-    cp_model.MODEL_INVALID: "MODEL_INVALID",
-    cp_model.UNKNOWN: "UNKNOWN",
-}
+if TYPE_CHECKING:
+    from ortools.sat.python import cp_model
+
+# CP-SAT is imported where a search runs, not here: its module pulls in pandas (~0.75 CPU s,
+# a fifth of the JAX GPT's whole plan), and a plan whose LP is integral never searches.
 
 
 @dataclass(frozen=True, slots=True)
@@ -223,6 +221,8 @@ def _solve_cpsat(
     memory=None,
     work_limit: float | None = None,
 ) -> Solution:
+    from ortools.sat.python import cp_model  # lazily: see the note at the imports
+
     live = problem.live_nodes()
     scale = _scale(problem)
     model = cp_model.CpModel()
@@ -258,9 +258,9 @@ def _solve_cpsat(
     solver.parameters.max_time_in_seconds = backstop  # fires only far beyond the budget
     solver.parameters.num_workers = workers
     solver.parameters.random_seed = 0
-    progress_callback = _Progress(constant, scale) if progress.enabled() else None
+    progress_callback = _progress(constant, scale) if progress.enabled() else None
     status = solver.Solve(model, progress_callback)
-    name = _STATUS.get(status, str(status))
+    name = _status_name(status)
     work = solver.ResponseProto().deterministic_time
     if name not in ("OPTIMAL", "FEASIBLE"):
         elapsed = time.perf_counter() - start
@@ -277,30 +277,48 @@ def _solve_cpsat(
     return Solution(problem.expand(choice), objective, bound, name, elapsed, nvars, work)
 
 
-class _Progress(cp_model.CpSolverSolutionCallback):
-    """Logs each better solution CP-SAT finds with its bound and gap (``progress.py``), at
-    most one line per ``EVERY`` seconds; attached only when progress is shown."""
+def _status_name(status) -> str:  # type: ignore[no-untyped-def]
+    from ortools.sat.python import cp_model
 
-    EVERY = 0.5
+    names = {
+        cp_model.OPTIMAL: "OPTIMAL",
+        cp_model.FEASIBLE: "FEASIBLE",
+        cp_model.INFEASIBLE: "INFEASIBLE",
+        cp_model.MODEL_INVALID: "MODEL_INVALID",
+        cp_model.UNKNOWN: "UNKNOWN",
+    }
+    return names.get(status, str(status))
 
-    def __init__(self, constant: float, scale: float) -> None:
-        super().__init__()
-        self.constant, self.scale, self.last = constant, scale, -self.EVERY
 
-    def on_solution_callback(self) -> None:
-        if time.perf_counter() - self.last < self.EVERY:
-            return
-        self.last = time.perf_counter()
-        value = self.constant + self.ObjectiveValue() / self.scale
-        bound = min(value, self.constant + self.BestObjectiveBound() / self.scale)
-        gap = 0.0 if value <= 0 else 1 - bound / value
-        progress.report(
-            "solve",
-            "CP-SAT incumbent %s, bound %s, gap %.2f%%",
-            progress.seconds_text(value),
-            progress.seconds_text(bound),
-            100 * gap,
-        )
+def _progress(constant: float, scale: float):  # type: ignore[no-untyped-def]
+    """A CP-SAT solution callback that logs each better solution with its bound and gap
+    (``progress.py``), at most one line per ``EVERY`` seconds; attached only when progress is
+    shown. Defined here so that CP-SAT is imported only when a search runs."""
+    from ortools.sat.python import cp_model
+
+    class _Progress(cp_model.CpSolverSolutionCallback):
+        EVERY = 0.5
+
+        def __init__(self) -> None:
+            super().__init__()
+            self.last = -self.EVERY
+
+        def on_solution_callback(self) -> None:
+            if time.perf_counter() - self.last < self.EVERY:
+                return
+            self.last = time.perf_counter()
+            value = constant + self.ObjectiveValue() / scale
+            bound = min(value, constant + self.BestObjectiveBound() / scale)
+            gap = 0.0 if value <= 0 else 1 - bound / value
+            progress.report(
+                "solve",
+                "CP-SAT incumbent %s, bound %s, gap %.2f%%",
+                progress.seconds_text(value),
+                progress.seconds_text(bound),
+                100 * gap,
+            )
+
+    return _Progress()
 
 
 def _add_hints(model, x: dict, hints: dict[int, int]) -> None:

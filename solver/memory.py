@@ -24,9 +24,9 @@ from __future__ import annotations
 import bisect
 import itertools
 from dataclasses import dataclass, field, replace
+from typing import TYPE_CHECKING
 
 import numpy as np
-from ortools.sat.python import cp_model
 
 from ..costmodel.cluster import Cluster
 from ..costmodel.memory import MemoryItem, MemoryProfile, gib, memory_profile
@@ -35,6 +35,9 @@ from ..ir.registry import VIEW_KINDS
 from ..passes.liveness import Liveness, Phase, liveness
 from .costs import Space, op_cost
 from .problem import Problem
+
+if TYPE_CHECKING:  # imported where a search runs (solver/ilp.py: it pulls in pandas)
+    from ortools.sat.python import cp_model
 
 MEMORY_UNIT = 1 << 16
 """Memory rows count 64 KiB units: byte-sized coefficients (up to ~1e10 in rows summing to
@@ -158,6 +161,8 @@ class MemoryModel:
     ) -> tuple[int, list[int], dict] | None:
         """The smallest modelled peak any choice reaches (recomputing allowed), and the choice;
         None when CP-SAT finds no choice within ``time_limit``."""
+        from ortools.sat.python import cp_model
+
         model = cp_model.CpModel()
         x = {}
         for n in problem.live_nodes():

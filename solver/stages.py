@@ -18,8 +18,6 @@ import itertools
 import math
 from dataclasses import dataclass
 
-from ortools.sat.python import cp_model
-
 from ..costmodel.pipeline import schedule_pipeline
 
 
@@ -146,6 +144,8 @@ def _solve_fixed_m(
 ) -> tuple[int, ...] | None:
     """CP-SAT: y[l][s] one-hot, stage index non-decreasing by at most 1, minimise max stage time."""
     n = costs.num_layers
+    from ortools.sat.python import cp_model  # lazily: it pulls in pandas (solver/ilp.py)
+
     scale = 1e6 / max(max(costs.time, default=0) + costs.pre_time + costs.post_time, 1e-30)
     model = cp_model.CpModel()
     y = [[model.NewBoolVar(f"y{l}_{s}") for s in range(p)] for l in range(n)]
