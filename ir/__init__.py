@@ -14,7 +14,7 @@ from .graph import Graph, Op, Origin, Role, Use, Value
 from .mesh import Mesh
 from .registry import VIEW_KINDS, known_kinds, op_bytes, op_flops, op_info, register_rule, rule_for
 from .rules import ShardingRule
-from .sharding import Sharding
+from .sharding import Pin, Sharding
 from .types import DTYPE_BYTES, TensorType
 
 
@@ -45,6 +45,7 @@ __all__ = [
     "Mesh",
     "Op",
     "Origin",
+    "Pin",
     "Role",
     "Sharding",
     "ShardingError",

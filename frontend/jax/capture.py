@@ -18,7 +18,7 @@ from typing import Any
 import jax
 import numpy as np
 
-from ...ir import FrontendError, Graph, Mesh, Op, Origin, Role, Sharding, TensorType, Value
+from ...ir import FrontendError, Graph, Mesh, Op, Origin, Pin, Role, TensorType, Value
 from .constraints import Constraint, check_pins, constraint_of, pin_table
 from .lower import Emitter, ir_type, literal_attrs, lower_equation
 from .walk import Walker
@@ -64,7 +64,7 @@ class JaxContext:
     """IR value name -> the user's ``with_sharding_constraint`` / ``reshard`` on it (the last
     one wins); ``sp.plan`` pins them (``user_pins``)."""
 
-    def user_pins(self, mesh: Mesh | None) -> dict[str, Sharding]:
+    def user_pins(self, mesh: Mesh | None) -> dict[str, Pin]:
         """The constraints as pins (value name -> sharding), checked against ``mesh``."""
         if mesh is not None:
             check_pins(self.constraints, mesh)
