@@ -69,7 +69,7 @@ class Value:
     """(op, operand index) pairs; maintained by Graph."""
     priority: int | None = None
     """A pin's user priority (Shardy's ``p0``, ``p1``, ...): lower numbers propagate first and
-    win conflicts; None propagates last (``passes/propagate.py``)."""
+    win conflicts; None counts as ``p0``, as in Shardy (``passes/propagate.py``)."""
     sharding_origin: str = ""
     """Why ``sharding`` is what it is: ``pin 'w'``, ``with_sharding_constraint at f.py:3``,
     ``propagated from %x through dot``; shown by ``shardplan plan --print-ir``."""

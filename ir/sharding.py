@@ -136,7 +136,8 @@ class Pin:
 
     ``priority`` is Shardy's ``p0``, ``p1``, ...: propagation runs priority by priority (lower
     numbers first), so a lower-numbered pin reaches an open tensor before a higher one can,
-    and wins a conflict with it; a pin without a priority (a bare ``Sharding``) comes last.
+    and wins a conflict with it; a pin without a priority (a bare ``Sharding``) counts as
+    ``p0``, as in Shardy.
     ``source`` says where the pin comes from (``with_sharding_constraint at f.py:3``) for
     ``shardplan plan --print-ir``; empty means the key it was pinned by.
     """

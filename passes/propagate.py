@@ -9,12 +9,13 @@ refine the values that are not pinned. Semantics (see docs in ``PropagateOptions
   never changed;
 - a factor's axes come from the compatible candidates (every one a prefix of the longest); on a
   conflict the candidate of the highest-priority tensor wins: pinned first, then lower user
-  priority (``p0`` before ``p1``, none last), then larger tensors, then lower position (operands
-  before results); ``conservative`` keeps only the agreed prefix;
+  priority (``p0`` before ``p1``; a pin without one counts as ``p0``, as in Shardy), then larger
+  tensors, then lower position (operands before results); ``conservative`` keeps only the agreed
+  prefix;
 - user priorities (``Value.priority``, Shardy's ``p0``, ``p1``, ...) propagate priority by
-  priority: in the round of priority ``p`` the pins of a later priority (or none) are hidden
-  (open, as Shardy drops their dims), so a lower-numbered pin reaches the open tensors first;
-  the hidden pins are restored after each round, and a last round runs with every pin;
+  priority: in the round of priority ``p`` the pins of a later priority are hidden (open, as
+  Shardy drops their dims), so a lower-numbered pin reaches the open tensors first; the hidden
+  pins are restored after each round;
 - each value written records why (``Value.sharding_origin``: the tensor it came from and the
   op), which ``shardplan plan --print-ir`` prints;
 - mesh axes go to pass-through factors before reduction factors (Shardy's choice), then in the
@@ -52,8 +53,8 @@ need-replication for the planner. Propagation links such a dim across the op's o
 result as one factor (``_permutation_view``); enumeration and pricing keep the rule."""
 
 Direction = Literal["both", "forward", "backward"]
-Priority = tuple[bool, float, int, int]
-"""Sort key of a tensor in an op: (not pinned, user priority (none = inf), -elements, position);
+Priority = tuple[bool, int, int, int]
+"""Sort key of a tensor in an op: (not pinned, user priority (none = 0), -elements, position);
 smaller wins."""
 
 
@@ -198,7 +199,7 @@ def propagate_shardings(
 
 def run_propagation(graph: Graph, options: PropagateOptions) -> PropagationStats:
     """Sweep the ops (alternating directions for ``both``) until no value changes, once per
-    user priority (lowest number first) and once more with every pin.
+    user priority of the pins (lowest number first; one round when there are none).
 
     Only ops next to a value that changed are revisited, so a sweep costs little once the
     shardings settle.
@@ -214,11 +215,11 @@ def run_propagation(graph: Graph, options: PropagateOptions) -> PropagationStats
                 position.setdefault(id(value), i)
     infos = [_OpFactors.of(op) for op in ops]
     pins = [v for v in graph.values() if v.pinned]
-    levels = sorted({v.priority for v in pins if v.priority is not None})
+    levels = sorted({user_priority(v) for v in pins}) or [0]
     sweeps = updates = 0
     converged = True
-    for level in [*levels, None] if levels else [None]:
-        hidden = [v for v in pins if level is not None and not _visible(v, level)]
+    for level in levels:
+        hidden = [v for v in pins if user_priority(v) > level]
         saved = [(v, v.sharding, v.sharding_origin) for v in hidden]
         for value in hidden:  # Shardy drops a later priority's dims for this round
             value.sharding, value.pinned = None, False
@@ -238,9 +239,10 @@ def run_propagation(graph: Graph, options: PropagateOptions) -> PropagationStats
     return PropagationStats(sweeps, updates, converged)
 
 
-def _visible(value: Value, level: int) -> bool:
-    """A pin takes part in the round of priority ``level`` when its priority is at most it."""
-    return value.priority is not None and value.priority <= level
+def user_priority(value: Value) -> int:
+    """A pin's Shardy priority; one without (``None``) counts as ``p0``, as Shardy treats a
+    dimension sharding without a priority (checked by the agreement harness's ``prio-*``)."""
+    return value.priority if value.priority is not None else 0
 
 
 def _fixed_point(
@@ -331,10 +333,11 @@ def _why(
     info: _OpFactors,
 ) -> str:
     """``propagated from %x through dot``: the winning tensor among the factors of ``value``
-    (any factor when only its pending sum grew)."""
+    other than itself (any factor when only its pending sum grew)."""
     position = tensors.index(value)
     own = {f for dim in info.tensors[position] for f in dim}
-    keys = [key for f, key in sources.items() if f in own] or list(sources.values())
+    others = {f: key for f, key in sources.items() if key[3] != position}
+    keys = [key for f, key in others.items() if f in own] or list(others.values())
     source = tensors[min(keys)[3]] if keys else value
     named = f" (%{op.results[0].name})" if op.results else ""
     where = "a scan carry" if isinstance(op, _Tie) else f"{op.kind}{named}"
@@ -349,7 +352,7 @@ def _candidates(
     for position, (value, factors) in enumerate(zip(tensors, info.tensors, strict=True)):
         if value.sharding is None:
             continue
-        rank = value.priority if value.pinned and value.priority is not None else math.inf
+        rank = user_priority(value) if value.pinned else 0
         key = (not value.pinned, rank, -value.type.numel, position)
         projected, _overflow = project_tensor(value.sharding.dims, factors, info.sizes, mesh)
         for factor, axes in projected:

@@ -49,10 +49,14 @@ def test_a_lower_priority_number_propagates_first_and_wins():
     assert x.sharding_origin == "pin 'x'"
 
 
-def test_a_prioritised_pin_beats_one_without_priority():
-    g = _two_pins(Pin(Sharding.of("dp", None)), Pin(Sharding.of(None, "dp"), priority=3))
+def test_a_pin_without_priority_counts_as_p0():
+    """As Shardy (the harness's prio-* cases): no priority beats p1 and ties with p0."""
+    g = _two_pins(Pin(Sharding.of("dp", None), priority=1), Pin(Sharding.of(None, "dp")))
     propagate(g)
     assert g.value("c").sharding == Sharding.of(None, "dp")
+    g = _two_pins(Pin(Sharding.of("dp", None), priority=0), Pin(Sharding.of(None, "dp")))
+    propagate(g)
+    assert g.value("c").sharding == Sharding.of("dp", None)
 
 
 def test_priority_breaks_a_conflict_between_pins_on_one_op():
@@ -68,18 +72,19 @@ def test_priority_breaks_a_conflict_between_pins_on_one_op():
 
 def test_origins_name_the_pin_and_the_tensor_propagated_from():
     g = _two_pins(Pin(Sharding.of("dp", None), source="with_sharding_constraint at f.py:3"),
-                  Pin(Sharding.of(None, "tp"), priority=0))  # fmt: skip
+                  Pin(Sharding.of(None, "tp"), priority=1))  # fmt: skip
     propagate(g)
     assert g.value("x").sharding_origin == "with_sharding_constraint at f.py:3"
     assert g.value("y").sharding_origin == "pin 'y'"
-    assert g.value("a").sharding_origin == "propagated from %x through relu (%a)"
+    assert g.value("b").sharding_origin == "propagated from %y through relu (%b)"
+    assert g.value("a").sharding_origin == "propagated from %b through add (%c)"  # not itself
     assert g.value("c").sharding_origin == "propagated from %a through add (%c)"
     assert g.value("c").sharding == Sharding.of("dp", "tp")
     text = print_graph(g, origins=True)
     assert "# %x: with_sharding_constraint at f.py:3" in text
     assert "  # %c: propagated from %a through add (%c)" in text
     again = parse_graph(text)  # the comments are skipped; the priority survives
-    assert again.value("y").priority == 0
+    assert again.value("y").priority == 1
     assert again.value("x").priority is None
     assert print_graph(again) == print_graph(g)
 
