@@ -322,7 +322,37 @@ def _cases() -> list[Case]:
         D42,
     )
     _priority_cases(add)
+    _region_cases(add)
     return c
+
+
+def _region(body, in_specs, out_specs):  # type: ignore[no-untyped-def]
+    """A ``shard_map`` over the harness's mesh (``jax.set_mesh`` around lowering and capture)."""
+    return jax.shard_map(body, in_specs=in_specs, out_specs=out_specs)
+
+
+def _region_tanh(x):
+    return _region(jnp.tanh, P("dp", "tp"), P("dp", "tp"))(x)
+
+
+def _region_then_matmul(x, w):
+    return _region(jnp.tanh, P("dp", None), P("dp", None))(x) @ w
+
+
+def _matmul_into_region(x, w):
+    return _region(lambda h: h * 2.0, P(None, "tp"), P(None, "tp"))(x @ w)
+
+
+def _region_1d(x, y):
+    return _region(jnp.tanh, P("x"), P("x"))(x) + y
+
+
+def _region_cases(add) -> None:  # type: ignore[no-untyped-def]
+    """``shard_map`` bodies are opaque: their in/out specs pin the tensors around them."""
+    add("region-open-input", _region_tanh, [(16, 32)], {})
+    add("region-then-matmul", _region_then_matmul, [(16, 32), (32, 64)], {})
+    add("matmul-into-region", _matmul_into_region, [(16, 32), (32, 64)], {})
+    add("region-1d", _region_1d, [(16, 32), (16, 32)], {}, D1)
 
 
 def _two_paths(x, y, z):
