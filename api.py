@@ -7,7 +7,7 @@ from collections.abc import Mapping
 from typing import Any
 
 from . import progress
-from .ir import FrontendError, Graph, Mesh, Sharding
+from .ir import FrontendError, Graph, Mesh, Pin, Sharding
 from .solver.plan import Plan
 
 
@@ -30,7 +30,7 @@ def plan(
     pipeline_axis: str = "pp",
     microbatches: int | None = None,
     schedule: str = "1f1b",
-    pins: Mapping[str, Sharding] | None = None,
+    pins: Mapping[str, Sharding | Pin] | None = None,
     memory_limit: float | str | None = None,
     time_limit: float = 30.0,
     verbose: bool = False,
@@ -51,7 +51,8 @@ def plan(
         planned and the best returned (``plan.candidates`` has the table).
       cluster: the cluster for ``devices`` or a dict ``mesh`` (default h100-sxm).
       microbatches, schedule: pipeline options (>= 1; "1f1b", "gpipe" or "interleaved").
-      pins: value name or origin path -> required sharding (GSPMD-style user constraints).
+      pins: value name or origin path -> required sharding (GSPMD-style user constraints), or
+        ``sp.Pin(sharding, priority=N)`` with Shardy's user priority (lower propagates first).
       memory_limit: per-device bytes (a number or ``"40GB"`` / ``"512MiB"``); defaults to the
         cluster's device memory.
       time_limit: solver budget: about this many seconds of search on one idle core,

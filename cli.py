@@ -23,7 +23,8 @@ from pathlib import Path
 from typing import Any
 
 from . import progress, validate
-from .ir import Graph, Mesh, ShardplanError
+from .ir import Graph, Mesh, Pin, Sharding, ShardplanError
+from .ir.printer import print_graph
 
 
 class CliError(ShardplanError):
@@ -80,6 +81,27 @@ def parse_size(text: str) -> int:
     if size <= 0:
         raise argparse.ArgumentTypeError(f"bad size {text!r}: give a size > 0, like 40GB")
     return size
+
+
+def parse_pin(text: str) -> tuple[str, Pin]:
+    """``KEY=DIMS[:pN]``: one dim per comma, ``_`` replicated, ``dp+tp`` two axes, ``:p0``
+    Shardy's user priority: ``w1=_,tp:p1`` pins ``w1`` to ``[{}, {"tp"}]`` at priority 1."""
+    key, eq, spec = text.rpartition("=")
+    spec, colon, level = spec.partition(":")
+    bad = (
+        not eq or not key or not spec or (colon and not (level[:1] == "p" and level[1:].isdigit()))
+    )
+    if bad:
+        raise argparse.ArgumentTypeError(
+            f"bad pin {text!r}: write KEY=DIMS[:pN], one dim per comma, '_' for a replicated "
+            "dim, '+' between axes, like w1=_,tp or x=dp+tp,_:p0"
+        )
+    dims = [() if d in ("", "_") else tuple(d.split("+")) for d in spec.split(",")]
+    try:
+        sharding = Sharding(tuple(dims))
+    except ShardplanError as exc:
+        raise argparse.ArgumentTypeError(f"bad pin {text!r}: {exc}") from None
+    return key, Pin(sharding, int(level[1:]) if colon else None, f"--pin {text}")
 
 
 def parse_seconds(text: str) -> float:
@@ -156,7 +178,15 @@ def build_parser() -> argparse.ArgumentParser:
         "--out", type=Path, help="also save the plan as JSON here (checked before planning, "
         "written atomically)",
     )  # fmt: skip
-    plan.add_argument("--print-ir", action="store_true", help="print the graph's text form first")
+    plan.add_argument(
+        "--pin", action="append", type=parse_pin, default=[], metavar="KEY=DIMS[:pN]",
+        help="fix a value's layout (repeatable): KEY a value name or parameter path, one dim "
+        "per comma, '_' replicated, '+' between axes, ':p0' Shardy's priority (w1=_,tp)",
+    )  # fmt: skip
+    plan.add_argument(
+        "--print-ir", action="store_true", help="print the graph with its pins propagated and "
+        "each sharding's origin (pin, constraint, or the tensor it was propagated from)",
+    )  # fmt: skip
     plan.add_argument(
         "--full", action="store_true", help="print every input, op and reshard, not the summary"
     )
@@ -337,6 +367,23 @@ def _plan_arguments(made: Any, target: str) -> tuple[Any, tuple[Any, ...]]:
     )
 
 
+def propagated_ir(graph: Graph) -> str:
+    """The graph's text with its pins propagated (``passes/propagate.py``) and each sharding's
+    origin in a comment; the graph is left as it was (the plan keeps it)."""
+    from .passes.propagate import propagate
+
+    saved = [(v, v.sharding, v.sharding_origin) for v in graph.values()]
+    try:
+        for value in graph.values():
+            if not value.pinned:
+                value.sharding = None
+        propagate(graph)
+        return print_graph(graph, origins=True)
+    finally:
+        for value, sharding, why in saved:
+            value.sharding, value.sharding_origin = sharding, why
+
+
 def _print_plan(plan: Any, full: bool = False) -> None:
     """The one-screen summary, or with ``full`` every table (in colour on a terminal);
     deterministic fixed-width text when piped."""
@@ -360,8 +407,6 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     with progress.planning(verbose=not args.quiet):
         model, example_args = _plan_arguments(load_target(args.target), args.target)
         progress.report("load", "%s built the model (%.1f s)", args.target, progress.elapsed())
-        if args.print_ir and isinstance(model, Graph):
-            sys.stdout.write(str(model) + "\n")
         try:
             plan = make_plan(
                 model,
@@ -369,6 +414,7 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 mesh=mesh,
                 memory_limit=args.memory_limit,
                 time_limit=args.time_limit,
+                pins=dict(args.pin) or None,
             )
         except ShardplanError:
             raise
@@ -377,8 +423,8 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     if args.out is not None:  # saved first: a reader closing the pipe (| head) stops the print
         validate.atomic_write_text(args.out, plan.to_json())
         print(f"saved {args.out} ({time.perf_counter() - start:.1f} s to plan)", file=sys.stderr)
-    if args.print_ir and not isinstance(model, Graph):
-        sys.stdout.write(str(plan.graph) + "\n")
+    if args.print_ir:
+        sys.stdout.write(propagated_ir(plan.graph) + "\n")
     _print_plan(plan, args.full)
     return 0
 

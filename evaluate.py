@@ -166,7 +166,7 @@ def _solve(
     from .solver.pipeline import plan_pipeline, uniform_stage_bounds
     from .solver.planner import plan_graph
 
-    saved = [(v, v.sharding, v.pinned) for v in graph.values()]
+    saved = [(v, v.sharding, v.pinned, v.priority, v.sharding_origin) for v in graph.values()]
     stage_mesh = Mesh(
         [(n, s) for n, s in mesh.axes if n != strategy.pipeline_axis], cluster=mesh.cluster
     )
@@ -187,8 +187,8 @@ def _solve(
             )  # fmt: skip
         return plan_graph(graph, mesh, memory_limit=limit, time_limit=time_limit, **options)
     finally:
-        for v, sharding, pinned in saved:
-            v.sharding, v.pinned = sharding, pinned
+        for v, sharding, pinned, priority, why in saved:
+            v.sharding, v.pinned, v.priority, v.sharding_origin = sharding, pinned, priority, why
 
 
 def model_flops(graph: Graph) -> float:

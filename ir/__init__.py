@@ -1,6 +1,7 @@
 """The sharding IR: meshes, types, shardings, factor rules, ops and graphs (no torch, no jax)."""
 
 from . import moe as _moe  # noqa: F401  (registers the mixture-of-experts rules)
+from . import regions as _regions  # noqa: F401  (registers the shard_map region rule)
 from .errors import (
     FrontendError,
     InfeasiblePlanError,
@@ -14,7 +15,7 @@ from .graph import Graph, Op, Origin, Role, Use, Value
 from .mesh import Mesh
 from .registry import VIEW_KINDS, known_kinds, op_bytes, op_flops, op_info, register_rule, rule_for
 from .rules import ShardingRule
-from .sharding import Sharding
+from .sharding import Pin, Sharding
 from .types import DTYPE_BYTES, TensorType
 
 
@@ -45,6 +46,7 @@ __all__ = [
     "Mesh",
     "Op",
     "Origin",
+    "Pin",
     "Role",
     "Sharding",
     "ShardingError",

@@ -67,6 +67,12 @@ class Value:
     """True when ``sharding`` is a user pin that passes and the solver must keep."""
     uses: list[Use] = field(default_factory=list)
     """(op, operand index) pairs; maintained by Graph."""
+    priority: int | None = None
+    """A pin's user priority (Shardy's ``p0``, ``p1``, ...): lower numbers propagate first and
+    win conflicts; None counts as ``p0``, as in Shardy (``passes/propagate.py``)."""
+    sharding_origin: str = ""
+    """Why ``sharding`` is what it is: ``pin 'w'``, ``with_sharding_constraint at f.py:3``,
+    ``propagated from %x through dot``; shown by ``shardplan plan --print-ir``."""
 
     @property
     def users(self) -> list[Op]:

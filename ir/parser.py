@@ -243,6 +243,7 @@ class Parser:
         type_, sharding, meta = self.parse_value_annotation()
         role, pinned, origin = self.meta_fields(meta, Origin())
         value = self.graph.add_input(name, type_, role, origin, sharding, pinned)
+        value.priority = self.priority(meta)
         self.rename(value, name)
 
     def rename(self, value: Value, name: str) -> None:
@@ -289,13 +290,24 @@ class Parser:
 
     def parse_meta_item(self) -> tuple[str, tuple[Token, str]]:
         key = self.parse_ident("in the value attributes")
-        if key.text not in ("role", "pinned", *_ORIGIN_KEYS):
-            raise self.error("expected role, pinned, path, module or source", key)
+        if key.text not in ("role", "pinned", "priority", *_ORIGIN_KEYS):
+            raise self.error("expected role, pinned, priority, path, module or source", key)
         self.parse_punct("=", f"after '{key.text}'")
+        if key.text == "priority":
+            return key.text, (key, str(self.parse_int("after 'priority ='")))
         if key.text == "pinned":
             self.parse_keyword("true", "after 'pinned ='")
             return key.text, (key, "true")
         return key.text, (key, self.parse_string(f"for '{key.text}'"))
+
+    def priority(self, meta: dict) -> int | None:
+        """A pin's user priority (``priority = 1``, Shardy's ``p1``); only on a pinned value."""
+        if "priority" not in meta:
+            return None
+        token, text = meta["priority"]
+        if "pinned" not in meta:
+            raise self.error("'priority' is a pin's priority: give 'pinned = true' too", token)
+        return int(text)
 
     def meta_fields(self, meta: dict, default: Origin) -> tuple[Role, bool, Origin]:
         role = Role.ACTIVATION
@@ -328,7 +340,7 @@ class Parser:
         for value, (name, _), (_, sharding, meta) in zip(op.results, names, results, strict=True):
             self.rename(value, name)
             value.role, value.pinned, value.origin = self.meta_fields(meta, origin)
-            value.sharding = sharding
+            value.sharding, value.priority = sharding, self.priority(meta)
 
     def parse_result_names(self) -> list[tuple[str, Token]]:
         if self.parse_optional_punct("("):

@@ -5,7 +5,7 @@ Grammar (``?`` optional, ``*`` repeated, ``#`` starts a comment)::
     graph   ::= mesh? func
     mesh    ::= 'mesh' '@m' '=' '<[' (STRING '=' INT),* ']>' '{cluster = ' STRING '}'
     func    ::= 'func' '@' NAME '(' (VALUE ':' value),* ')' '{' op* return '}'
-    value   ::= TYPE sharding? meta?          # dtype[d0,d1]; meta: role, pinned, origin
+    value   ::= TYPE sharding? meta?          # dtype[d0,d1]; meta: role, pinned, priority, origin
     op      ::= results '=' KIND '(' VALUE,* ')' attrs? rule loc? ':' (value,* | '()')
     results ::= VALUE,* | '()'
     rule    ::= 'rule<' STRING (', need_replication={' f,* '}')? (', summed={' f=[INT,*],* '}')?
@@ -31,17 +31,34 @@ _BARE_NAME = re.compile(r"[A-Za-z0-9_]+\Z")
 _BARE_KIND = re.compile(r"[A-Za-z_][A-Za-z0-9_.]*\Z")
 
 
-def print_graph(graph: Graph) -> str:
-    """The whole graph: optional mesh line, then the function with one op per line."""
+def print_graph(graph: Graph, origins: bool = False) -> str:
+    """The whole graph: optional mesh line, then the function with one op per line.
+
+    ``origins``: say after each sharding where it comes from (``Value.sharding_origin``: a pin,
+    a constraint, or the tensor and op it was propagated from) in ``#`` comments, which the
+    parser skips: the graph's inputs on lines before ``func``, each op's results at its end.
+    """
     lines: list[str] = []
     if graph.mesh is not None:
         lines.append(print_mesh(graph.mesh))
+    if origins:
+        lines.extend(f"# {why}" for why in _origins(graph.inputs))
     args = ", ".join(_input_text(v) for v in graph.inputs)
     lines.append(f"func @{name_text(graph.name)}({args}) {{")
-    lines.extend("  " + print_op(op) for op in graph.ops)
+    for op in graph.ops:
+        why = "; ".join(_origins(op.results)) if origins else ""
+        lines.append("  " + print_op(op) + (f"  # {why}" if why else ""))
     lines.append("  " + _return_text(graph))
     lines.append("}")
     return "\n".join(lines) + "\n"
+
+
+def _origins(values: list[Value]) -> list[str]:
+    return [
+        f"%{v.name}: {(v.sharding_origin or 'given').replace(chr(10), ' ')}"
+        for v in values
+        if v.sharding is not None
+    ]
 
 
 def print_mesh(mesh: Mesh) -> str:
@@ -143,6 +160,8 @@ def _input_text(value: Value) -> str:
     meta = [f"role = {quote(value.role.value)}"]
     if value.pinned:
         meta.append("pinned = true")
+        if value.priority is not None:
+            meta.append(f"priority = {value.priority}")
     meta += _origin_items(value.origin)
     return f"{value_ref(value)}: {_value_text(value, meta)}"
 
@@ -151,6 +170,8 @@ def _result_text(value: Value, op: Op) -> str:
     meta = [] if value.role is Role.ACTIVATION else [f"role = {quote(value.role.value)}"]
     if value.pinned:
         meta.append("pinned = true")
+        if value.priority is not None:
+            meta.append(f"priority = {value.priority}")
     if value.origin != op.origin:
         meta += _origin_items(value.origin) or ['path = ""']  # an empty origin, said explicitly
     return _value_text(value, meta)

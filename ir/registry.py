@@ -24,7 +24,8 @@ Types = Sequence[TensorType]
 Attrs = Mapping[str, object]
 RuleBuilder = Callable[[Types, Types, Attrs], ShardingRule]
 FlopModel = (
-    str  # "dot": 2 x product of factor sizes; "elementwise": result elements; "attention"; "none"
+    str  # "dot": 2 x product of factor sizes; "elementwise": result elements; "attention"; "none";
+    # "attr": attrs["flops"]
 )
 
 
@@ -151,6 +152,8 @@ def op_flops(
         return _attention_flops(ins, backward) * (2.5 if backward else 1.0) * causal
     if model == "none":
         return 0.0
+    if model == "attr":  # counted at capture (a shard_map body: ``ir/regions.py``)
+        return float((attrs or {}).get("flops", 0.0))  # type: ignore[arg-type]
     return float(sum(t.numel for t in outs))
 
 

@@ -128,3 +128,35 @@ class Sharding:
 
     def __repr__(self) -> str:
         return f"Sharding({self})"
+
+
+@dataclass(frozen=True, slots=True)
+class Pin:
+    """A user pin with Shardy's user priority: ``sp.plan(pins={"x": Pin(s, priority=0)})``.
+
+    ``priority`` is Shardy's ``p0``, ``p1``, ...: propagation runs priority by priority (lower
+    numbers first), so a lower-numbered pin reaches an open tensor before a higher one can,
+    and wins a conflict with it; a pin without a priority (a bare ``Sharding``) counts as
+    ``p0``, as in Shardy.
+    ``source`` says where the pin comes from (``with_sharding_constraint at f.py:3``) for
+    ``shardplan plan --print-ir``; empty means the key it was pinned by.
+    """
+
+    sharding: Sharding
+    priority: int | None = None
+    source: str = ""
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.sharding, Sharding):
+            raise ShardingError(
+                f"Pin takes a Sharding, got {type(self.sharding).__name__}; "
+                'write Pin(Sharding.of("dp", None), priority=0)'
+            )
+        if self.priority is not None and (
+            isinstance(self.priority, bool)
+            or not isinstance(self.priority, int)
+            or self.priority < 0
+        ):
+            raise ShardingError(
+                f"pin priority must be an int >= 0 (Shardy's p0, p1, ...), got {self.priority!r}"
+            )

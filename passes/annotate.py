@@ -9,7 +9,7 @@ from fnmatch import fnmatchcase
 
 from shardplan.ir.errors import ShardingError
 from shardplan.ir.graph import Graph, Value
-from shardplan.ir.sharding import Sharding
+from shardplan.ir.sharding import Pin, Sharding
 
 from .manager import register_pass
 
@@ -26,7 +26,8 @@ class AnnotateOptions:
     Exact keys win over globs; among equals the later pin wins.
     """
 
-    pins: tuple[tuple[str, Sharding], ...] = ()
+    pins: tuple[tuple[str, Sharding | Pin], ...] = ()
+    """A ``Pin`` adds Shardy's user priority and where the pin comes from."""
 
 
 @register_pass("annotate", options=AnnotateOptions)
@@ -47,7 +48,7 @@ def annotate_pass(graph: Graph, options: AnnotateOptions) -> Graph:
     return graph
 
 
-def annotate(graph: Graph, pins: Mapping[str, Sharding]) -> Graph:
+def annotate(graph: Graph, pins: Mapping[str, Sharding | Pin]) -> Graph:
     """Python shorthand: ``annotate(g, {"layers.*.wq.weight": Sharding.of(None, "tp")})``."""
     return annotate_pass(graph, AnnotateOptions(tuple(pins.items())))
 
@@ -79,8 +80,14 @@ def _is_glob(key: str) -> bool:
     return any(ch in _GLOB_CHARS for ch in key)
 
 
-def _pin(graph: Graph, value: Value, key: str, sharding: Sharding) -> None:
+def _pin(graph: Graph, value: Value, key: str, pin: Sharding | Pin) -> None:
     assert graph.mesh is not None
+    if not isinstance(pin, Sharding | Pin):
+        raise ShardingError(
+            f"pin {key!r} is a {type(pin).__name__}; give a Sharding or a Pin "
+            '(Sharding.of("dp", None), Pin(sharding, priority=0))'
+        )
+    sharding = pin.sharding if isinstance(pin, Pin) else pin
     try:
         sharding.check(value.type, graph.mesh)
     except ShardingError as err:
@@ -93,6 +100,8 @@ def _pin(graph: Graph, value: Value, key: str, sharding: Sharding) -> None:
         ) from err
     value.sharding = sharding
     value.pinned = True
+    value.priority = pin.priority if isinstance(pin, Pin) else None
+    value.sharding_origin = (pin.source if isinstance(pin, Pin) else "") or f"pin {key!r}"
 
 
 def _no_match_message(key: str, values: list[Value]) -> str:

@@ -8,8 +8,16 @@ refine the values that are not pinned. Semantics (see docs in ``PropagateOptions
   grow; nothing is ever removed, so sweeps are monotone and reach a fixed point; user pins are
   never changed;
 - a factor's axes come from the compatible candidates (every one a prefix of the longest); on a
-  conflict the candidate of the highest-priority tensor wins: pinned first, then larger tensors,
-  then lower position (operands before results); ``conservative`` keeps only the agreed prefix;
+  conflict the candidate of the highest-priority tensor wins: pinned first, then lower user
+  priority (``p0`` before ``p1``; a pin without one counts as ``p0``, as in Shardy), then larger
+  tensors, then lower position (operands before results); ``conservative`` keeps only the agreed
+  prefix;
+- user priorities (``Value.priority``, Shardy's ``p0``, ``p1``, ...) propagate priority by
+  priority: in the round of priority ``p`` the pins of a later priority are hidden (open, as
+  Shardy drops their dims), so a lower-numbered pin reaches the open tensors first; the hidden
+  pins are restored after each round;
+- each value written records why (``Value.sharding_origin``: the tensor it came from and the
+  op), which ``shardplan plan --print-ir`` prints;
 - mesh axes go to pass-through factors before reduction factors (Shardy's choice), then in the
   order of their winning tensor, then factor index; a factor whose axes another factor already
   took is truncated before the first taken axis;
@@ -45,8 +53,9 @@ need-replication for the planner. Propagation links such a dim across the op's o
 result as one factor (``_permutation_view``); enumeration and pricing keep the rule."""
 
 Direction = Literal["both", "forward", "backward"]
-Priority = tuple[bool, int, int]
-"""Sort key of a tensor in an op: (not pinned, -elements, position); smaller wins."""
+Priority = tuple[bool, int, int, int]
+"""Sort key of a tensor in an op: (not pinned, user priority (none = 0), -elements, position);
+smaller wins."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -189,7 +198,8 @@ def propagate_shardings(
 
 
 def run_propagation(graph: Graph, options: PropagateOptions) -> PropagationStats:
-    """Sweep the ops (alternating directions for ``both``) until no value changes.
+    """Sweep the ops (alternating directions for ``both``) until no value changes, once per
+    user priority of the pins (lowest number first; one round when there are none).
 
     Only ops next to a value that changed are revisited, so a sweep costs little once the
     shardings settle.
@@ -204,18 +214,21 @@ def run_propagation(graph: Graph, options: PropagateOptions) -> PropagationStats
             for value in (*op.operands, *op.results):
                 position.setdefault(id(value), i)
     infos = [_OpFactors.of(op) for op in ops]
-    dirty = [True] * len(ops)
-    updates = 0
-    for sweep in range(options.max_iterations):
-        if not any(dirty):
-            return PropagationStats(sweep, updates, True)
-        for i in _sweep_order(len(ops), sweep, options.direction):
-            if dirty[i]:
-                dirty[i] = False
-                for value in _propagate_op(ops[i], infos[i], mesh, options):
-                    updates += 1
-                    _mark_neighbours(value, position, dirty)
-    converged = not any(dirty)
+    pins = [v for v in graph.values() if v.pinned]
+    levels = sorted({user_priority(v) for v in pins}) or [0]
+    sweeps = updates = 0
+    converged = True
+    for level in levels:
+        hidden = [v for v in pins if user_priority(v) > level]
+        saved = [(v, v.sharding, v.sharding_origin) for v in hidden]
+        for value in hidden:  # Shardy drops a later priority's dims for this round
+            value.sharding, value.pinned = None, False
+        try:
+            done, changed, settled = _fixed_point(ops, infos, position, mesh, options)
+        finally:
+            for value, sharding, why in saved:
+                value.sharding, value.pinned, value.sharding_origin = sharding, True, why
+        sweeps, updates, converged = sweeps + done, updates + changed, converged and settled
     if not converged:
         warnings.warn(
             f"propagate did not reach a fixed point in {options.max_iterations} sweeps over "
@@ -223,7 +236,35 @@ def run_propagation(graph: Graph, options: PropagateOptions) -> PropagationStats
             RuntimeWarning,
             stacklevel=2,
         )
-    return PropagationStats(options.max_iterations, updates, converged)
+    return PropagationStats(sweeps, updates, converged)
+
+
+def user_priority(value: Value) -> int:
+    """A pin's Shardy priority; one without (``None``) counts as ``p0``, as Shardy treats a
+    dimension sharding without a priority (checked by the agreement harness's ``prio-*``)."""
+    return value.priority if value.priority is not None else 0
+
+
+def _fixed_point(
+    ops: list[Op | _Tie],
+    infos: list[_OpFactors],
+    position: dict[int, int],
+    mesh: Mesh,
+    options: PropagateOptions,
+) -> tuple[int, int, bool]:
+    """One propagation round to a fixed point: (sweeps, values refined, converged)."""
+    dirty = [True] * len(ops)
+    updates = 0
+    for sweep in range(options.max_iterations):
+        if not any(dirty):
+            return sweep, updates, True
+        for i in _sweep_order(len(ops), sweep, options.direction):
+            if dirty[i]:
+                dirty[i] = False
+                for value in _propagate_op(ops[i], infos[i], mesh, options):
+                    updates += 1
+                    _mark_neighbours(value, position, dirty)
+    return options.max_iterations, updates, not any(dirty)
 
 
 def _checked_mesh(graph: Graph) -> Mesh | None:
@@ -278,7 +319,29 @@ def _propagate_op(
         if axes and source is not None:
             targets[factor], sources[factor] = axes, source
     _keep_axes_unique(targets, sources, info)
-    return _write_back(tensors, targets, info, mesh.shape, options.direction)
+    changed = _write_back(tensors, targets, info, mesh.shape, options.direction)
+    for value in changed:
+        value.sharding_origin = _why(op, tensors, value, sources, info)
+    return changed
+
+
+def _why(
+    op: Op | _Tie,
+    tensors: list[Value],
+    value: Value,
+    sources: dict[str, Priority],
+    info: _OpFactors,
+) -> str:
+    """``propagated from %x through dot``: the winning tensor among the factors of ``value``
+    other than itself (any factor when only its pending sum grew)."""
+    position = tensors.index(value)
+    own = {f for dim in info.tensors[position] for f in dim}
+    others = {f: key for f, key in sources.items() if key[3] != position}
+    keys = [key for f, key in others.items() if f in own] or list(others.values())
+    source = tensors[min(keys)[3]] if keys else value
+    named = f" (%{op.results[0].name})" if op.results else ""
+    where = "a scan carry" if isinstance(op, _Tie) else f"{op.kind}{named}"
+    return f"propagated from %{source.name} through {where}"
 
 
 def _candidates(
@@ -289,7 +352,8 @@ def _candidates(
     for position, (value, factors) in enumerate(zip(tensors, info.tensors, strict=True)):
         if value.sharding is None:
             continue
-        key = (not value.pinned, -value.type.numel, position)
+        rank = user_priority(value) if value.pinned else 0
+        key = (not value.pinned, rank, -value.type.numel, position)
         projected, _overflow = project_tensor(value.sharding.dims, factors, info.sizes, mesh)
         for factor, axes in projected:
             found.setdefault(factor, []).append((key, axes))

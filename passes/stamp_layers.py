@@ -245,9 +245,9 @@ class _Builder:
             module = layer_path(value.origin.module, self.stack, src, layer)
             hint = path.replace("#", "_") if path else value.name
         origin = Origin(path, module, value.origin.source)
-        return self.new.add_input(
-            hint, value.type, value.role, origin, value.sharding, value.pinned
-        )
+        new = self.new.add_input(hint, value.type, value.role, origin, value.sharding, value.pinned)
+        new.priority, new.sharding_origin = value.priority, value.sharding_origin
+        return new
 
     # -- ops -----------------------------------------------------------------------------------
     def _ops(self) -> None:
@@ -319,6 +319,7 @@ class _Builder:
         )  # fmt: skip
         for old, value in zip(op.results, new.results, strict=True):
             value.sharding, value.pinned = old.sharding, old.pinned
+            value.priority, value.sharding_origin = old.priority, old.sharding_origin
             into[old] = value
 
     # -- outputs -------------------------------------------------------------------------------

@@ -61,10 +61,25 @@ def test_plan_prints_and_saves(tmp_path, capsys):
     assert "solve time not saved" in shown
 
 
-def test_plan_with_print_ir_shows_the_graph(capsys):
-    code = main(["plan", EXAMPLE, "--mesh", "dp=2,tp=4", "--cluster", "h100-sxm", "--print-ir"])
+def test_plan_with_print_ir_shows_each_shardings_origin(capsys):
+    """--pin pins the plan; --print-ir prints the pins propagated, each with its origin."""
+    argv = ["plan", EXAMPLE, "--mesh", "dp=2,tp=4", "--cluster", "h100-sxm", "--print-ir"]
+    code = main([*argv, "--pin", "w1=_,tp:p0", "--time-limit", "10"])
     assert code == 0
-    assert "func @mlp_train_step(" in capsys.readouterr().out
+    out = capsys.readouterr().out
+    assert "func @mlp_train_step(" in out
+    assert "# %w1: --pin w1=_,tp:p0" in out
+    assert '%w1: bf16[4096,16384] [{}, {"tp"}] {role = "param", pinned = true, priority = 0' in out
+    assert '%h = dot(%x, %w1) rule<"ik,kj->ij"> ' in out
+    assert "# %h: propagated from %w1 through dot (%h)" in out
+    assert "# %w2: propagated from %a through dot (%out)" in out  # backward, before `func`
+    assert "mlp.fc1.weight  bf16[4096,16384]  [{}, {tp}]" in out  # the plan keeps the pin
+
+
+def test_bad_pin_is_a_usage_error(capsys):
+    for bad in ("w1", "w1=_,tp:1", "=tp"):
+        assert main(["plan", EXAMPLE, "--mesh", "dp=2", "--pin", bad]) == 2
+        assert "write KEY=DIMS[:pN]" in capsys.readouterr().err
 
 
 def test_bad_mesh_is_a_usage_error(capsys):

@@ -8,19 +8,23 @@ and ``output_shardings``. shardplan's answer: capture, pin the seeds (and the fu
 ``with_sharding_constraint``s), run the ``propagate`` pass, read the same tensors; an
 undecided tensor reads as replicated and an output's pending sum as reduced, as at a jit
 boundary. Two answers agree when they lay the tensor out the same (``is_equivalent_to``).
+
+A case may give seeds Shardy's user priorities (``p0``, ``p1``, ...). jax has no public way
+to write them, so the lowered module's argument shardings get the priority suffix before XLA
+compiles it (``_compile_with_priorities``); shardplan pins the same seeds with ``Pin(priority)``.
 """
 
 from __future__ import annotations
 
 import math
 from collections.abc import Callable, Mapping, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import jax
 from jax.sharding import AxisType, NamedSharding, PartitionSpec
 
-from ...ir import Mesh, Sharding
+from ...ir import Mesh, Pin, Sharding
 from ...passes.annotate import annotate
 from ...passes.propagate import propagate
 from .capture import capture
@@ -40,6 +44,8 @@ class Case:
     shapes: tuple[tuple[int, ...], ...]
     seeds: Mapping[int, PartitionSpec]
     mesh: tuple[tuple[str, int], ...] = (("dp", 2), ("tp", 4))
+    priorities: Mapping[int, int] = field(default_factory=dict)
+    """Seed argument index -> Shardy user priority (``0`` is ``p0``); unlisted seeds have none."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -79,9 +85,48 @@ def shardy(case: Case) -> tuple[list[Any], list[Any]]:
     mesh = _jax_mesh(case.mesh)
     with jax.set_mesh(mesh):  # bare PartitionSpecs in constraints name this mesh's axes
         lowered = jax.jit(case.fn).lower(*_args(case, mesh))
-        compiled = lowered.compile(compiler_options=FAST_BACKEND)
+        if case.priorities:
+            compiled = _compile_with_priorities(lowered, case.priorities)
+        else:
+            compiled = lowered.compile(compiler_options=FAST_BACKEND)
     ins, _ = compiled.input_shardings
     return list(ins), list(jax.tree.leaves(compiled.output_shardings))
+
+
+def _compile_with_priorities(lowered: Any, priorities: Mapping[int, int]) -> Any:
+    """Compile ``lowered`` with ``pN`` on every sharded dim of the given arguments.
+
+    jax writes no user priorities, so this edits a copy of the lowered StableHLO's
+    ``sdy.sharding`` argument attributes and compiles it in place of the original: it uses
+    jax's private ``Lowered._lowering._hlo`` (restored after; the lowering is shared by jax's
+    cache) and the MLIR bindings jaxlib ships; ``compile(compiler_options=...)`` skips the
+    executable cached on the lowering.
+    """
+    from jaxlib.mlir import ir
+
+    lowering = lowered._lowering  # private: the only way to compile an edited module
+    original = lowering._hlo
+    module = ir.Module.parse(str(original), context=original.context)
+    with module.context:
+        (main,) = [
+            op
+            for op in module.body.operations
+            if op.operation.name == "func.func"
+            and ir.StringAttr(op.attributes["sym_name"]).value == "main"
+        ]
+        attrs = []
+        for i, entry in enumerate(ir.ArrayAttr(main.attributes["arg_attrs"])):
+            items = {a.name: a.attr for a in ir.DictAttr(entry)}
+            if i in priorities and "sdy.sharding" in items:
+                text = str(items["sdy.sharding"]).replace('"}', f'"}}p{priorities[i]}')
+                items["sdy.sharding"] = ir.Attribute.parse(text)
+            attrs.append(ir.DictAttr.get(items))
+        main.attributes["arg_attrs"] = ir.ArrayAttr.get(attrs)
+    lowering._hlo = module
+    try:
+        return lowered.compile(compiler_options=FAST_BACKEND)
+    finally:
+        lowering._hlo = original
 
 
 def shardplan(case: Case) -> tuple[list[Sharding], list[Sharding]]:
@@ -90,8 +135,8 @@ def shardplan(case: Case) -> tuple[list[Sharding], list[Sharding]]:
     with jax.set_mesh(mesh):
         graph, context = capture(case.fn, *_args(case, mesh))
     graph.mesh = Mesh(dict(case.mesh), cluster="cpu-test")
-    pins = {
-        context.arg_inputs[i]: _sharding(spec, len(case.shapes[i]))
+    pins: dict[str, Sharding | Pin] = {
+        context.arg_inputs[i]: Pin(_sharding(spec, len(case.shapes[i])), case.priorities.get(i))
         for i, spec in case.seeds.items()
     }
     pins.update(context.user_pins(graph.mesh))

@@ -18,9 +18,10 @@ from typing import Any
 import jax
 import numpy as np
 
-from ...ir import FrontendError, Graph, Mesh, Op, Origin, Role, Sharding, TensorType, Value
+from ...ir import FrontendError, Graph, Mesh, Op, Origin, Pin, Role, TensorType, Value
 from .constraints import Constraint, check_pins, constraint_of, pin_table
 from .lower import Emitter, ir_type, literal_attrs, lower_equation
+from .regions import pins_of, region_attrs
 from .walk import Walker
 
 OPTIMIZER_KEYS = frozenset(
@@ -64,7 +65,7 @@ class JaxContext:
     """IR value name -> the user's ``with_sharding_constraint`` / ``reshard`` on it (the last
     one wins); ``sp.plan`` pins them (``user_pins``)."""
 
-    def user_pins(self, mesh: Mesh | None) -> dict[str, Sharding]:
+    def user_pins(self, mesh: Mesh | None) -> dict[str, Pin]:
         """The constraints as pins (value name -> sharding), checked against ``mesh``."""
         if mesh is not None:
             check_pins(self.constraints, mesh)
@@ -188,9 +189,24 @@ class _Capture(Walker[Value]):
 
     def apply(self, eqn: Any, ins: list[Value]) -> list[Value]:
         em = Emitter(self.graph, self._origin(eqn))
-        outs = lower_equation(em, eqn, ins)
+        if eqn.primitive.name == "shard_map":
+            outs = self._region(em, eqn, ins)
+        else:
+            outs = lower_equation(em, eqn, ins)
         self._mark_repeat(em.first_op)
         self._record(ins, outs, em.first_op)
+        return outs
+
+    def _region(self, em: Emitter, eqn: Any, ins: list[Value]) -> list[Value]:
+        """A ``shard_map``: one opaque op, its operands and results pinned to its specs
+        (``regions.py``); a later annotation of the same value wins, as for constraints."""
+        types = [ir_type(v.aval) for v in eqn.outvars]
+        in_ranks, out_ranks = [v.type.rank for v in ins], [t.rank for t in types]
+        attrs = region_attrs(eqn, in_ranks, out_ranks)
+        outs = em.op("shard_map", ins, types, **attrs)
+        source = self._origin(eqn).source
+        for value, sharding in zip([*ins, *outs], pins_of(attrs, in_ranks, out_ranks), strict=True):
+            self.context.constraints[value.name] = Constraint(sharding, source, "shard_map")
         return outs
 
     def pass_through(self, eqn: Any, ins: list[Value]) -> list[Value]:

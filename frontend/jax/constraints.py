@@ -17,7 +17,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 from typing import Any
 
-from ...ir import FrontendError, Mesh, Sharding
+from ...ir import FrontendError, Mesh, Pin, Sharding
 
 CONSTRAINT_PARAMS = {"sharding_constraint": "sharding", "reshard": "dst_sharding"}
 """Primitive -> the parameter holding the sharding it asks for."""
@@ -97,6 +97,14 @@ def check_pins(constraints: Mapping[str, Constraint], mesh: Mesh) -> None:
             )
 
 
-def pin_table(constraints: Mapping[str, Constraint]) -> dict[str, Sharding]:
-    """Value name -> pinned sharding (what ``plan_graph(pins=...)`` takes)."""
-    return {name: c.sharding for name, c in constraints.items()}
+def pin_table(constraints: Mapping[str, Constraint]) -> dict[str, Pin]:
+    """Value name -> pin (what ``plan_graph(pins=...)`` takes), saying which annotation and
+    where (``shardplan plan --print-ir`` prints it)."""
+    return {name: Pin(c.sharding, source=_described(c)) for name, c in constraints.items()}
+
+
+def _described(constraint: Constraint) -> str:
+    name = {"sharding_constraint": "with_sharding_constraint"}.get(
+        constraint.primitive, constraint.primitive
+    )
+    return f"{name} at {constraint.source}" if constraint.source else name

@@ -83,8 +83,8 @@ def _constrained(x, w1, w2):
 def _cases() -> list[Case]:
     c: list[Case] = []
 
-    def add(name, fn, shapes, seeds, mesh=D2):  # type: ignore[no-untyped-def]
-        c.append(Case(name, fn, tuple(shapes), dict(seeds), mesh))
+    def add(name, fn, shapes, seeds, mesh=D2, priorities=None):  # type: ignore[no-untyped-def]
+        c.append(Case(name, fn, tuple(shapes), dict(seeds), mesh, dict(priorities or {})))
 
     # elementwise and broadcasting
     for mesh, spec in ((D1, P("x")), (D2, P("dp", "tp")), (D2, P(("dp", "tp")))):
@@ -321,7 +321,60 @@ def _cases() -> list[Case]:
         {0: P(("dp", "tp"))},
         D42,
     )
+    _priority_cases(add)
+    _region_cases(add)
     return c
+
+
+def _region(body, in_specs, out_specs):  # type: ignore[no-untyped-def]
+    """A ``shard_map`` over the harness's mesh (``jax.set_mesh`` around lowering and capture)."""
+    return jax.shard_map(body, in_specs=in_specs, out_specs=out_specs)
+
+
+def _region_tanh(x):
+    return _region(jnp.tanh, P("dp", "tp"), P("dp", "tp"))(x)
+
+
+def _region_then_matmul(x, w):
+    return _region(jnp.tanh, P("dp", None), P("dp", None))(x) @ w
+
+
+def _matmul_into_region(x, w):
+    return _region(lambda h: h * 2.0, P(None, "tp"), P(None, "tp"))(x @ w)
+
+
+def _region_1d(x, y):
+    return _region(jnp.tanh, P("x"), P("x"))(x) + y
+
+
+def _region_cases(add) -> None:  # type: ignore[no-untyped-def]
+    """``shard_map`` bodies are opaque: their in/out specs pin the tensors around them."""
+    add("region-open-input", _region_tanh, [(16, 32)], {})
+    add("region-then-matmul", _region_then_matmul, [(16, 32), (32, 64)], {})
+    add("matmul-into-region", _matmul_into_region, [(16, 32), (32, 64)], {})
+    add("region-1d", _region_1d, [(16, 32), (16, 32)], {}, D1)
+
+
+def _two_paths(x, y, z):
+    """Two seeds that meet only at an add through open tensors, and an open input ``z``."""
+    return jnp.tanh(x) + jnp.tanh(y) + z
+
+
+def _priority_cases(add) -> None:  # type: ignore[no-untyped-def]
+    """Shardy's user priorities on conflicting seeds: the lower ``pN`` propagates first."""
+    sq = [(16, 16)] * 3
+    rows, cols = P("dp", None), P(None, "dp")
+    for tag, prio in (
+        ("x0-y1", {0: 0, 1: 1}),
+        ("x1-y0", {0: 1, 1: 0}),
+        ("y0", {1: 0}),
+        ("x1", {0: 1}),
+    ):
+        add(f"prio-{tag}", _two_paths, sq, {0: rows, 1: cols}, priorities=prio)
+    add("prio-1d-x1-y0", _two_paths, sq, {0: P("x"), 1: P(None, "x")}, D1, {0: 1, 1: 0})
+    mlp = [(64, 32), (32, 128), (128, 32)]
+    add("prio-mlp-w1-first", _mlp, mlp, {0: P("tp"), 1: P(None, "tp")}, priorities={0: 1, 1: 0})
+    add("prio-mlp-x-first", _mlp, mlp, {0: P("tp"), 1: P(None, "tp")}, priorities={0: 0, 1: 1})
 
 
 CASES = _cases()

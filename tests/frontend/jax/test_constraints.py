@@ -66,6 +66,9 @@ def test_capture_records_the_constraint_on_the_constrained_value():
     assert value.producer.kind == "tanh"
     assert constraint.sharding == Sharding.of(None, "tp")
     assert constraint.source.startswith("test_constraints.py:")
+    (pin,) = context.user_pins(MESH).values()  # --print-ir names the constraint and its line
+    assert pin.sharding == Sharding.of(None, "tp")
+    assert pin.source == f"with_sharding_constraint at {constraint.source}"
 
 
 @pytest.mark.parametrize(
