@@ -95,15 +95,15 @@ def best_baseline(
     time_limit: float = 30.0,
     semantics: object | None = None,
 ) -> tuple[str, Plan] | None:
-    """The fastest hand-written strategy (``strategies.baselines``) that fits ``memory_limit``,
+    """The fastest hand-written strategy (``strategies.for_graph``) that fits ``memory_limit``,
     priced as ``evaluate`` prices it, user ``pins`` kept; None if none fits.
 
     ``sp.plan``'s fallback when the solver finds no plan in time (``solver/planner.py``)."""
-    from .strategies import baselines
+    from .strategies import for_graph
 
     limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
     best: tuple[str, Plan] | None = None
-    for strategy in baselines(mesh):
+    for strategy in for_graph(graph, mesh):
         try:
             with progress.muted():  # one progress line per strategy, not one per phase
                 plan = _solve(graph, mesh, strategy, limit, time_limit, semantics, pins)

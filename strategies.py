@@ -441,6 +441,17 @@ def moe_baselines(mesh: Mesh) -> list[ParallelStrategy]:
     return out
 
 
+EXPERT_OPS = frozenset({"moe_dispatch"})
+"""Op kinds that make a graph a mixture of experts (its baselines then include EP ones)."""
+
+
+def for_graph(graph: Graph, mesh: Mesh) -> list[ParallelStrategy]:
+    """The hand-written strategies ``sp.plan`` must not be slower than on ``graph``: every
+    dense baseline, and for a mixture of experts the expert-parallel ones too."""
+    moe = any(op.kind in EXPERT_OPS for op in graph.ops)
+    return baselines(mesh) + (moe_baselines(mesh) if moe else [])
+
+
 def _suffix(recompute: str | None) -> str:
     from .validate import RECOMPUTE, check_choice
 

@@ -52,10 +52,10 @@ def price_baselines(
     shrink,  # type: ignore[no-untyped-def]
     time_limit: float,
 ) -> tuple[str, object] | None:
-    """``(name, plan)`` of the fastest fitting hand-written strategy (``strategies.baselines``)
+    """``(name, plan)`` of the fastest fitting hand-written strategy (``strategies.for_graph``)
     priced on ``problem`` (unshrunk, unmodified), or None when none fits or none is a layout
     of this space. ``shrink(problem)`` shares layers and merges followers in place."""
-    from ..strategies import baselines
+    from ..strategies import for_graph
 
     graph, mesh = space.graph, space.mesh
     base = problem.copy()
@@ -64,7 +64,7 @@ def price_baselines(
     persistent = _persistent_minimum(space, memory)
     priced: list[Priced] = []
     settled: set[str] = set()
-    for strategy in baselines(mesh):  # per family: no recomputation, selective, full
+    for strategy in for_graph(graph, mesh):  # per family: no recomputation, selective, full
         family = strategy.name.split("+")[0]
         if family in settled:
             continue

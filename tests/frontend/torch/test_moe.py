@@ -136,3 +136,17 @@ def test_expert_parallel_baselines_pin_the_expert_dim(captured) -> None:  # type
                  if p.startswith("model.layers.0.mlp.experts.down_proj#"))  # fmt: skip
     assert zero[state].dims[0] == ("ep",)
     assert "tp" in sum(zero[state].dims, ())
+
+
+def test_plan_is_held_to_the_expert_parallel_baselines(captured) -> None:  # type: ignore[no-untyped-def]
+    """The strategies ``sp.plan`` warm-starts from and must not be slower than (memory-bound
+    seed, fallback) include the EP ones for a MoE graph, and only for one."""
+    from shardplan.models import TransformerConfig, training_step
+
+    graph, _ = captured
+    mesh = sp.Mesh({"dp": 2, "ep": 4}, cluster="h100-sxm")
+    names = [s.name for s in sp.strategies.for_graph(graph, mesh)]
+    assert {"ep[ep]", "ep[ep]-zero1", "ep[data]-fsdp"} <= set(names)
+    assert set(names) >= {s.name for s in sp.strategies.baselines(mesh)}
+    dense = training_step(TransformerConfig("tiny", 1, 64, 4, 128, 256, 16), batch=4)
+    assert not [n for n in (s.name for s in sp.strategies.for_graph(dense, mesh)) if "ep[" in n]
