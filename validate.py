@@ -295,7 +295,7 @@ def atomic_write_text(path: Any, text: str) -> None:
 # -- the entry points -------------------------------------------------------------------------
 PLAN_KEYWORDS = (
     "mesh", "devices", "cluster", "pipeline_axis", "microbatches", "schedule", "pins", "verbose",
-    "memory_limit", "time_limit", "mesh_top_k",
+    "mesh_top_k", "memory_limit", "time_limit",
 )  # fmt: skip
 RECOMPUTE = (None, "selective", "full")
 
