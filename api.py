@@ -36,6 +36,7 @@ def plan(
     verbose: bool = False,
     objective: str | None = None,
     max_batch: int | None = None,
+    mesh_top_k: int | None = None,
     **options: Any,
 ) -> Plan:
     """Plan shardings for a model on ``mesh``.
@@ -65,6 +66,8 @@ def plan(
         decoders): ``"latency"`` (default) or ``"throughput"`` (tokens/s per device, the
         batch free in powers of two up to ``max_batch``); ``plan.serving`` reports both
         (``serving.py``).
+      mesh_top_k: with ``devices``, plan only the ``k`` mesh shapes the learned predictor
+        ranks best (``predictor.py``; needs scikit-learn) instead of every shape.
       options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``,
         ``mode="decode", context_len=4096``);
         one the frontend does not take is an ``ArgumentError`` (a Graph takes none).
@@ -75,7 +78,8 @@ def plan(
 
     given = dict(mesh=mesh, devices=devices, cluster=cluster, pipeline_axis=pipeline_axis,
                  microbatches=microbatches, schedule=schedule, pins=pins, verbose=verbose,
-                 memory_limit=memory_limit, time_limit=time_limit)  # fmt: skip
+                 memory_limit=memory_limit, time_limit=time_limit,
+                 mesh_top_k=mesh_top_k)  # fmt: skip
     checked = check_plan_call(model_or_fn, given, options)
     serving = options.get("mode") in ("prefill", "decode")
     if serving or objective is not None or max_batch is not None:
@@ -146,8 +150,9 @@ def _plan(
         # pins are applied per candidate mesh by plan_graph (a pin that names an axis a shape
         # lacks rejects that shape, with the reason in the candidate table)
         result = search_mesh(
-            graph, devices, cluster, memory_limit, time_limit, pins=pins, semantics=semantics
-        )
+            graph, devices, cluster, memory_limit, time_limit, pins=pins, semantics=semantics,
+            top_k=checked.get("mesh_top_k"),
+        )  # fmt: skip
     elif pipeline_axis in mesh.axis_names and mesh.axis_size(pipeline_axis) > 1:
         from .solver.pipeline import plan_pipeline
 

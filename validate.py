@@ -295,7 +295,7 @@ def atomic_write_text(path: Any, text: str) -> None:
 # -- the entry points -------------------------------------------------------------------------
 PLAN_KEYWORDS = (
     "mesh", "devices", "cluster", "pipeline_axis", "microbatches", "schedule", "pins", "verbose",
-    "memory_limit", "time_limit",
+    "mesh_top_k", "memory_limit", "time_limit",
 )  # fmt: skip
 RECOMPUTE = (None, "selective", "full")
 
@@ -338,6 +338,9 @@ def check_plan_call(model: Any, args: Mapping[str, Any], options: Mapping[str, A
     out["cluster"] = check_cluster(args["cluster"])
     out["mesh"] = check_mesh(args["mesh"], out["cluster"], allow_none=True)
     out["devices"] = check_count(args["devices"], "devices", allow_none=True)
+    out["mesh_top_k"] = check_count(args.get("mesh_top_k"), "mesh_top_k", allow_none=True)
+    if out["mesh_top_k"] is not None and out["devices"] is None:
+        raise ArgumentError("mesh_top_k= ranks the mesh shapes of devices=N; it needs devices=")
     if out["mesh"] is None and out["devices"] is None:
         raise ArgumentError("sp.plan() needs mesh=sp.Mesh({...}) or devices=N (with cluster=...)")
     if not isinstance(args["pipeline_axis"], str):

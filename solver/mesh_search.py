@@ -9,6 +9,10 @@ for each shape whose ``dp`` axis spans ``r`` islands, the split ``(pp, dcn=r, dp
 crosses the islands and ``dp/r x tp`` fills one island, so the planner may shard state inside
 an island only (HSDP: ZeRO inside, replicas across) where one flat ``dp`` axis would shard it
 over the DCN too. Each candidate lists the axes that cross islands.
+
+With ``top_k`` the learned predictor (``shardplan/predictor.py``) ranks the shapes first and
+only the ``top_k`` best are planned (more when some of them are rejected, until ``top_k`` give
+plans); the others stay in the table as skipped, with their predicted step.
 """
 
 from __future__ import annotations
@@ -16,7 +20,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass
 
-from ..costmodel import axis_links, get_cluster
+from ..costmodel import Cluster, axis_links, get_cluster
 from ..ir import Graph, Mesh, ShardplanError
 from .plan import Plan
 
@@ -73,17 +77,31 @@ def search_mesh(
     memory_limit: float | None = None,
     time_limit: float = 30.0,
     max_stages: int | None = None,
+    top_k: int | None = None,
     **planner_options,
 ) -> Plan:
-    """The best plan over all mesh shapes; ``plan.candidates`` lists every one tried."""
+    """The best plan over all mesh shapes (or the predictor's ``top_k``); ``plan.candidates``
+    lists every one tried."""
     from .pipeline import plan_pipeline
 
     spec = get_cluster(cluster)
     island = spec.islands[0].devices if spec.islands else None
     table: list[Candidate] = []
     best: Plan | None = None
-    for shape in mesh_candidates(devices, spec.devices_per_node, island):
-        if max_stages is not None and shape["pp"] > max_stages:
+    best_key: tuple[float, int] = (0.0, 0)
+    shapes = [
+        shape
+        for shape in mesh_candidates(devices, spec.devices_per_node, island)
+        if max_stages is None or shape["pp"] <= max_stages
+    ]
+    predicted: dict[tuple, float] = {}
+    position = {tuple(shape.items()): n for n, shape in enumerate(shapes)}
+    if top_k is not None:
+        shapes, predicted = _ranked(graph, shapes, spec, memory_limit, top_k)
+    planned = 0
+    for shape in shapes:
+        if top_k is not None and planned >= top_k:
+            table.append(_skipped(shape, predicted[tuple(shape.items())], spec))
             continue
         axes = [(name, size) for name, size in shape.items() if size > 1] or [("dp", 1)]
         mesh = Mesh(axes, cluster=cluster)
@@ -107,13 +125,39 @@ def search_mesh(
             continue
         elapsed = time.perf_counter() - start
         table.append(Candidate(shape, plan.step_time, plan.peak_memory_bytes, elapsed, "", across))
-        if best is None or plan.step_time < best.step_time:
-            best = plan
+        planned += 1
+        key = (plan.step_time, position[tuple(shape.items())])  # ties: the first shape in the
+        if best is None or key < best_key:  # exhaustive order, whatever order they are planned
+            best, best_key = plan, key
     if best is None:
         reasons = "; ".join(f"{c.mesh}: {c.rejected}" for c in table)
         raise ShardplanError(f"no mesh shape of {devices} devices gives a plan: {reasons}")
     best.candidates = table
     return best
+
+
+def _ranked(
+    graph: Graph,
+    shapes: list[dict[str, int]],
+    spec: Cluster,
+    memory_limit: float | None,
+    top_k: int,
+) -> tuple[list[dict[str, int]], dict[tuple, float]]:
+    """``shapes`` best first by the default predictor, and each one's predicted seconds."""
+    from ..predictor import default_predictor
+
+    if top_k < 1:
+        raise ShardplanError(f"mesh_top_k={top_k}: plan at least one shape (or leave it out)")
+    ranked = default_predictor().rank(graph, shapes, spec, memory_limit)
+    return [s for s, _ in ranked], {tuple(s.items()): t for s, t in ranked}
+
+
+def _skipped(shape: dict[str, int], seconds: float, spec: Cluster) -> Candidate:
+    axes = [(name, size) for name, size in shape.items() if size > 1] or [("dp", 1)]
+    links = axis_links(Mesh(axes, cluster=spec.name), spec)
+    across = tuple(a for a, level in links.items() if level.startswith("inter-island"))
+    note = f"not planned: predicted {seconds * 1e3:.3f} ms, outside the predictor's top-k"
+    return Candidate(shape, None, None, 0.0, note, across)
 
 
 def _first_line(error: Exception) -> str:
