@@ -423,7 +423,7 @@ def one_vocab_split(weight: DTensor) -> DTensor:
 
 
 def ids_for_lookup(ids: Any, table: DTensor) -> Any:
-    """The ids whole on every mesh dim that splits a vocabulary-split table.
+    """The ids whole on every mesh dim that splits a vocabulary-split table's columns.
 
     DTensor's lookup in a table split along rows on one mesh dim and along its hidden dim on
     others gathers the ids over the hidden-split dims, but its redistribution masks the ids
@@ -431,12 +431,14 @@ def ids_for_lookup(ids: Any, table: DTensor) -> Any:
     the reduction fails ("The shape of the mask [2, 8] at index 0 does not match the shape of
     the indexed tensor [8, 8, 16]"; Gemma TP x FSDP on (2, 2, 2)). Gathering the ids first
     (what that lookup needs anyway; they are far smaller than the table) leaves DTensor only
-    the local masking."""
+    the local masking. The dims that split rows are left to DTensor: it may gather the table
+    there and keep the ids split (FSDP), where whole ids would leave a ``MaskPartial`` output
+    that no later redistribution may turn into a plain ``Partial``."""
     rows = any(isinstance(p, Shard) and p.dim == 0 for p in table.placements)
     if not rows or not isinstance(ids, DTensor):
         return ids
     placements = tuple(
-        Replicate() if isinstance(t, Shard) else p
+        Replicate() if isinstance(t, Shard) and t.dim == 1 else p
         for p, t in zip(ids.placements, table.placements, strict=True)
     )
     if placements == tuple(ids.placements):
