@@ -107,6 +107,13 @@ reshapes and transposes into bitcasts or fuses them into their consumer. A loop'
 its buffer from one iteration to the next (``scan_carry``, ``scan_loop``)."""
 
 
+IN_PLACE_WRITES: dict[str, int] = {"index_copy": -1, "dynamic_update_slice": 1}
+"""Ops that write a slice of their first operand's buffer in place -> the operand index of the
+written rows. A KV-cache write is one: torch's ``index_copy_`` mutates the buffer, and XLA runs
+a ``dynamic-update-slice`` in place in its operand's buffer (always for a donated or loop-carried
+buffer), so only the update is read and written."""
+
+
 def op_bytes(  # type: ignore[no-untyped-def]
     kind: str,
     ins: Types,
@@ -123,8 +130,9 @@ def op_bytes(  # type: ignore[no-untyped-def]
     (``costmodel.fusion``); they move no HBM bytes. Empty: none."""
     if kind in VIEW_KINDS:
         return 0.0
-    if kind == "index_copy":  # in place: reads the new rows and writes them, not the buffer
-        return 2.0 * (ins[-1].nbytes // in_shards[-1])
+    if kind in IN_PLACE_WRITES:  # reads the new rows and writes them, not the buffer
+        k = IN_PLACE_WRITES[kind]
+        return 2.0 * (ins[k].nbytes // in_shards[k])
     if kind in ("scan_index", "scan_stack"):  # slices read and written: scan_index runs once
         return 2.0 * (ins[0].nbytes // in_shards[0])  # for all of them, scan_stack per iteration
     skip_in = on_chip_ins or (False,) * len(ins)

@@ -31,7 +31,7 @@ import numpy as np
 from ..costmodel.cluster import Cluster
 from ..costmodel.memory import MemoryItem, MemoryProfile, gib, memory_profile
 from ..ir import InfeasiblePlanError, Role, Value
-from ..ir.registry import VIEW_KINDS
+from ..ir.registry import IN_PLACE_WRITES, VIEW_KINDS
 from ..passes.liveness import Liveness, Phase, liveness
 from .costs import Space, op_cost
 from .problem import Problem
@@ -50,10 +50,11 @@ INPUT_CATEGORY = {
 
 
 def cache_write(value: Value) -> bool:
-    """Whether ``value`` is a KV cache written in place (``index_copy`` into a ``KV_CACHE``
-    input): it lives in the input's buffer, which is counted once, as ``kv_cache``."""
+    """Whether ``value`` is a KV cache written in place (``index_copy`` or XLA's
+    ``dynamic_update_slice`` into a ``KV_CACHE`` input): it lives in the input's buffer, which
+    is counted once, as ``kv_cache``."""
     op = value.producer
-    while op is not None and op.kind == "index_copy":
+    while op is not None and op.kind in IN_PLACE_WRITES:
         value = op.operands[0]
         op = value.producer
     return op is None and value.role is Role.KV_CACHE and value.producer is None
@@ -115,15 +116,24 @@ class MemoryModel:
         return {k: v for k, v in (self.forced or {}).items() if v}
 
     def cannot_bind(self, problem: Problem) -> bool:
-        """True when no choice can reach the limit (every term at its largest, all at once):
-        the peak rows are then redundant and recomputing only adds time, so the solver may
-        leave both out (exact). Forced recomputation keeps the model."""
+        """True when no choice can reach the limit: neither the peak (every term at its
+        largest, at the time point where those maxima sum highest) nor the row of persistent
+        inputs (``problem.memory``; the terms hold the inputs too, so the two are separate
+        bounds, not a sum). The peak rows are then redundant and recomputing only adds time,
+        so the solver may leave both out (exact). Forced recomputation keeps the model.
+
+        Summing every term at once and adding the inputs again called a Llama-3-8B decode
+        step on tp=8 (50 GB at most of an 80 GB device) memory-bound: the step was then solved
+        only with followers merged, whose greedy layouts cost 13% more than the exact
+        optimum (docs/design.md, "Planning speed")."""
         if self.limit is None or self.fixed_decisions():
             return False
-        worst = sum(float(t.nbytes.max()) for t in self.terms)
+        worst = [MemoryItem(t.label, t.category, t.start, t.stop, int(t.nbytes.max()))
+                 for t in self.terms]  # fmt: skip
+        inputs = 0.0
         if problem.memory is not None:
-            worst += sum(float(problem.memory[n].max()) for n in problem.live_nodes())
-        return worst <= self.limit
+            inputs = sum(float(problem.memory[n].max()) for n in problem.live_nodes())
+        return max(memory_profile(worst, self.live.end).peak, inputs) <= self.limit
 
     def fits(self, choice: list[int]) -> bool:
         """Whether a full choice without solver-chosen recomputation fits the limit."""
