@@ -8,6 +8,7 @@ from typing import Any
 
 from . import progress
 from .ir import FrontendError, Graph, Mesh, Pin, Sharding
+from .ir.errors import ArgumentError
 from .solver.plan import Plan
 
 
@@ -62,7 +63,7 @@ def plan(
       verbose: print progress on stderr (each phase with the seconds since the call began:
         capture, enumerate, price, solve with its bound and gap, simulate). Progress always
         goes to the ``logging`` logger ``"shardplan"`` at INFO (``progress.py``).
-      objective, max_batch: for a serving step (``mode="decode"``/``"prefill"``, torch HF
+      objective, max_batch: for a serving step (``mode="decode"``/``"prefill"``: torch HF
         decoders): ``"latency"`` (default) or ``"throughput"`` (tokens/s per device, the
         batch free in powers of two up to ``max_batch``); ``plan.serving`` reports both
         (``serving.py``).
@@ -89,6 +90,10 @@ def plan(
     with progress.planning(verbose):
         if serving and _is_torch_module(model_or_fn):
             result = _plan_serving(
+                model_or_fn, example_args, checked, options, objective, max_batch
+            )
+        elif serving and callable(model_or_fn) and not isinstance(model_or_fn, Graph):
+            result = _plan_serving_jax(
                 model_or_fn, example_args, checked, options, objective, max_batch
             )
         else:
@@ -198,6 +203,33 @@ def _plan_serving(model, example_args, checked, options, objective, max_batch) -
         return _plan(model, args, checked, options, captured)
 
     return plan_serving(plan_at, batch, options["mode"], context_len, seq, objective, max_batch)
+
+
+def _plan_serving_jax(fn, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]
+    """A JAX prefill/decode step (``frontend/jax/serving.py``), planned at its own batch."""
+    from .frontend.jax.capture import capture
+    from .serving import check_cache_fits, plan_serving
+
+    mesh = checked["mesh"]
+    if mesh is None:
+        raise FrontendError("a serving plan needs mesh= (the mesh search is for training)")
+    start = time.perf_counter()
+    graph, context = capture(fn, *example_args, **options)
+    step = context.serving
+    if max_batch is not None and max_batch != step.batch:
+        raise ArgumentError(
+            f"max_batch={max_batch}: a JAX step is planned at the batch of its example "
+            f"arguments ({step.batch}); plan each batch's arguments to compare them"
+        )
+    check_cache_fits(graph, mesh, checked["memory_limit"])
+    captured = (graph, context, time.perf_counter() - start)
+
+    def plan_at(batch: int) -> Plan:
+        return _plan(fn, example_args, checked, options, captured)
+
+    return plan_serving(
+        plan_at, step.batch, step.mode, step.context_len, step.tokens, objective, None
+    )
 
 
 def annotate(tensor: Any, sharding: Any = None, **placements: Any) -> Any:

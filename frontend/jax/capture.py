@@ -22,12 +22,16 @@ from ...ir import FrontendError, Graph, Mesh, Op, Origin, Pin, Role, TensorType,
 from .constraints import Constraint, check_pins, constraint_of, pin_table
 from .lower import Emitter, ir_type, literal_attrs, lower_equation
 from .regions import pins_of, region_attrs
+from .serving import SERVING_MODES, ServingStep, check_serving_step, donated_arguments
 from .walk import Walker
 
 OPTIMIZER_KEYS = frozenset(
     {"opt_state", "optimizer_state", "opt", "optimizer", "mu", "nu", "momentum", "trace"}
 )
 PARAMETER_KEYS = frozenset({"params", "param", "parameters", "weights", "variables", "model"})
+CACHE_KEYS = frozenset({"cache", "kv_cache", "kvcache", "past_key_values"})
+"""Keys of a serving step's key/value cache (``Role.KV_CACHE``, aliased to the updated cache
+the step returns: ``frontend/jax/serving.py``)."""
 
 RolesOption = Mapping[str, Role | str] | Callable[[str], Role | str | None] | None
 
@@ -59,6 +63,10 @@ class JaxContext:
     operand may be a size-1-dims reshape of the step's operand (see ``emit.relayout``)."""
     unroll_scans: bool = False
     """Scans were captured iteration by iteration (else each body once)."""
+    serving: ServingStep | None = None
+    """A prefill/decode step's batch, tokens and cache (``mode=``); None otherwise."""
+    donate: tuple[int, ...] = ()
+    """Positional arguments ``plan.jit`` donates: a serving step's KV cache."""
     fn: Callable[..., Any] | None = None
     """The planned function (``plan.jit()`` compiles it when given no other)."""
     constraints: dict[str, Constraint] = field(default_factory=dict)
@@ -74,9 +82,11 @@ class JaxContext:
 
 def default_role(keys: Sequence[str]) -> Role:
     """Role from pytree keys, outermost first: the first key naming optimizer state
-    (``opt_state``, ``mu``, ``nu``...) or parameters (``params``, ``weights``...) decides;
-    anything else is a batch input."""
+    (``opt_state``, ``mu``, ``nu``...), parameters (``params``, ``weights``...) or a KV cache
+    (``cache``, ``kv_cache``) decides; anything else is a batch input."""
     for key in keys:
+        if key.lower() in CACHE_KEYS:
+            return Role.KV_CACHE
         if key.lower() in OPTIMIZER_KEYS:
             return Role.OPTIMIZER_STATE
         if key.lower() in PARAMETER_KEYS:
@@ -330,6 +340,8 @@ def capture(
     roles: RolesOption = None,
     name: str | None = None,
     unroll_scans: bool = False,
+    mode: str | None = None,
+    context_len: int | None = None,
     **options: Any,
 ) -> tuple[Graph, JaxContext]:
     """Trace ``fn(*args)`` and lower it to an IR graph.
@@ -341,14 +353,23 @@ def capture(
       name: graph name (defaults to the function's name).
       unroll_scans: capture every iteration of a ``lax.scan`` on its own (a pipeline splits
         layers into stages) instead of its body once, standing for all iterations.
+      mode, context_len: ``"decode"`` / ``"prefill"`` for a serving step over an explicit KV
+        cache (``frontend/jax/serving.py``); checked, and its donated arguments recorded.
     Returns:
       the graph and the context the JAX emitter needs.
     """
     if options:
         raise FrontendError(
             f"unknown JAX capture options {sorted(options)}; "
-            "the JAX frontend takes roles=, name= and unroll_scans="
+            "the JAX frontend takes roles=, name=, unroll_scans=, mode= and context_len="
         )
+    if mode is not None and mode not in SERVING_MODES:
+        raise FrontendError(
+            f"mode={mode!r}: a JAX function is planned as written (a training step, a forward); "
+            "mode= takes 'decode' or 'prefill' for a serving step over an explicit KV cache"
+        )
+    if context_len is not None and mode is None:
+        raise FrontendError("context_len= is for mode='decode'/'prefill'")
     closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
     paths, in_tree = _flatten_args(fn, args)
     graph = Graph(name=name or getattr(fn, "__name__", "main").strip("<>") or "main")
@@ -364,12 +385,19 @@ def capture(
     outs = [walker.materialize(v) for v in walker.run_closed(closed, inputs)]
     context.outputs = [v.name for v in outs]
     graph.set_outputs(outs, _output_aliases(args, out_shape, inputs))
+    if mode is not None:
+        context.serving = check_serving_step(graph, mode, context_len)
+        context.donate = donated_arguments(graph, names, in_tree)
     return graph, context
 
 
+STATEFUL = frozenset({Role.PARAMETER, Role.OPTIMIZER_STATE, Role.KV_CACHE})
+
+
 def _output_aliases(args: tuple[Any, ...], out: Any, inputs: list[Value]) -> dict[int, int]:
-    """Outputs that are updated parameters / optimizer states: a top-level output element with
-    the same tree structure, shapes and dtypes as a positional argument holding such inputs."""
+    """Outputs that are updated parameters / optimizer states / KV caches: a top-level output
+    element with the same tree structure, shapes and dtypes as a positional argument holding
+    such inputs."""
     if not isinstance(out, tuple | list):
         return {}
     aliases: dict[int, int] = {}
@@ -390,7 +418,7 @@ def _output_aliases(args: tuple[Any, ...], out: Any, inputs: list[Value]) -> dic
                 for a, b in zip(arg_leaves, out_leaves, strict=True)
             )
             stateful = {inputs[arg_offsets[i] + k].role for k in range(len(arg_leaves))}
-            if same and i not in claimed and stateful & {Role.PARAMETER, Role.OPTIMIZER_STATE}:
+            if same and i not in claimed and stateful & STATEFUL:
                 claimed.add(i)
                 aliases.update({out_offset + k: arg_offsets[i] + k for k in range(len(out_leaves))})
                 break

@@ -381,4 +381,5 @@ def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
         planned,
         in_shardings=in_shardings(plan, jax_mesh),
         out_shardings=out_shardings(plan, jax_mesh),
+        donate_argnums=context.donate,  # a serving step's KV cache: written in place
     )

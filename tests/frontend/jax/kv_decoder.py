@@ -1,0 +1,111 @@
+"""A small grouped-query decoder in pure JAX with an explicit KV-cache pytree (issue 19).
+
+The cache is one ``{"k", "v"}`` pair per layer, each ``[batch, kv_heads, context, head_dim]``,
+passed as the argument ``cache`` (``sp.plan`` reads that key as ``Role.KV_CACHE``) and returned
+updated: a step writes its keys/values at slots ``start .. start + tokens - 1`` with
+``lax.dynamic_update_slice`` and attends over every slot up to its own position. A decode step
+is one token per sequence at ``start = context - 1`` (the cache then holds ``context`` tokens);
+a prefill writes the prompt at slot 0.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import jax
+import jax.numpy as jnp
+
+
+@dataclass(frozen=True)
+class DecoderConfig:
+    vocab: int = 64
+    d_model: int = 32
+    n_heads: int = 4
+    n_kv_heads: int = 2
+    d_ff: int = 64
+    layers: int = 2
+    batch: int = 4
+    context: int = 16
+    prompt: int = 8
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+
+def _rms(x: jax.Array, gain: jax.Array) -> jax.Array:
+    return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * gain
+
+
+def init_params(c: DecoderConfig, key: jax.Array) -> dict:
+    kv = c.n_kv_heads * c.head_dim
+    shapes = {
+        "attn_norm": (c.d_model,), "wq": (c.d_model, c.d_model), "wk": (c.d_model, kv),
+        "wv": (c.d_model, kv), "wo": (c.d_model, c.d_model), "mlp_norm": (c.d_model,),
+        "w_up": (c.d_model, c.d_ff), "w_down": (c.d_ff, c.d_model),
+    }  # fmt: skip
+    keys = iter(jax.random.split(key, 2 + c.layers * len(shapes)))
+
+    def draw(shape: tuple[int, ...]) -> jax.Array:
+        if len(shape) == 1:
+            return jnp.ones(shape, jnp.float32)
+        return jax.random.normal(next(keys), shape, jnp.float32) / shape[0] ** 0.5
+
+    return {
+        "embed": jax.random.normal(next(keys), (c.vocab, c.d_model), jnp.float32),
+        "layers": [{n: draw(s) for n, s in shapes.items()} for _ in range(c.layers)],
+        "final_norm": jnp.ones((c.d_model,), jnp.float32),
+        "unembed": jax.random.normal(next(keys), (c.d_model, c.vocab), jnp.float32) / 8,
+    }
+
+
+def init_cache(c: DecoderConfig, key: jax.Array) -> list[dict]:
+    """A cache already holding ``context - 1`` tokens' keys/values (random: a decode step
+    must read every slot)."""
+    shape = (c.batch, c.n_kv_heads, c.context, c.head_dim)
+    keys = jax.random.split(key, 2 * c.layers)
+    return [
+        {"k": jax.random.normal(keys[2 * i], shape), "v": jax.random.normal(keys[2 * i + 1], shape)}
+        for i in range(c.layers)
+    ]
+
+
+def step(c: DecoderConfig, params: dict, cache: list[dict], tokens: jax.Array, start: int):
+    """One serving step: next-token logits ``[batch, vocab]`` and the updated cache."""
+    b, s = tokens.shape
+    x = jnp.take(params["embed"], tokens, axis=0)
+    group = c.n_heads // c.n_kv_heads
+    seen = jnp.arange(c.context)[None, :] <= (start + jnp.arange(s))[:, None]  # [s, context]
+    updated = []
+    for layer, kv in zip(params["layers"], cache, strict=True):
+        h = _rms(x, layer["attn_norm"])
+        q = (h @ layer["wq"]).reshape(b, s, c.n_heads, c.head_dim)
+        k = (h @ layer["wk"]).reshape(b, s, c.n_kv_heads, c.head_dim).transpose(0, 2, 1, 3)
+        v = (h @ layer["wv"]).reshape(b, s, c.n_kv_heads, c.head_dim).transpose(0, 2, 1, 3)
+        keys = jax.lax.dynamic_update_slice(kv["k"], k, (0, 0, start, 0))
+        values = jax.lax.dynamic_update_slice(kv["v"], v, (0, 0, start, 0))
+        updated.append({"k": keys, "v": values})
+        kr, vr = jnp.repeat(keys, group, axis=1), jnp.repeat(values, group, axis=1)
+        scores = jnp.einsum("bshd,bhtd->bhst", q, kr) / c.head_dim**0.5
+        probs = jax.nn.softmax(jnp.where(seen, scores, -1e9), axis=-1)
+        attn = jnp.einsum("bhst,bhtd->bshd", probs, vr).reshape(b, s, c.d_model)
+        x = x + attn @ layer["wo"]
+        x = x + jax.nn.gelu(_rms(x, layer["mlp_norm"]) @ layer["w_up"]) @ layer["w_down"]
+    logits = _rms(x[:, -1], params["final_norm"]) @ params["unembed"]
+    return logits, updated
+
+
+def make(mode: str = "decode", c: DecoderConfig | None = None):
+    """The step function of ``mode`` and its example ``(params, cache, tokens)``."""
+    c = c or DecoderConfig()
+    pkey, ckey, tkey = jax.random.split(jax.random.PRNGKey(0), 3)
+    params, cache = init_params(c, pkey), init_cache(c, ckey)
+    tokens_shape = (c.batch, 1) if mode == "decode" else (c.batch, c.prompt)
+    tokens = jax.random.randint(tkey, tokens_shape, 0, c.vocab)
+    start = c.context - 1 if mode == "decode" else 0
+
+    def serve_step(params, cache, tokens):
+        return step(c, params, cache, tokens, start)
+
+    serve_step.__name__ = f"{mode}_step"
+    return serve_step, (params, cache, tokens)
