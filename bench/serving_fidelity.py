@@ -6,6 +6,14 @@ Inference Performance", Configuration 1 (chatbot: 128 input tokens, 20 output to
 (https://docs.nvidia.com/nemo-framework/user-guide/latest/performance/llama.html):
 Llama-2-7B, batch 1, TP 1: 153.8 ms; batch 1, TP 8: 97.6 ms; batch 8, TP 1: 199.2 ms.
 
+Second source: vLLM's nightly performance benchmark, "Latency tests" (``benchmark_latency``:
+32 input tokens, 128 output tokens, batch fixed at 8, end-to-end mean latency; vLLM defaults:
+bf16, CUDA-graph decode), Buildkite pipeline vllm/performance-benchmark: build 9513 on H200
+(https://buildkite.com/vllm/performance-benchmark/builds/9513): Llama-3.1-8B TP 1 834.1 ms,
+Llama-3-70B TP 4 2075.1 ms; build 9523 on A100-SXM4-80GB
+(https://buildkite.com/vllm/performance-benchmark/builds/9523): 1579.3 ms and 3990.6 ms. A
+request there is one prefill of 32 tokens and 127 decode steps (context 160 at the end).
+
 A request is one prefill of the 128 prompt tokens (which yields the first output token) and 19
 decode steps; each step is planned by ``sp.plan`` on a Llama-2-7B-shaped HF model on ``meta``
 (bf16) and priced by the cost model (no GPU was available to calibrate). The decode steps are
@@ -30,6 +38,64 @@ ROWS = [  # (batch, tp, published average latency in ms)
 ]
 
 
+VLLM_PROMPT, VLLM_OUTPUT, VLLM_BATCH = 32, 128, 8
+VLLM_ROWS = [  # (model, cluster, tp, published mean latency in ms)
+    ("Llama-3.1-8B", "h200-sxm", 1, 834.1),
+    ("Llama-3-70B", "h200-sxm", 4, 2075.1),
+    ("Llama-3.1-8B", "a100-80gb", 1, 1579.3),
+    ("Llama-3-70B", "a100-80gb", 4, 3990.6),
+]
+LLAMA3 = {  # HF config fields of the published checkpoints
+    "Llama-3.1-8B": dict(hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+                         num_attention_heads=32),
+    "Llama-3-70B": dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+                        num_attention_heads=64),
+}  # fmt: skip
+
+
+def llama3(name: str) -> torch.nn.Module:
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    config = LlamaConfig(vocab_size=128256, num_key_value_heads=8, rope_theta=500000.0,
+                         max_position_embeddings=8192, **LLAMA3[name])  # fmt: skip
+    with torch.device("meta"):
+        return LlamaForCausalLM(config).to(torch.bfloat16).eval()
+
+
+def request_time(
+    model: torch.nn.Module, cluster: str, tp: int, batch: int, prompt: int, output: int
+) -> tuple[float, float, float]:
+    """(prefill seconds, decode seconds per token, request seconds): one prefill of the
+    prompt (it yields the first token) and ``output - 1`` decode steps at the final context."""
+    mesh = sp.Mesh({"tp": tp}, cluster=cluster)
+    context = prompt + output
+    ids = torch.zeros((batch, prompt), dtype=torch.long, device="meta")
+    token = torch.zeros((batch, 1), dtype=torch.long, device="meta")
+    prefill = sp.plan(model, ids, mesh=mesh, mode="prefill", context_len=context)
+    decode = sp.plan(model, token, mesh=mesh, mode="decode", context_len=context)
+    return prefill.step_time, decode.step_time, prefill.step_time + (output - 1) * decode.step_time
+
+
+def vllm_rows() -> list[float]:
+    """Predicted vs vLLM's published latencies; returns the relative errors."""
+    errors = []
+    models: dict[str, torch.nn.Module] = {}
+    for name, cluster, tp, published in VLLM_ROWS:
+        model = models.setdefault(name, llama3(name))
+        start = time.perf_counter()
+        prefill, decode, total = request_time(
+            model, cluster, tp, VLLM_BATCH, VLLM_PROMPT, VLLM_OUTPUT
+        )
+        error = (total * 1e3 - published) / published
+        errors.append(error)
+        print(
+            f"vLLM {name} {cluster} TP {tp} batch {VLLM_BATCH}: prefill {prefill * 1e3:.1f} ms, "
+            f"decode {decode * 1e3:.2f} ms/token, request {total * 1e3:.1f} ms vs {published} "
+            f"ms published ({error:+.1%}); planned in {time.perf_counter() - start:.0f} s"
+        )
+    return errors
+
+
 def llama2_7b() -> torch.nn.Module:
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -42,15 +108,8 @@ def llama2_7b() -> torch.nn.Module:
 
 
 def predict(model: torch.nn.Module, batch: int, tp: int) -> tuple[float, float, float]:
-    """(prefill seconds, decode seconds per token, request seconds) for one row."""
-    mesh = sp.Mesh({"tp": tp}, cluster="h100-sxm")
-    context = PROMPT + OUTPUT
-    prompt = torch.zeros((batch, PROMPT), dtype=torch.long, device="meta")
-    token = torch.zeros((batch, 1), dtype=torch.long, device="meta")
-    prefill = sp.plan(model, prompt, mesh=mesh, mode="prefill", context_len=context)
-    decode = sp.plan(model, token, mesh=mesh, mode="decode", context_len=context)
-    total = prefill.step_time + (OUTPUT - 1) * decode.step_time
-    return prefill.step_time, decode.step_time, total
+    """(prefill seconds, decode seconds per token, request seconds) for one NeMo row."""
+    return request_time(model, "h100-sxm", tp, batch, PROMPT, OUTPUT)
 
 
 def measured_h100(path: Path = MEASURED) -> None:
@@ -87,6 +146,9 @@ def measured_h100(path: Path = MEASURED) -> None:
 
 
 def main() -> None:
+    vllm = vllm_rows()
+    size = sorted(abs(e) for e in vllm)
+    print(f"vLLM: median |error| {size[len(size) // 2]:.1%}, worst {max(vllm, key=abs):+.1%}")
     measured_h100()
     model = llama2_7b()
     errors = []
