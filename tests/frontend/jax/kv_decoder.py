@@ -14,6 +14,7 @@ from dataclasses import dataclass
 
 import jax
 import jax.numpy as jnp
+import numpy as np
 
 
 @dataclass(frozen=True)
@@ -37,36 +38,35 @@ def _rms(x: jax.Array, gain: jax.Array) -> jax.Array:
     return x * jax.lax.rsqrt(jnp.mean(x * x, axis=-1, keepdims=True) + 1e-6) * gain
 
 
-def init_params(c: DecoderConfig, key: jax.Array) -> dict:
+def init_params(c: DecoderConfig, rng: np.random.Generator) -> dict:
     kv = c.n_kv_heads * c.head_dim
     shapes = {
         "attn_norm": (c.d_model,), "wq": (c.d_model, c.d_model), "wk": (c.d_model, kv),
         "wv": (c.d_model, kv), "wo": (c.d_model, c.d_model), "mlp_norm": (c.d_model,),
         "w_up": (c.d_model, c.d_ff), "w_down": (c.d_ff, c.d_model),
     }  # fmt: skip
-    keys = iter(jax.random.split(key, 2 + c.layers * len(shapes)))
 
-    def draw(shape: tuple[int, ...]) -> jax.Array:
-        if len(shape) == 1:
-            return jnp.ones(shape, jnp.float32)
-        return jax.random.normal(next(keys), shape, jnp.float32) / shape[0] ** 0.5
+    def draw(shape: tuple[int, ...], scale: float) -> jax.Array:  # numpy: no compile per shape
+        return jnp.asarray(rng.standard_normal(shape, dtype=np.float32) * scale)
+
+    def weight(shape: tuple[int, ...]) -> jax.Array:
+        return jnp.ones(shape, jnp.float32) if len(shape) == 1 else draw(shape, shape[0] ** -0.5)
 
     return {
-        "embed": jax.random.normal(next(keys), (c.vocab, c.d_model), jnp.float32),
-        "layers": [{n: draw(s) for n, s in shapes.items()} for _ in range(c.layers)],
+        "embed": draw((c.vocab, c.d_model), 1.0),
+        "layers": [{n: weight(s) for n, s in shapes.items()} for _ in range(c.layers)],
         "final_norm": jnp.ones((c.d_model,), jnp.float32),
-        "unembed": jax.random.normal(next(keys), (c.d_model, c.vocab), jnp.float32) / 8,
+        "unembed": draw((c.d_model, c.vocab), 1 / 8),
     }
 
 
-def init_cache(c: DecoderConfig, key: jax.Array) -> list[dict]:
+def init_cache(c: DecoderConfig, rng: np.random.Generator) -> list[dict]:
     """A cache already holding ``context - 1`` tokens' keys/values (random: a decode step
     must read every slot)."""
     shape = (c.batch, c.n_kv_heads, c.context, c.head_dim)
-    keys = jax.random.split(key, 2 * c.layers)
     return [
-        {"k": jax.random.normal(keys[2 * i], shape), "v": jax.random.normal(keys[2 * i + 1], shape)}
-        for i in range(c.layers)
+        {kind: jnp.asarray(rng.standard_normal(shape, dtype=np.float32)) for kind in "kv"}
+        for _ in range(c.layers)
     ]
 
 
@@ -98,10 +98,10 @@ def step(c: DecoderConfig, params: dict, cache: list[dict], tokens: jax.Array, s
 def make(mode: str = "decode", c: DecoderConfig | None = None):
     """The step function of ``mode`` and its example ``(params, cache, tokens)``."""
     c = c or DecoderConfig()
-    pkey, ckey, tkey = jax.random.split(jax.random.PRNGKey(0), 3)
-    params, cache = init_params(c, pkey), init_cache(c, ckey)
+    rng = np.random.default_rng(0)
+    params, cache = init_params(c, rng), init_cache(c, rng)
     tokens_shape = (c.batch, 1) if mode == "decode" else (c.batch, c.prompt)
-    tokens = jax.random.randint(tkey, tokens_shape, 0, c.vocab)
+    tokens = jnp.asarray(rng.integers(0, c.vocab, tokens_shape, dtype=np.int32))
     start = c.context - 1 if mode == "decode" else 0
 
     def serve_step(params, cache, tokens):

@@ -11,6 +11,8 @@ plan's. The TP baseline (``sp.strategies.megatron`` pins) puts the cache by KV h
 
 from __future__ import annotations
 
+import functools
+
 import jax
 import jax.numpy as jnp
 import kv_decoder
@@ -29,6 +31,11 @@ CONFIG = kv_decoder.DecoderConfig(d_model=64, n_heads=8, n_kv_heads=4, d_ff=128,
 MESH = {"dp": 2, "tp": 4}
 
 
+@functools.cache
+def _step(mode: str):
+    return kv_decoder.make(mode, CONFIG)
+
+
 def _megatron_pins(fn, args, mode: str) -> dict:
     graph, _ = capture(fn, *args, mode=mode, context_len=CONFIG.context)
     mesh = sp.Mesh(MESH, cluster="cpu-test")
@@ -41,7 +48,7 @@ def _megatron_pins(fn, args, mode: str) -> dict:
                                         ("prefill", "megatron")])  # fmt: skip
 def planned(request):
     mode, kind = request.param
-    fn, args = kv_decoder.make(mode, CONFIG)
+    fn, args = _step(mode)
     pins = _megatron_pins(fn, args, mode) if kind == "megatron" else None
     plan = sp.plan(fn, *args, mesh=sp.Mesh(MESH, cluster="cpu-test"), mode=mode,
                    context_len=CONFIG.context, pins=pins, time_limit=10)  # fmt: skip
@@ -91,10 +98,10 @@ def test_plan_jit_matches_the_unsharded_step_with_the_planned_collectives(planne
 
 
 def test_serving_steps_are_checked() -> None:
-    fn, args = kv_decoder.make("decode", CONFIG)
+    fn, args = _step("decode")
     with pytest.raises(FrontendError, match="needs context_len"):
         capture(fn, *args, mode="decode")
-    prefill, prompt_args = kv_decoder.make("prefill", CONFIG)
+    prefill, prompt_args = _step("prefill")
     with pytest.raises(FrontendError, match="one token per sequence"):
         capture(prefill, *prompt_args, mode="decode", context_len=CONFIG.context)
     with pytest.raises(FrontendError, match="does not return its updated KV cache"):
