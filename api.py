@@ -227,9 +227,13 @@ def _plan_serving_jax(fn, example_args, checked, options, objective, max_batch) 
     def plan_at(batch: int) -> Plan:
         return _plan(fn, example_args, checked, options, captured)
 
-    return plan_serving(
+    plan = plan_serving(
         plan_at, step.batch, step.mode, step.context_len, step.tokens, objective, None
     )
+    plan.serving.reason = (  # type: ignore[attr-defined]
+        f"batch {step.batch} as given (a JAX step is planned at its arguments' batch)"
+    )
+    return plan
 
 
 def annotate(tensor: Any, sharding: Any = None, **placements: Any) -> Any:

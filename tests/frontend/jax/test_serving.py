@@ -77,6 +77,7 @@ def test_the_cache_is_an_aliased_kv_cache_counted_once_exactly(planned) -> None:
     assert report.batch == CONFIG.batch
     assert report.tokens_per_step == CONFIG.batch * (1 if mode == "decode" else CONFIG.prompt)
     assert report.roofline.cache_bytes == exact
+    assert "planned at its arguments' batch" in report.reason
 
 
 def test_plan_jit_matches_the_unsharded_step_with_the_planned_collectives(planned) -> None:
