@@ -49,12 +49,17 @@ INPUT_CATEGORY = {
 }  # fmt: skip
 
 
+SCAN_SLICES = ("scan_index", "scan_stack")
+
+
 def cache_write(value: Value) -> bool:
     """Whether ``value`` is a KV cache written in place (``index_copy`` or XLA's
     ``dynamic_update_slice`` into a ``KV_CACHE`` input): it lives in the input's buffer, which
-    is counted once, as ``kv_cache``."""
+    is counted once, as ``kv_cache``. A scanned decoder's cache reaches the write through the
+    scan's slice of the stacked cache and comes back stacked (``scan_index``/``scan_stack``):
+    the stacked result is the donated input's buffer too."""
     op = value.producer
-    while op is not None and op.kind in IN_PLACE_WRITES:
+    while op is not None and (op.kind in IN_PLACE_WRITES or op.kind in SCAN_SLICES):
         value = op.operands[0]
         op = value.producer
     return op is None and value.role is Role.KV_CACHE and value.producer is None

@@ -1,6 +1,7 @@
 """A small grouped-query decoder in pure JAX with an explicit KV-cache pytree (issue 19).
 
-The cache is one ``{"k", "v"}`` pair per layer, each ``[batch, kv_heads, context, head_dim]``,
+The cache is one ``{"k", "v"}`` pair per layer, each ``[batch, kv_heads, context, head_dim]``
+(or, with the layers under ``lax.scan``, one pair stacked over the layers),
 passed as the argument ``cache`` (``sp.plan`` reads that key as ``Role.KV_CACHE``) and returned
 updated: a step writes its keys/values at slots ``start .. start + tokens - 1`` with
 ``lax.dynamic_update_slice`` and attends over every slot up to its own position. A decode step
@@ -70,42 +71,60 @@ def init_cache(c: DecoderConfig, rng: np.random.Generator) -> list[dict]:
     ]
 
 
-def step(c: DecoderConfig, params: dict, cache: list[dict], tokens: jax.Array, start: int):
-    """One serving step: next-token logits ``[batch, vocab]`` and the updated cache."""
-    b, s = tokens.shape
-    x = jnp.take(params["embed"], tokens, axis=0)
+def _block(c: DecoderConfig, layer: dict, kv: dict, x: jax.Array, start: int):
+    """One decoder block: writes its keys/values into ``kv`` at ``start`` and attends over
+    every slot up to each token's position."""
+    b, s, _ = x.shape
     group = c.n_heads // c.n_kv_heads
     seen = jnp.arange(c.context)[None, :] <= (start + jnp.arange(s))[:, None]  # [s, context]
-    updated = []
-    for layer, kv in zip(params["layers"], cache, strict=True):
-        h = _rms(x, layer["attn_norm"])
-        q = (h @ layer["wq"]).reshape(b, s, c.n_heads, c.head_dim)
-        k = (h @ layer["wk"]).reshape(b, s, c.n_kv_heads, c.head_dim).transpose(0, 2, 1, 3)
-        v = (h @ layer["wv"]).reshape(b, s, c.n_kv_heads, c.head_dim).transpose(0, 2, 1, 3)
-        keys = jax.lax.dynamic_update_slice(kv["k"], k, (0, 0, start, 0))
-        values = jax.lax.dynamic_update_slice(kv["v"], v, (0, 0, start, 0))
-        updated.append({"k": keys, "v": values})
-        kr, vr = jnp.repeat(keys, group, axis=1), jnp.repeat(values, group, axis=1)
-        scores = jnp.einsum("bshd,bhtd->bhst", q, kr) / c.head_dim**0.5
-        probs = jax.nn.softmax(jnp.where(seen, scores, -1e9), axis=-1)
-        attn = jnp.einsum("bhst,bhtd->bshd", probs, vr).reshape(b, s, c.d_model)
-        x = x + attn @ layer["wo"]
-        x = x + jax.nn.gelu(_rms(x, layer["mlp_norm"]) @ layer["w_up"]) @ layer["w_down"]
+    h = _rms(x, layer["attn_norm"])
+    q = (h @ layer["wq"]).reshape(b, s, c.n_heads, c.head_dim)
+    k = (h @ layer["wk"]).reshape(b, s, c.n_kv_heads, c.head_dim).transpose(0, 2, 1, 3)
+    v = (h @ layer["wv"]).reshape(b, s, c.n_kv_heads, c.head_dim).transpose(0, 2, 1, 3)
+    keys = jax.lax.dynamic_update_slice(kv["k"], k, (0, 0, start, 0))
+    values = jax.lax.dynamic_update_slice(kv["v"], v, (0, 0, start, 0))
+    kr, vr = jnp.repeat(keys, group, axis=1), jnp.repeat(values, group, axis=1)
+    scores = jnp.einsum("bshd,bhtd->bhst", q, kr) / c.head_dim**0.5
+    probs = jax.nn.softmax(jnp.where(seen, scores, -1e9), axis=-1)
+    attn = jnp.einsum("bhst,bhtd->bshd", probs, vr).reshape(b, s, c.d_model)
+    x = x + attn @ layer["wo"]
+    x = x + jax.nn.gelu(_rms(x, layer["mlp_norm"]) @ layer["w_up"]) @ layer["w_down"]
+    return x, {"k": keys, "v": values}
+
+
+def step(c: DecoderConfig, params: dict, cache, tokens: jax.Array, start: int, scan: bool):
+    """One serving step: next-token logits ``[batch, vocab]`` and the updated cache (a list of
+    per-layer pairs, or with ``scan`` one stacked pair under ``lax.scan``)."""
+    x = jnp.take(params["embed"], tokens, axis=0)
+    if scan:
+        x, updated = jax.lax.scan(
+            lambda h, lk: _block(c, lk[0], lk[1], h, start), x, (params["layers"], cache)
+        )
+    else:
+        updated = []
+        for layer, kv in zip(params["layers"], cache, strict=True):
+            x, new = _block(c, layer, kv, x, start)
+            updated.append(new)
     logits = _rms(x[:, -1], params["final_norm"]) @ params["unembed"]
     return logits, updated
 
 
-def make(mode: str = "decode", c: DecoderConfig | None = None):
-    """The step function of ``mode`` and its example ``(params, cache, tokens)``."""
+def make(mode: str = "decode", c: DecoderConfig | None = None, scan: bool = False):
+    """The step function of ``mode`` and its example ``(params, cache, tokens)``; ``scan``
+    stacks the layers (and the cache: ``[layers, batch, kv_heads, context, head_dim]``)."""
     c = c or DecoderConfig()
     rng = np.random.default_rng(0)
     params, cache = init_params(c, rng), init_cache(c, rng)
+    if scan:
+        stack = lambda *rows: jnp.stack(rows)  # noqa: E731
+        params["layers"] = jax.tree.map(stack, *params["layers"])
+        cache = jax.tree.map(stack, *cache)
     tokens_shape = (c.batch, 1) if mode == "decode" else (c.batch, c.prompt)
     tokens = jnp.asarray(rng.integers(0, c.vocab, tokens_shape, dtype=np.int32))
     start = c.context - 1 if mode == "decode" else 0
 
     def serve_step(params, cache, tokens):
-        return step(c, params, cache, tokens, start)
+        return step(c, params, cache, tokens, start, scan)
 
     serve_step.__name__ = f"{mode}_step"
     return serve_step, (params, cache, tokens)

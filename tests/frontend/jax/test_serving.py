@@ -32,8 +32,8 @@ MESH = {"dp": 2, "tp": 4}
 
 
 @functools.cache
-def _step(mode: str):
-    return kv_decoder.make(mode, CONFIG)
+def _step(mode: str, scan: bool = False):
+    return kv_decoder.make(mode, CONFIG, scan)
 
 
 def _megatron_pins(fn, args, mode: str) -> dict:
@@ -44,11 +44,13 @@ def _megatron_pins(fn, args, mode: str) -> dict:
     return {by_name[name].origin.path: layout for name, layout in pins.items()}
 
 
-@pytest.fixture(scope="module", params=[("decode", "megatron"), ("decode", "free"),
+@pytest.fixture(scope="module", params=[("decode", "megatron"), ("decode", "free-scan"),
                                         ("prefill", "megatron")])  # fmt: skip
 def planned(request):
+    """Megatron-pinned steps (the TP baseline) and the free plan of the scanned decoder (its
+    layers and cache stacked under ``lax.scan``)."""
     mode, kind = request.param
-    fn, args = _step(mode)
+    fn, args = _step(mode, kind.endswith("scan"))
     pins = _megatron_pins(fn, args, mode) if kind == "megatron" else None
     plan = sp.plan(fn, *args, mesh=sp.Mesh(MESH, cluster="cpu-test"), mode=mode,
                    context_len=CONFIG.context, pins=pins, time_limit=10)  # fmt: skip
@@ -62,7 +64,7 @@ def _cache_inputs(plan):
 def test_the_cache_is_an_aliased_kv_cache_counted_once_exactly(planned) -> None:
     mode, kind, _, _, plan, _ = planned
     caches = _cache_inputs(plan)
-    assert len(caches) == 2 * CONFIG.layers
+    assert len(caches) == (2 if kind.endswith("scan") else 2 * CONFIG.layers)
     aliased = {plan.graph.inputs[i].name for i in plan.graph.output_aliases.values()}
     assert {v.name for v in caches} <= aliased
     mesh = plan.mesh
