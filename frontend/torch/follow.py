@@ -2,7 +2,8 @@
 
 ``plan.apply`` alone redistributes at module boundaries and lets DTensor pick layouts inside a
 module, so its collectives are DTensor's, not the plan's. Inside ``follow_plan(plan, mesh)`` a
-dispatch mode replays the captured step: each aten call at run time is matched to the next
+dispatch mode replays the captured step: each aten call (and each ``shardplan::moe_*`` call of
+the MoE dispatch, forward and backward) at run time is matched to the next
 captured call (``TorchContext.steps``, same order: the same module runs the same autograd graph),
 its tensor operands are redistributed to the planned operand layouts, and its results are
 checked against (and moved to) the planned result layouts. The collectives issued are then
@@ -50,6 +51,8 @@ _ADD = "aten.add.Tensor"
 _CLONE = "aten.clone.default"
 _COPY = "aten.copy_.default"
 _IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
+_REPLAYED = ("aten", "shardplan")
+"""Op namespaces the trace records and the follower replays (``shardplan``: the MoE ops)."""
 _LOOKAHEAD = 64
 """How many captured calls a run-time call may skip to find its match."""
 
@@ -166,7 +169,7 @@ class PlanFollower(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if self.paused or getattr(func, "namespace", "") != "aten":
+        if self.paused or getattr(func, "namespace", "") not in _REPLAYED:
             return func(*args, **kwargs)  # collectives and DTensor internals pass through
         target = _TRACED_AS.get(str(func), str(func))
         tensors = leaves((args, kwargs), torch.Tensor)

@@ -111,7 +111,7 @@ def test_moe_plan_runs_like_the_plain_model(family, ran, follow: bool) -> None: 
 
 def test_follow_plan_moves_tokens_by_all_to_all(ran) -> None:  # type: ignore[no-untyped-def]
     """The plan moves tokens by all-to-all over ep (dispatch and combine, forward and
-    backward), and the step that runs does too (exact counts: the xfail below)."""
+    backward), and the step that runs does too (exact counts: the test below)."""
     plan, _, (_, _, observed, _, _) = ran
     planned = simulate.planned_collective_list(plan)
     over_ep = [k for k in planned if k[0] == "all-to-all"]
@@ -120,16 +120,16 @@ def test_follow_plan_moves_tokens_by_all_to_all(ran) -> None:  # type: ignore[no
     assert sum(n for k, n in observed.items() if k[:2] == ("all-to-all", ("ep",))) >= 2
 
 
-@pytest.mark.xfail(strict=False, reason="follower falls back to DTensor's collectives")
 def test_follow_plan_collective_counts_by_kind(ran) -> None:  # type: ignore[no-untyped-def]
-    """Known gap (measured): under follow_plan the tiny Mixtral issues 20 all-gathers, 10
-    all-reduces, 4 reduce-scatters and 9 all-to-alls where the plan prices 8, 7, 3 and 5: the
-    follower cannot match HF's in-place router normalisation (``div_``) and the custom ops'
-    backward to the trace, so DTensor picks their layouts (as for the dense families of
-    ``test_emission_matrix.py``'s ``COLLECTIVE_GAPS``)."""
+    """Under follow_plan the collectives run are the cost model's: by kind (all-to-alls
+    included) and, as for the dense families of ``test_emission_matrix.py``, by kind, mesh
+    axes and bytes. The follower replays the ``shardplan::moe_*`` calls too (forward and the
+    custom ops' backward), so DTensor picks no layout of its own."""
     plan, _, (_, _, observed, _, deviations) = ran
     planned = simulate.planned_collective_list(plan)
-    assert _by_kind(observed) == _by_kind(planned), (
+    listing = (
         f"observed:\n{simulate.collective_listing(observed)}\n"
         f"planned:\n{simulate.collective_listing(planned)}\ndeviations: {deviations}"
     )
+    assert _by_kind(observed) == _by_kind(planned), listing
+    assert observed == planned, listing
