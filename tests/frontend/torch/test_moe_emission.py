@@ -47,9 +47,9 @@ def family():  # type: ignore[no-untyped-def]
     return model, inputs, graph, context, loss.detach(), grads, device_mesh
 
 
-def _plan(family, kind: str) -> sp.Plan:  # type: ignore[no-untyped-def]
+def _plan(family, kind: str, axes: dict[str, int] = MESH) -> sp.Plan:  # type: ignore[no-untyped-def]
     _, _, graph, context, _, _, _ = family
-    mesh = sp.Mesh(MESH, cluster="cpu-test")  # a tiny model splits only where compute is slow
+    mesh = sp.Mesh(axes, cluster="cpu-test")  # a tiny model splits only where compute is slow
     pins = None
     if kind == "ep":
         pins = sp.strategies.expert_parallel("ep").pins(graph, mesh)
@@ -64,8 +64,9 @@ def _plan(family, kind: str) -> sp.Plan:  # type: ignore[no-untyped-def]
     return plan
 
 
-def _step(plan: sp.Plan, family, follow: bool):  # type: ignore[no-untyped-def]
-    model, inputs, _, _, _, _, device_mesh = family
+def _step(plan: sp.Plan, family, follow: bool, device_mesh=None):  # type: ignore[no-untyped-def]
+    model, inputs, _, _, _, _, family_mesh = family
+    device_mesh = device_mesh or family_mesh
     with simulate.local_ranks(8):
         sharded = plan.apply(copy.deepcopy(model), device_mesh)
         experts = {n: p for n, p in sharded.named_parameters() if "experts" in n}
@@ -133,3 +134,41 @@ def test_follow_plan_collective_counts_by_kind(ran) -> None:  # type: ignore[no-
     )
     assert _by_kind(observed) == _by_kind(planned), listing
     assert observed == planned, listing
+
+
+OTHER_MESHES = {
+    "4x2-ep": ({"dp": 4, "ep": 2}, "ep"),
+    "2x2x2-free": ({"dp": 2, "ep": 2, "tp": 2}, "free"),
+}
+"""Other mesh shapes, ``follow_plan`` only. Not here: EP pinned on (2, 2, 2) (also with
+``tp="tp"``): numerics hold, but the plan moves the token ids from a ``(dp, ep)`` to an
+``(ep, tp)`` split by an all-gather and a collective-permute, which the follower's reshard
+leaves to DTensor (docs/torch.md, "Mixture of experts")."""
+
+
+@pytest.mark.parametrize("cell", list(OTHER_MESHES))
+def test_follow_plan_on_other_meshes(family, cell: str) -> None:  # type: ignore[no-untyped-def]
+    """(4, 2) pinned to EP over ``ep``, and the free plan on (2, 2, 2) (experts over all three
+    axes, attention split over ``tp``): the step under ``follow_plan`` equals the plain
+    model's, the expert weights are DTensors split on the expert dim, and the collectives run
+    are the cost model's (kind, axes, bytes)."""
+    _, _, _, _, want_loss, want_grads, _ = family
+    axes, kind = OTHER_MESHES[cell]
+    device_mesh = init_device_mesh("cpu", tuple(axes.values()), mesh_dim_names=tuple(axes))
+    plan = _plan(family, kind, axes)
+    loss, grads, observed, experts, deviations = _step(plan, family, True, device_mesh)
+    torch.testing.assert_close(loss, want_loss, rtol=1e-4, atol=1e-6)
+    for name, want in want_grads.items():
+        torch.testing.assert_close(grads[name], want, rtol=1e-4, atol=1e-6, msg=name)
+    assert experts
+    for name, p in experts.items():
+        split = plan.parameter_shardings()[name].dims[0]
+        assert "ep" in split, (name, split)
+        assert isinstance(p, DTensor), name
+        assert all(p.placements[i] == Shard(0) for i, a in enumerate(axes) if a in split), name
+    planned = simulate.planned_collective_list(plan)
+    assert any(k[0] == "all-to-all" for k in planned)
+    assert observed == planned, (
+        f"observed:\n{simulate.collective_listing(observed)}\n"
+        f"planned:\n{simulate.collective_listing(planned)}\ndeviations: {deviations}"
+    )
