@@ -9,7 +9,7 @@ its tensor operands are redistributed to the planned operand layouts, and its re
 checked against (and moved to) the planned result layouts. The collectives issued are then
 exactly the plan's reshards.
 
-Three calls are run differently from DTensor's own dispatch (docs/torch.md, "Following a plan"):
+These calls are run differently from DTensor's own dispatch (docs/torch.md, "Following a plan"):
   - ``addmm``/``baddbmm`` run as their IR lowering, ``mm`` then ``add``, so a reshard the plan
     puts between the product and the bias add happens there (DTensor fuses the two);
   - the CPU fused attention kernels have no DTensor strategy: they run on the local shards
@@ -20,8 +20,10 @@ Three calls are run differently from DTensor's own dispatch (docs/torch.md, "Fol
     traced ``arange`` of the sequence positions yields that order, so rotary positions and
     the causal mask follow it (logits come back in that order; loss and gradients do not
     depend on it);
+  - ``ones_like``-style fills the IR makes constants are made at their planned layout;
   - calls the trace did not record (``_fused_sdp_choice``, autograd bookkeeping) run untouched
-    and are listed in ``deviations``.
+    and are listed in ``deviations``, except ``AccumulateGrad``'s layout copy of a gradient
+    (``new_empty_strided`` + ``copy_`` at the gradient's placements: no data moves).
 """
 
 from __future__ import annotations

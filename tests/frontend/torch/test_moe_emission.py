@@ -4,8 +4,9 @@ A tiny HF Mixtral (8 experts, top-2) planned on ``{"dp": 2, "ep": 4}``, free and
 expert parallelism over ``ep`` (``sp.strategies.expert_parallel("ep")``): the expert weights
 are DTensors split on their expert dim over ``ep``; one training step of ``plan.apply`` and
 of ``apply`` + ``follow_plan`` equals the plain model's (loss and every gradient, rtol 1e-4);
-under ``follow_plan`` the collectives run equal the cost model's, counted by kind, all-to-alls
-included (token dispatch and combine).
+under ``follow_plan`` the collectives run equal the cost model's (kind, mesh axes, bytes),
+all-to-alls included (token dispatch and combine). Also followed on (4, 2) pinned to EP and
+for the free plan on (2, 2, 2).
 """
 
 from __future__ import annotations
