@@ -2,13 +2,14 @@
 
 ``plan.apply`` alone redistributes at module boundaries and lets DTensor pick layouts inside a
 module, so its collectives are DTensor's, not the plan's. Inside ``follow_plan(plan, mesh)`` a
-dispatch mode replays the captured step: each aten call at run time is matched to the next
+dispatch mode replays the captured step: each aten call (and each ``shardplan::moe_*`` call of
+the MoE dispatch, forward and backward) at run time is matched to the next
 captured call (``TorchContext.steps``, same order: the same module runs the same autograd graph),
 its tensor operands are redistributed to the planned operand layouts, and its results are
 checked against (and moved to) the planned result layouts. The collectives issued are then
 exactly the plan's reshards.
 
-Three calls are run differently from DTensor's own dispatch (docs/torch.md, "Following a plan"):
+These calls are run differently from DTensor's own dispatch (docs/torch.md, "Following a plan"):
   - ``addmm``/``baddbmm`` run as their IR lowering, ``mm`` then ``add``, so a reshard the plan
     puts between the product and the bias add happens there (DTensor fuses the two);
   - the CPU fused attention kernels have no DTensor strategy: they run on the local shards
@@ -19,8 +20,10 @@ Three calls are run differently from DTensor's own dispatch (docs/torch.md, "Fol
     traced ``arange`` of the sequence positions yields that order, so rotary positions and
     the causal mask follow it (logits come back in that order; loss and gradients do not
     depend on it);
+  - ``ones_like``-style fills the IR makes constants are made at their planned layout;
   - calls the trace did not record (``_fused_sdp_choice``, autograd bookkeeping) run untouched
-    and are listed in ``deviations``.
+    and are listed in ``deviations``, except ``AccumulateGrad``'s layout copy of a gradient
+    (``new_empty_strided`` + ``copy_`` at the gradient's placements: no data moves).
 """
 
 from __future__ import annotations
@@ -50,6 +53,11 @@ _ADD = "aten.add.Tensor"
 _CLONE = "aten.clone.default"
 _COPY = "aten.copy_.default"
 _IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
+_NEW_EMPTY_STRIDED = "aten.new_empty_strided.default"
+_FILLS_LIKE = ("aten.ones_like.default", "aten.zeros_like.default", "aten.full_like.default")
+"""Fills shaped like an operand; the IR makes them constants (no operand to follow)."""
+_REPLAYED = ("aten", "shardplan")
+"""Op namespaces the trace records and the follower replays (``shardplan``: the MoE ops)."""
 _LOOKAHEAD = 64
 """How many captured calls a run-time call may skip to find its match."""
 
@@ -123,8 +131,9 @@ class PlanFollower(TorchDispatchMode):
                 self.same[s.results[0]] = self.same.get(s.operands[0], s.operands[0])
                 if s.ops:
                     self.identity_of[s.results[0]] = (s.operands[0], s.ops[0])
-        self.made: dict[str, tuple[torch.Tensor, DTensor]] = {}
-        """Identity result -> (the run-time tensor it was made from, the tensor at its layout)."""
+        self.made: dict[str, tuple[torch.Tensor, str | None, DTensor]] = {}
+        """Identity result -> (the run-time tensor it was made from, the value that tensor held
+        then, the tensor at the identity result's layout)."""
         self.sum_terms: dict[str, tuple[str, ...]] = {}
         """Result of a traced (or run-time) ``add`` -> the leaf values it sums."""
         self.sums: dict[tuple[str, ...], int] = {}
@@ -143,6 +152,8 @@ class PlanFollower(TorchDispatchMode):
                 self.fill_layout.setdefault(s.operands[0] or "", s.results[0] or "")
         self.empty = {v.name for v in plan.graph.values() if tuple(v.type.shape) == (0,)}
         """Values that are a legacy ``torch.tensor([])`` (a ``cat`` operand eager ``cat`` skips)."""
+        self.layout_copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        """Run-time ``new_empty_strided`` target -> the gradient ``AccumulateGrad`` copies in."""
         self.cursor = 0
         self.skipped: dict[int, AtenStep] = {}
         """Traced calls passed over by a later match, by index: the run may still make them."""
@@ -166,7 +177,7 @@ class PlanFollower(TorchDispatchMode):
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         kwargs = kwargs or {}
-        if self.paused or getattr(func, "namespace", "") != "aten":
+        if self.paused or getattr(func, "namespace", "") not in _REPLAYED:
             return func(*args, **kwargs)  # collectives and DTensor internals pass through
         target = _TRACED_AS.get(str(func), str(func))
         tensors = leaves((args, kwargs), torch.Tensor)
@@ -184,6 +195,8 @@ class PlanFollower(TorchDispatchMode):
             out = func(*args, **kwargs)
             self.names[out] = self.names[tensors[0]]  # the same values, at the same layout
             return out
+        if step is None and (copy := self._layout_copy(func, target, args, kwargs)) is not None:
+            return copy
         if step is None:
             if target in _IN_PLACE_ADDS and isinstance(args[0], DTensor):  # e.g. `a += b`
                 args = (args[0], emit.pending_like(args[0], args[1]), *args[2:])
@@ -195,6 +208,33 @@ class PlanFollower(TorchDispatchMode):
         for t, name in zip(leaves(out, torch.Tensor), step.results, strict=False):
             if name is not None:
                 self.names[t] = name
+        return out
+
+    def _layout_copy(self, func: Any, target: str, args: tuple, kwargs: dict) -> Any:
+        """``AccumulateGrad`` giving a gradient its parameter's strides (the trace has neither
+        call): ``new_empty_strided(g, g.shape, strides)``, then ``copy_`` of ``g`` into it. The
+        same values at the same layout, no data moved between ranks: not a deviation when the
+        copy keeps ``g``'s placements. None: not such a call (the deviation stays)."""
+        if target == _NEW_EMPTY_STRIDED:
+            source = args[0]
+            name = self.names.get(source)
+            if name is None or tuple(args[1]) != tuple(source.shape):
+                return None
+            out = func(*args, **kwargs)
+            self.layout_copies[out] = name
+        elif target == _COPY:
+            name = self.layout_copies.get(args[0])
+            have, source = args[0], args[1]
+            if name is None or self.names.get(source) != name:
+                return None
+            if not (isinstance(have, DTensor) and isinstance(source, DTensor)
+                    and same_layout(tuple(have.placements), tuple(source.placements))):  # fmt: skip
+                return None
+            out = func(*args, **kwargs)
+            self.names[out] = name
+        else:
+            return None
+        self.deviations[-1:] = []  # the unmatched call is accounted for
         return out
 
     # -- matching -----------------------------------------------------------------------------
@@ -290,14 +330,7 @@ class PlanFollower(TorchDispatchMode):
         ]
         if inplace and self._relayout(step, args[0]):
             return self._run_out_of_place(step, func, (args, kwargs), tensors, moved)
-        args, kwargs = _replace((args, kwargs), iter(moved))
-        if step.target == "aten.cat.default":
-            args = (without_legacy_empty(args[0]), *args[1:])
-        if step.target == "aten.embedding.default" and isinstance(args[0], DTensor):
-            table = emit.one_vocab_split(args[0])  # DTensor's mask: one vocabulary split
-            if table is not args[0]:
-                self.deviations.append(f"{step.target}: table gathered to {table.placements}")
-                args = (table, *args[1:])
+        args, kwargs = self._arguments(step, _replace((args, kwargs), iter(moved)))
         if step.target.rsplit(".", 1)[0].removesuffix("_backward") in _ATTENTION:
             qkv = moved[1:4] if "backward" in step.target else moved[:3]
             out = self._attention(func, args, kwargs, qkv)
@@ -307,6 +340,10 @@ class PlanFollower(TorchDispatchMode):
             out = local
         elif step.target in _EMPTY and step.results[0] in self.fill_layout:
             return self._empty_at(func(*args, **kwargs), self.fill_layout[step.results[0]])
+        elif step.target in _FILLS_LIKE and not any(
+            self.plan.graph.ops[i].operands for i in step.ops
+        ):
+            out = self._fill_at(func, args, kwargs, step)
         elif step.target == "aten.cat.default" and len(args[0]) == 1:
             out = torch.ops.aten.clone.default(args[0][0])  # DTensor would gather the cat dim
         else:
@@ -315,6 +352,18 @@ class PlanFollower(TorchDispatchMode):
             if step.target.startswith("aten.arange") and self.order is not None:
                 out = self._positions(out)
         return out if inplace else self._results(step, out)
+
+    def _arguments(self, step: AtenStep, call: tuple) -> tuple:
+        """The moved ``(args, kwargs)`` as eager ``cat`` and DTensor's embedding take them."""
+        args, kwargs = call
+        if step.target == "aten.cat.default":
+            args = (without_legacy_empty(args[0]), *args[1:])
+        if step.target == "aten.embedding.default" and isinstance(args[0], DTensor):
+            table = emit.one_vocab_split(args[0])  # DTensor's mask: one vocabulary split
+            if table is not args[0]:
+                self.deviations.append(f"{step.target}: table gathered to {table.placements}")
+                args = (table, *args[1:])
+        return args, kwargs
 
     def _run_out_of_place(
         self, step: AtenStep, func: Any, call: tuple, tensors: list, moved: list
@@ -369,6 +418,16 @@ class PlanFollower(TorchDispatchMode):
                                    run_check=False, shape=out.shape, stride=stride)  # fmt: skip
         return whole.redistribute(placements=want)
 
+    def _fill_at(self, func: Any, args: tuple, kwargs: dict, step: AtenStep) -> DTensor:
+        """A ``ones_like``-style fill the IR made a constant: made whole on every rank at its
+        operand's shape, then each rank keeps its planned slice (the IR's constant is free, so
+        the plan prices no collective; DTensor would make it at the operand's layout). The
+        custom MoE combine's backward fills ``ones_like(idx)``."""
+        like = args[0]
+        plain = torch.empty(tuple(like.shape), dtype=like.dtype, device=like.device)
+        out = func(plain, *args[1:], **kwargs)
+        return self._to(out, self._placements(None, step.results[0]), step)
+
     def _balanced(self, t: torch.Tensor, name: str | None) -> torch.Tensor:
         """A data input in the balanced token order (reordered once per run-time tensor); also
         when the trace reads it through identity calls (GPT-2 views its ``input_ids``)."""
@@ -401,16 +460,31 @@ class PlanFollower(TorchDispatchMode):
             name = self.identity_of[name][0]
         for value in reversed(chain):
             made = self.made.get(value)
-            if made is not None and made[0] is t:
-                t = made[1]
+            if made is not None and self._made_from(made, t):
+                t = made[2]
                 continue
             operand, index = self.identity_of[value]
             source = t
             into = self.plan.operand_shardings.get((index, 0))
             t = self._to(t, self._placements(into, operand), step)
             t = self._to(t, self._placements(None, value), step)
-            self.made[value] = (source, t)
+            self.made[value] = (source, self.names.get(source), t)
         return t
+
+    def _made_from(self, made: tuple[torch.Tensor, str | None, DTensor], t: torch.Tensor) -> bool:
+        """``t`` holds what ``made`` was made from: the same tensor, or another run-time tensor
+        of the same value at the same layout (autograd may hand a saved operand to the
+        backward as a new tensor object: the router's input, gathered once, priced once)."""
+        source, name, _ = made
+        if source is t:
+            return True
+        return (
+            name is not None
+            and self.names.get(t) == name
+            and isinstance(t, DTensor)
+            and isinstance(source, DTensor)
+            and tuple(t.placements) == tuple(source.placements)
+        )
 
     def _want(self, step: AtenStep, leaf: int) -> emit.Placements:
         """Planned layout of operand ``leaf``: how the step's IR ops consume that value."""
