@@ -47,6 +47,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from functools import lru_cache
 
 from shardplan.ir.mesh import Mesh
 
@@ -58,8 +59,14 @@ from .links import INTRA_NODE, GroupLink, group_link, local_factors
 def normalize_axes(axes: str | Iterable[str], mesh: Mesh) -> tuple[str, ...]:
     """Axes as a tuple in mesh order (major to minor), so equal groups hash equal."""
     names = (axes,) if isinstance(axes, str) else tuple(axes)
+    return _normalized(names, mesh)
+
+
+@lru_cache(maxsize=1 << 14)
+def _normalized(names: tuple[str, ...], mesh: Mesh) -> tuple[str, ...]:
+    """``normalize_axes`` of a tuple (cached: the pricing asks the same few groups ~10^5 times)."""
     for name in names:
-        mesh.axis_size(name)  # raises ShardingError naming the mesh's axes
+        mesh.axis_size(name)  # raises ShardingError naming the mesh's axes (not cached)
     return tuple(a for a in mesh.axis_names if a in names)
 
 

@@ -279,6 +279,7 @@ def _check(sharding: Sharding, type_: TensorType, mesh: Mesh) -> None:
     sharding.check(type_, mesh)  # raises on a layout that does not fit (errors are not cached)
 
 
+@lru_cache(maxsize=1 << 16)
 def _local_bytes(type_: TensorType, layout: tuple[tuple[str, ...], ...], mesh: Mesh) -> int:
     sizes = (size // mesh.group_size(axes) for size, axes in zip(type_.shape, layout, strict=True))
     return math.prod(sizes) * type_.itemsize
@@ -296,9 +297,18 @@ def _plan(
     if src == dst:
         return ()
     return tuple(
-        make_collective(kind, _local_bytes(type_, layout, mesh), axes, mesh, cluster)
+        _collective(kind, _local_bytes(type_, layout, mesh), axes, mesh, cluster)
         for kind, axes, layout in _steps(src, dst, mesh)
     )
+
+
+@lru_cache(maxsize=1 << 16)
+def _collective(
+    kind: str, nbytes: int, axes: tuple[str, ...], mesh: Mesh, cluster: Cluster
+) -> Collective:
+    """``make_collective``, cached: tensors of many types move the same bytes over the same
+    axes (a 3-D or 4-D mesh prices ~10^5 reshards from a few thousand distinct collectives)."""
+    return make_collective(kind, nbytes, axes, mesh, cluster)
 
 
 def reshard(

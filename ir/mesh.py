@@ -32,6 +32,8 @@ class Mesh:
         default_factory=dict, init=False, compare=False, repr=False
     )
     """name -> (position, size): the planner asks an axis's size millions of times."""
+    _names: tuple[str, ...] = field(default=(), init=False, compare=False, repr=False)
+    """The axis names, major to minor (asked as often as the sizes)."""
 
     def __init__(
         self,
@@ -49,10 +51,11 @@ class Mesh:
         object.__setattr__(self, "cluster_given", cluster is not None)
         index = {name: (i, size) for i, (name, size) in enumerate(self.axes)}
         object.__setattr__(self, "_index", index)
+        object.__setattr__(self, "_names", tuple(name for name, _ in self.axes))
 
     @property
     def axis_names(self) -> tuple[str, ...]:
-        return tuple(name for name, _ in self.axes)
+        return self._names
 
     @property
     def shape(self) -> dict[str, int]:
@@ -72,7 +75,11 @@ class Mesh:
 
     def group_size(self, names: Iterable[str]) -> int:
         """Number of devices in one group spanning the given axes."""
-        return math.prod(self.axis_size(name) for name in names)
+        index, size = self._index, 1
+        for name in names:
+            found = index.get(name)
+            size *= found[1] if found is not None else self.axis_size(name)  # raises if unknown
+        return size
 
     def axis_index(self, name: str) -> int:
         found = self._index.get(name)
