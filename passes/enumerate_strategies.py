@@ -43,7 +43,11 @@ def _mesh_axes(mesh: Mesh) -> list[str]:
 
 def _dims_sharding(factors: TensorFactors, assign: dict[str, tuple[str, ...]]) -> tuple:
     """Per-dim mesh axes of a tensor: its factors' axes, major factor first."""
-    return tuple(tuple(a for f in dim for a in assign.get(f, ())) for dim in factors)
+    get = assign.get
+    return tuple(
+        get(dim[0], ()) if len(dim) == 1 else tuple(a for f in dim for a in get(f, ()))
+        for dim in factors
+    )
 
 
 def _compound_ok(rule: ShardingRule, assign: dict[str, tuple[str, ...]], mesh: Mesh) -> bool:

@@ -262,6 +262,7 @@ def op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster,
     fused = space.fusion.of(op)
     key += (id(strategies), fused, op.attrs.get("causal"), op.attrs.get("load_balance"))
     if key not in cache:
+        cache.setdefault("lists", {}).setdefault(id(strategies), strategies)  # ids stay unique
         cache[key] = np.array([op_cost(op, s, space.mesh, cluster, fused) for s in strategies])
     repeat = op.repeat
     return cache[key] * repeat if repeat != 1 else cache[key]

@@ -11,6 +11,7 @@ the objective is reported back in seconds re-evaluated in floating point.
 from __future__ import annotations
 
 import time
+from concurrent.futures import Future
 from dataclasses import dataclass
 from typing import TYPE_CHECKING
 
@@ -19,7 +20,7 @@ import numpy as np
 from .. import progress
 from .dominance import prune_dominated
 from .eliminate import eliminate_chains
-from .lp import solve_relaxation
+from .lp import Relaxation, solve_relaxation
 from .problem import Edge, Problem
 
 if TYPE_CHECKING:
@@ -62,6 +63,48 @@ search would run on far past what the user asked for; only then can a plan depen
 is still a valid plan, status ``FEASIBLE``)."""
 
 
+@dataclass(slots=True)
+class Prepared:
+    """A problem pruned and reduced, ready for the LP and CP-SAT (``prepare``); its LP may be
+    solved on another thread (``relax``: GLOP releases the GIL) while the caller prepares the
+    next variant."""
+
+    problem: Problem
+    """The pruned problem (strategies another one beats forbidden)."""
+    reduced: Problem
+    """What the solvers see: ``problem`` with nodes of degree <= 2 eliminated, or ``problem``
+    itself when peak rows name every node."""
+    offset: float
+    """The eliminated nodes' cost, outside ``reduced``'s objective."""
+    memory: object | None
+    """The memory model when its rows can bind, else None."""
+
+    @property
+    def solved_by_elimination(self) -> bool:
+        return self.reduced is not self.problem and not self.reduced.live_nodes()
+
+
+def prepare(problem: Problem, hints: dict[int, int] | None = None, memory=None) -> Prepared:
+    """Prune dominated strategies (exact), drop the memory rows when no choice can reach the
+    limit, and eliminate nodes of degree <= 2 (exact) unless peak rows name them."""
+    prune_dominated(problem, memory, hints)  # exact: forbids strategies another one beats
+    if memory is not None and memory.cannot_bind(problem):
+        memory.read(None)  # nothing recomputed: it would only add time
+        memory = None  # no peak rows: no choice reaches the limit
+    if memory is not None or not ELIMINATE:  # peak rows name nodes: keep every one
+        return Prepared(problem, problem, 0.0, memory)
+    reduced = problem.copy()
+    offset = eliminate_chains(reduced, _memory_nodes(reduced))
+    return Prepared(problem, reduced, offset, None)
+
+
+def relax(prepared: Prepared, time_limit: float = 30.0) -> Relaxation | None:
+    """The LP relaxation of what the solvers will see (None when elimination solved it)."""
+    if prepared.solved_by_elimination:
+        return None
+    return solve_relaxation(prepared.reduced, time_limit)
+
+
 def solve(
     problem: Problem,
     time_limit: float = 30.0,
@@ -70,6 +113,8 @@ def solve(
     use_lp: bool = True,
     memory=None,
     work_limit: float | None = None,
+    prepared: Prepared | None = None,
+    relaxation: Future | None = None,
 ) -> Solution:
     """Solve exactly: the LP relaxation when it is integral, else CP-SAT warm-started by it.
 
@@ -81,23 +126,24 @@ def solve(
     ``use_lp=False`` forces CP-SAT alone. ``memory`` (a ``solver.memory.MemoryModel``) adds
     the peak-memory rows and recomputation choices (memory hook). Without peak rows, nodes of
     degree <= 2 are first eliminated exactly (``solver/eliminate.py``) and the reduced problem
-    is solved.
+    is solved. ``prepared`` (``prepare`` of this problem, hints and memory) and ``relaxation``
+    (a future of ``relax(prepared)``) let a caller run those steps ahead, e.g. the LP of one
+    variant while it prepares the next.
     """
     start = time.perf_counter()
-    prune_dominated(problem, memory, hints)  # exact: forbids strategies another one beats
-    if memory is not None and memory.cannot_bind(problem):
-        memory.read(None)  # nothing recomputed: it would only add time
-        memory = None  # no peak rows: no choice reaches the limit
-    if memory is not None or not ELIMINATE:  # peak rows name nodes: keep every one
-        return _solve(problem, time_limit, hints, workers, use_lp, memory, work_limit, start)
-    reduced = problem.copy()
-    frozen = _memory_nodes(reduced)
-    offset = eliminate_chains(reduced, frozen)
-    if not reduced.live_nodes():  # a forest: elimination alone solved it
-        choice = reduced.expand([0] * len(problem.node_costs))
+    if prepared is None:
+        prepared = prepare(problem, hints, memory)
+    memory = prepared.memory
+    if prepared.reduced is problem:  # peak rows name nodes: every one kept
+        return _solve(problem, time_limit, hints, workers, use_lp, memory, work_limit, start,
+                      relaxation)  # fmt: skip
+    if prepared.solved_by_elimination:  # a forest: elimination alone solved it
+        choice = prepared.reduced.expand([0] * len(problem.node_costs))
         objective = problem.evaluate(choice)
         return Solution(choice, objective, objective, "OPTIMAL", time.perf_counter() - start, 0)
-    solution = _solve(reduced, time_limit, hints, workers, use_lp, None, work_limit, start)
+    reduced, offset = prepared.reduced, prepared.offset
+    solution = _solve(reduced, time_limit, hints, workers, use_lp, None, work_limit, start,
+                      relaxation)  # fmt: skip
     if not solution.choice:
         return solution
     objective = problem.evaluate(solution.choice)  # the original problem's own arithmetic
@@ -134,9 +180,14 @@ def _solve(
     memory,
     work_limit: float | None,
     start: float,
+    ahead: Future | None = None,
 ) -> Solution:
-    """The LP, then CP-SAT if the LP is not integral, then the fallbacks."""
-    relaxation = solve_relaxation(problem, time_limit) if use_lp else None
+    """The LP (``ahead``: its future, solved elsewhere), then CP-SAT if the LP is not
+    integral, then the fallbacks."""
+    if ahead is not None:
+        relaxation = ahead.result() if use_lp else None
+    else:
+        relaxation = solve_relaxation(problem, time_limit) if use_lp else None
     if (
         relaxation is not None
         and relaxation.integral
