@@ -34,7 +34,7 @@ from .costs import (
     pinned_result,
     seen_layout,
 )
-from .ilp import Solution, prepare, relax, solve
+from .ilp import Prepared, Solution, prepare, relax, solve
 from .memory import build_memory_model, cache_write, infeasible_error
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
@@ -226,7 +226,7 @@ def _prepare_ahead(variants, space: Space, o: _Options, warm, memory, pool, left
     ahead = []
     for candidate, merge in variants:
         o.clock("shrink", shrink, candidate, space, o.share_layers, merge)
-        prepared = o.clock("solve", prepare, candidate, warm, memory)
+        prepared = o.clock("prune", prepare, candidate, warm, memory)
         ahead.append((prepared, pool.submit(relax, prepared, max(1.0, left))))
     return ahead
 
@@ -349,6 +349,9 @@ def _found(result: object) -> str:
         )
     if isinstance(result, Problem):
         return f"{len(result.live_nodes())} live choices, {len(result.edge_table)} priced edges"
+    if isinstance(result, Prepared):
+        reduced = result.reduced
+        return f"{len(reduced.live_nodes())} choices left, {len(reduced.edge_table)} edges"
     if isinstance(result, Solution):
         gap = 0.0 if result.objective <= 0 else max(0.0, 1 - result.bound / result.objective)
         return (
