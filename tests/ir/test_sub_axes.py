@@ -1,0 +1,176 @@
+"""Shardy sub-axes ``"x":(pre)size`` in the IR, propagation and the cost model (issue 17)."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+from shardplan.costmodel import collective_time
+from shardplan.costmodel.cluster import get_cluster
+from shardplan.costmodel.links import group_link
+from shardplan.ir import Graph, Mesh, Sharding, ShardingError, TensorType
+from shardplan.ir.axes import atomize, merge_adjacent, overlaps, parse_axis, split_axis
+from shardplan.ir.parser import parse_graph
+from shardplan.ir.printer import print_graph
+from shardplan.passes.factor_projection import project_dim
+from shardplan.passes.propagate import PropagateOptions, run_propagation
+
+MESH = Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
+
+
+def _t(*shape: int) -> TensorType:
+    return TensorType(shape)
+
+
+# -- IR ---------------------------------------------------------------------------------------
+
+
+def test_sub_axis_names_sizes_and_overlap() -> None:
+    assert parse_axis("tp") == ("tp", 1, None)
+    assert parse_axis("tp:(2)2") == ("tp", 2, 2)
+    assert MESH.axis_size("tp:(1)2") == MESH.axis_size("tp:(2)2") == 2
+    assert MESH.group_size(["dp", "tp:(2)2"]) == 4
+    assert MESH.axis_index("tp:(2)2") == MESH.axis_index("tp") == 1
+    assert overlaps("tp", "tp:(2)2")
+    assert overlaps("tp:(1)4", "tp:(2)2")
+    assert not overlaps("tp:(1)2", "tp:(2)2")
+    assert not overlaps("dp", "tp:(1)2")
+    assert split_axis("tp", 2, MESH.axis_size) == ("tp:(1)2", "tp:(2)2")
+    assert merge_adjacent(["tp:(1)2", "tp:(2)2"], MESH.axis_size) == ("tp",)
+    assert merge_adjacent(["dp", "tp:(2)2"], MESH.axis_size) == ("dp", "tp:(2)2")
+    assert atomize([("tp",), ("tp:(1)2",)], MESH.axis_size) == [
+        ("tp:(1)2", "tp:(2)2"),
+        ("tp:(1)2",),
+    ]
+    for bad in ("tp:(3)2", "tp:(1)4", "tp:(1)8", "zz:(1)2"):  # no fit, whole axis, unknown
+        with pytest.raises(ShardingError):
+            MESH.axis_size(bad)
+    with pytest.raises(ShardingError, match="pre-size"):
+        parse_axis("tp:(0)2")
+
+
+def test_sharding_with_sub_axes_checks_counts_and_hashes() -> None:
+    s = Sharding((("tp:(1)2",), ("tp:(2)2", "dp")))
+    assert s.has_sub_axes
+    assert not Sharding.of("tp", None).has_sub_axes
+    assert s.shard_count(MESH) == 8
+    assert s.local_shape(_t(2, 8), MESH) == (1, 2)
+    assert s == Sharding((("tp:(1)2",), ("tp:(2)2", "dp")))
+    assert hash(s) == hash(Sharding((("tp:(1)2",), ("tp:(2)2", "dp"))))
+    assert s != Sharding((("tp:(2)2",), ("tp:(1)2", "dp")))
+    assert str(s) == '[{"tp":(1)2}, {"tp":(2)2, "dp"}]'
+    for clash in [(("tp",), ("tp:(2)2",)), (("tp:(1)4",), ("tp:(2)2",))]:
+        with pytest.raises(ShardingError, match="overlap"):
+            Sharding(clash)
+    with pytest.raises(ShardingError, match="not divisible"):
+        Sharding((("tp:(1)2",),)).check(_t(3), MESH)
+
+
+def test_printer_parser_round_trip_sub_axes() -> None:
+    g = Graph("sub", mesh=MESH)
+    x = g.add_input("x", _t(2, 4, 16), sharding=Sharding((("tp:(1)2",), ("tp:(2)2",), ("dp",))))
+    y = g.add_op("reshape", [x], [_t(8, 16)], names=["y"]).result
+    y.sharding = Sharding((("tp",), ()), frozenset({"dp"}))
+    g.set_outputs([y])
+    text = print_graph(g)
+    assert '[{"tp":(1)2}, {"tp":(2)2}, {"dp"}]' in text
+    again = parse_graph(text)
+    assert again.value("x").sharding == x.sharding
+    assert print_graph(again) == text
+
+
+# -- propagation ------------------------------------------------------------------------------
+
+
+def test_project_dim_splits_a_straddling_axis_into_sub_axes() -> None:
+    sizes = {"i": 2, "j": 4, "k": 3}
+    assert project_dim(("tp",), ("i", "j"), sizes, MESH.axis_size) == (
+        {"i": ("tp:(1)2",), "j": ("tp:(2)2",)},
+        False,
+    )
+    assert project_dim(("tp",), ("i", "j"), sizes, MESH.axis_size, sub_axes=False)[1] is True
+    assert project_dim(("tp",), ("k", "j"), sizes, MESH.axis_size)[1] is True  # 3 vs 4
+
+
+def _split_merge(pin_first: bool) -> tuple[Graph, dict]:
+    """(8,16) -> (2,4,16) -> exp -> (8,16), one end pinned on tp over dim 0."""
+    g = Graph("split_merge", mesh=MESH)
+    a = g.add_input("a", _t(8, 16))
+    b = g.add_op("reshape", [a], [_t(2, 4, 16)], names=["b"]).result
+    c = g.add_op("exp", [b], [b.type], names=["c"]).result
+    d = g.add_op("reshape", [c], [_t(8, 16)], names=["d"]).result
+    g.set_outputs([d])
+    pinned = a if pin_first else d
+    pinned.sharding, pinned.pinned = Sharding.of("tp", "dp"), True
+    return g, {"a": a, "b": b, "c": c, "d": d}
+
+
+@pytest.mark.parametrize("pin_first", [True, False])
+def test_propagation_splits_into_sub_axes_and_merges_back(pin_first: bool) -> None:
+    g, v = _split_merge(pin_first)
+    run_propagation(g, PropagateOptions())
+    split = Sharding((("tp:(1)2",), ("tp:(2)2",), ("dp",)))
+    assert v["b"].sharding == split
+    assert v["c"].sharding == split
+    other = v["d"] if pin_first else v["a"]
+    assert other.sharding == Sharding.of("tp", "dp")  # merged back to the whole axis
+
+
+def test_conservative_propagation_forbids_sub_axes() -> None:
+    g, v = _split_merge(True)
+    run_propagation(g, PropagateOptions(conservative=True))
+    assert v["b"].sharding == Sharding.of(None, None, "dp")
+    assert v["d"].sharding == Sharding.of(None, "dp")
+
+
+def test_sub_axis_is_a_prefix_of_its_axis_in_a_merge() -> None:
+    """An add of ``[{"tp":(1)2}]`` and ``[{"tp"}]`` (open) agrees: the sub-axis is a prefix."""
+    g = Graph("prefix", mesh=MESH)
+    a = g.add_input("a", _t(16))
+    b = g.add_op("reshape", [a], [_t(2, 8)], names=["b"]).result
+    c = g.add_input("c", _t(2, 8))
+    d = g.add_op("add", [b, c], [b.type], names=["d"]).result
+    a.sharding, a.pinned = Sharding.of("tp"), True
+    run_propagation(g, PropagateOptions())
+    assert b.sharding == Sharding((("tp:(1)2",), ("tp:(2)2",)))
+    assert c.sharding == d.sharding == b.sharding
+
+
+def test_plan_print_ir_reaches_an_open_tensor_through_a_split_reshape() -> None:
+    """``shardplan plan --print-ir`` on a planned graph whose only pin sits behind a
+    non-boundary reshape ((8,16) on tp=4 -> (2,4,16)): the open weight gets the sub-axis
+    layout (nothing reached it before sub-axes), and the plan itself stays on whole axes."""
+    import shardplan as sp
+    from shardplan.cli import propagated_ir
+
+    g = Graph("heads", mesh=MESH)
+    x = g.add_input("x", _t(8, 16))
+    h = g.add_op("reshape", [x], [_t(2, 4, 16)], names=["h"]).result
+    w = g.add_input("w", _t(2, 4, 16))
+    y = g.add_op("mul", [h, w], [h.type], names=["y"]).result
+    g.set_outputs([y])
+    plan = sp.plan(g, mesh=MESH, pins={"x": Sharding.of("tp", None)}, time_limit=5)
+    text = propagated_ir(plan.graph)
+    assert '%w: f32[2,4,16] [{"tp":(1)2}, {"tp":(2)2}, {}]' in text
+    assert "# %w: propagated from %h through mul" in text
+    assert not any(s.has_sub_axes for s in plan.shardings.values())
+    assert plan.sharding_of("x") == Sharding.of("tp", None)
+
+
+# -- cost model -------------------------------------------------------------------------------
+
+
+def test_collective_over_a_sub_axis_is_priced_as_its_group() -> None:
+    """A sub-axis group of size 2 costs what a size-2 group on the same links costs; on one
+    node it is intra-node, and with 2-device nodes the strided x:(1)2 crosses nodes while the
+    contiguous x:(2)2 stays inside one."""
+    mesh = Mesh({"x": 4, "y": 2}, cluster="h100-sxm")
+    two = Mesh({"x": 2, "y": 4}, cluster="h100-sxm")
+    for kind in ("all-gather", "all-reduce", "all-to-all"):
+        sub = collective_time(kind, 2**20, ["x:(1)2"], mesh)
+        assert sub == pytest.approx(collective_time(kind, 2**20, ["x"], two))
+        assert 0 < sub < collective_time(kind, 2**20, ["x"], mesh)
+    cluster = get_cluster("h100-sxm")
+    small = dataclasses.replace(cluster, devices_per_node=4)
+    assert group_link(("x:(1)2",), mesh, small).level == "inter-node"
+    assert group_link(("x:(2)2",), mesh, small).level == "intra-node"
