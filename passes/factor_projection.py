@@ -95,33 +95,45 @@ def project_tensor(
     return tuple(result.items()), frozenset(overflow)
 
 
+@lru_cache(maxsize=65536)
+def has_sub_axes(projected: tuple[tuple[str, tuple[str, ...]], ...]) -> bool:
+    """Whether a projection (``project_tensor``'s pairs) names a sub-axis (cached: the
+    propagation's sub-axis handling is skipped for the ops that have none)."""
+    return any(":" in axis for _, axes in projected for axis in axes)
+
+
 def dim_axes(
     factors: Sequence[str],
     factor_axes: Mapping[str, tuple[str, ...]],
     sizes: Mapping[str, int],
     axis_size: Callable[[str], int] | Mapping[str, int],
+    sub_axes: bool = True,
 ) -> tuple[str, ...]:
     """Back-projection of one dimension: its factors' axes concatenated major to minor, with
     adjacent sub-axes merged (``x:(1)2, x:(2)2`` -> ``x``, as Shardy projects back).
 
     Stops after the first factor that is not fully split, since sharding a minor factor under an
     unsplit major one would need a strided layout that a per-dim axis list cannot express.
+    ``sub_axes=False`` says the factor axes hold none (skips the merge; a plain name -> size
+    table is then read directly, as propagation does on its hot path).
     """
-    axis_size = _sizer(axis_size)
+    axis_size = (
+        axis_size.__getitem__ if not sub_axes and type(axis_size) is dict else _sizer(axis_size)
+    )
     out: list[str] = []
     for f in factors:
         axes = factor_axes.get(f, ())
         out.extend(axes)
         if math.prod(axis_size(a) for a in axes) != sizes[f]:
             break
-    if any(":" in a for a in out):
+    if sub_axes and any(":" in a for a in out):
         return merge_adjacent(out, axis_size)
     return tuple(out)
 
 
 def _sizer(axis_size: Callable[[str], int] | Mapping[str, int]) -> Callable[[str], int]:
     """``Mesh.axis_size``, or a plain name -> size table (a sub-axis's size is in its name)."""
-    if not isinstance(axis_size, Mapping):
+    if callable(axis_size):
         return axis_size
     table = axis_size
     return lambda name: table[name] if ":" not in name else int(name.rsplit(")", 1)[1])

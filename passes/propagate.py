@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
@@ -46,7 +46,7 @@ from shardplan.ir.mesh import Mesh
 from shardplan.ir.rules import ShardingRule, TensorFactors
 from shardplan.ir.sharding import Sharding
 
-from .factor_projection import dim_axes, project_tensor
+from .factor_projection import dim_axes, has_sub_axes, project_tensor
 from .manager import register_pass
 
 PERMUTATION_KINDS = frozenset(
@@ -315,17 +315,17 @@ def _propagate_op(
     tensors = [*op.operands, *op.results]
     if all(v.sharding is None for v in tensors):
         return []
-    candidates = _candidates(tensors, info, mesh, not options.conservative)
+    candidates, subs = _candidates(tensors, info, mesh, not options.conservative)
     targets: dict[str, tuple[str, ...]] = {}
     sources: dict[str, Priority] = {}
     for factor, found in candidates.items():
         if factor in info.need_replication:
             continue
-        axes, source = _merge_factor(found, options.conservative, mesh)
+        axes, source = _merge_factor(found, options.conservative, mesh if subs else None)
         if axes and source is not None:
             targets[factor], sources[factor] = axes, source
-    _keep_axes_unique(targets, sources, info)
-    changed = _write_back(tensors, targets, info, mesh, options.direction)
+    _keep_axes_unique(targets, sources, info, subs)
+    changed = _write_back(tensors, targets, info, mesh, options.direction, subs)
     for value in changed:
         value.sharding_origin = _why(op, tensors, value, sources, info)
     return changed
@@ -352,9 +352,11 @@ def _why(
 
 def _candidates(
     tensors: list[Value], info: _OpFactors, mesh: Mesh, sub_axes: bool = True
-) -> dict[str, list[tuple[Priority, tuple[str, ...]]]]:
-    """Per factor, the axes each known tensor puts on it, with the tensor's priority."""
+) -> tuple[dict[str, list[tuple[Priority, tuple[str, ...]]]], bool]:
+    """Per factor, the axes each known tensor puts on it, with the tensor's priority; and
+    whether any of those axes is a sub-axis."""
     found: dict[str, list[tuple[Priority, tuple[str, ...]]]] = {}
+    subs = False
     for position, (value, factors) in enumerate(zip(tensors, info.tensors, strict=True)):
         if value.sharding is None:
             continue
@@ -363,9 +365,10 @@ def _candidates(
         projected, _overflow = project_tensor(
             value.sharding.dims, factors, info.sizes, mesh, sub_axes
         )
+        subs = subs or has_sub_axes(projected)
         for factor, axes in projected:
             found.setdefault(factor, []).append((key, axes))
-    return found
+    return found, subs
 
 
 def _merge_factor(
@@ -429,13 +432,16 @@ def _agreed_prefix(target: tuple[str, ...], all_axes: list[tuple[str, ...]]) -> 
 
 
 def _keep_axes_unique(
-    targets: dict[str, tuple[str, ...]], sources: dict[str, Priority], info: _OpFactors
+    targets: dict[str, tuple[str, ...]],
+    sources: dict[str, Priority],
+    info: _OpFactors,
+    subs: bool = False,
 ) -> None:
     """Give each mesh axis to one factor: pass-through factors before reduction factors (as
     Shardy does: the result stays sharded rather than becoming a pending sum), then by winning
-    tensor's priority, then factor index."""
+    tensor's priority, then factor index. With ``subs`` (some axis is a sub-axis) an axis is
+    taken when it overlaps one already given."""
     used: set[str] = set()
-    subs = any(":" in a for axes in targets.values() for a in axes)
     order = sorted(targets, key=lambda f: (f in info.reduction, sources[f], info.index[f]))
     for factor in order:
         kept: list[str] = []
@@ -453,8 +459,10 @@ def _write_back(
     info: _OpFactors,
     mesh: Mesh,
     direction: Direction,
+    subs: bool = False,
 ) -> list[Value]:
     partial = frozenset(axis for f in info.reduction for axis in targets.get(f, ()))
+    sizes = mesh.axis_size if subs else mesh.shape  # a plain table on the hot path
     first = info.num_operands if direction == "forward" else 0
     last = info.num_operands if direction == "backward" else len(tensors)
     changed = []
@@ -467,7 +475,7 @@ def _write_back(
             k = position - info.num_operands
             summed = (f for f, indices in info.summed if k in indices)
             grown = partial | {axis for f in summed for axis in targets.get(f, ())}
-        new = _refined(value, info.tensors[position], targets, info, mesh, grown)
+        new = _refined(value, info.tensors[position], targets, info, mesh, sizes, grown, subs)
         if new is not None:
             value.sharding = new
             changed.append(value)
@@ -480,7 +488,9 @@ def _refined(
     targets: dict[str, tuple[str, ...]],
     info: _OpFactors,
     mesh: Mesh,
+    sizes: Callable[[str], int] | dict[str, int],
     partial: frozenset[str],
+    subs: bool = False,
 ) -> Sharding | None:
     """The value's sharding grown by the factor targets, or None when nothing changes.
 
@@ -494,8 +504,12 @@ def _refined(
     old_partial = old.partial if old is not None else frozenset()
     dims = []
     for current, dim_factors in zip(old_dims, factors, strict=True):
-        new = dim_axes(dim_factors, targets, info.size_of, mesh.axis_size)
-        dims.append(new if _refines(current, new, mesh) else current)
+        new = dim_axes(dim_factors, targets, info.size_of, sizes, subs)
+        if not subs:
+            refines = len(new) > len(current) and new[: len(current)] == current
+        else:
+            refines = _refines(current, new, mesh)
+        dims.append(new if refines else current)
     dims_tuple = tuple(dims)
     if dims_tuple == old_dims and partial <= old_partial:
         return None
