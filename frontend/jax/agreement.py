@@ -7,7 +7,8 @@ chooses the open inputs' and the outputs' shardings, read back from ``compiled.i
 and ``output_shardings``. shardplan's answer: capture, pin the seeds (and the function's own
 ``with_sharding_constraint``s), run the ``propagate`` pass, read the same tensors; an
 undecided tensor reads as replicated, an output's pending sum as reduced and a sub-axis
-(``"tp":(1)2``) as dropped from its dim (``emit.partition_spec``), as at a jit boundary. Two answers agree when they lay the tensor out the same (``is_equivalent_to``).
+(``"tp":(1)2``) as dropped from its dim (``emit.partition_spec``), as at a jit boundary.
+Two answers agree when they lay the tensor out the same (``is_equivalent_to``).
 
 A case may give seeds Shardy's user priorities (``p0``, ``p1``, ...). jax has no public way
 to write them, so the lowered module's argument shardings get the priority suffix before XLA
