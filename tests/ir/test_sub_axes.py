@@ -174,3 +174,32 @@ def test_collective_over_a_sub_axis_is_priced_as_its_group() -> None:
     small = dataclasses.replace(cluster, devices_per_node=4)
     assert group_link(("x:(1)2",), mesh, small).level == "inter-node"
     assert group_link(("x:(2)2",), mesh, small).level == "intra-node"
+
+
+def test_reshards_between_sub_axis_and_whole_axis_layouts_reach_the_target() -> None:
+    """Every pair of these layouts is priced (the walk ends: the sub-axes are distinct names to
+    it, so a sub-axis to its whole axis is priced conservatively as gathers), and a permute
+    between layouts with one shard count per dim names the parts that move."""
+    from shardplan.costmodel.reshard import reshard, reshard_steps
+
+    mesh = Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")
+    layouts = [
+        Sharding((("tp:(1)2",), ("tp:(2)2",), ())),
+        Sharding((("tp:(1)2",), (), ())),
+        Sharding((("dp",), ("tp:(2)2",), ())),
+        Sharding((("tp:(2)2",), ("tp:(1)2",), ("dp",))),
+        Sharding.of(None, "tp", None),
+        Sharding.of(None, None, ("dp", "tp")),
+        Sharding.of(None, None, None),
+    ]
+    t = _t(2, 4, 16)
+    for src in layouts:
+        for dst in layouts:
+            moves = reshard(src, dst, t, mesh)
+            if src == dst or src.is_replicated:
+                assert not moves
+            dropped = [a for a in src.used_axes if not any(overlaps(a, b) for b in dst.used_axes)]
+            if dropped:  # a part of the mesh the target does not split over: gathered
+                assert moves, (src, dst)
+    steps = reshard_steps(layouts[0], layouts[2], mesh)
+    assert [(k, set(a)) for k, a, _ in steps] == [("collective-permute", {"dp", "tp:(1)2"})]
