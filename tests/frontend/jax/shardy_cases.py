@@ -410,6 +410,22 @@ def _split_add(x, y):
     return (x.reshape(2, 8) + y).reshape(16)
 
 
+def _three_way(x):
+    """x=8 over a dim split three ways (2,2,2): x:(1)2, x:(2)2, x:(4)2, merged back."""
+    return jnp.sin(x.reshape(2, 2, 2, 16)).reshape(8, 16)
+
+
+def _two_axes(x):
+    """dp=4 x tp=2 over a dim of 64 split (2,32): dp splits, tp follows on the minor dim."""
+    return jnp.cos(x.reshape(2, 32, 8)).reshape(64, 8)
+
+
+def _strided_add(x, y):
+    """(8,16) on (dp, tp) viewed as (16,8): tp's minor half reaches the new minor dim only
+    (its major half would sit under an unsplit factor), then meets an open (16,8)."""
+    return x.reshape(16, 8) + y
+
+
 def _sub_axis_cases(add) -> None:  # type: ignore[no-untyped-def]
     """Reshapes that split or merge a dim inside a mesh axis: Shardy's sub-axes ``"x":(1)2``.
     Sub-axes never appear at a jit boundary (Shardy strips them), so each case either merges
@@ -423,6 +439,9 @@ def _sub_axis_cases(add) -> None:  # type: ignore[no-untyped-def]
     add("subaxis-open-in", _open_through_split, [(8, 16), (8, 16)], {0: P("tp", "dp")})
     add("subaxis-split-dot", _split_dot, [(8, 16), (16, 32)], {0: P("tp")})
     add("subaxis-1d", _split_add, [(16,), (2, 8)], {0: P("x")}, D1)
+    add("subaxis-three-way-1d", _three_way, [(8, 16)], {0: P("x")}, D1)
+    add("subaxis-two-axes-42", _two_axes, [(64, 8)], {0: P(("dp", "tp"))}, D42)
+    add("subaxis-strided-add", _strided_add, [(8, 16), (16, 8)], {0: P("dp", "tp")})
 
 
 CASES = _cases()
