@@ -3,8 +3,12 @@
 from __future__ import annotations
 
 import dataclasses
+import itertools
+import math
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from shardplan.costmodel import collective_time
 from shardplan.costmodel.cluster import get_cluster
 from shardplan.costmodel.links import group_link
@@ -203,3 +207,83 @@ def test_reshards_between_sub_axis_and_whole_axis_layouts_reach_the_target() -> 
                 assert moves, (src, dst)
     steps = reshard_steps(layouts[0], layouts[2], mesh)
     assert [(k, set(a)) for k, a, _ in steps] == [("collective-permute", {"dp", "tp:(1)2"})]
+
+
+# -- semantics: a propagated sub-axis layout is the reshape of the devices' blocks ------------
+
+_MESHES = [
+    Mesh({"a": 2, "b": 4}, cluster="cpu-test"),
+    Mesh({"a": 4, "b": 2}, cluster="cpu-test"),
+    Mesh({"x": 8}, cluster="cpu-test"),
+    Mesh({"a": 2, "b": 2, "c": 2}, cluster="cpu-test"),
+]
+
+
+def _blocks(sharding: Sharding, shape: tuple[int, ...], mesh: Mesh) -> list[frozenset[int]]:
+    """Per device (row-major over the mesh), the flat indices of the tensor it holds. A sub-axis
+    ``x:(p)s`` of axis ``x`` (size n) is the digit ``(c // (n / (p*s))) % s`` of x's coordinate."""
+    import itertools
+
+    import numpy as np
+    from shardplan.ir.axes import parse_axis
+
+    flat = np.arange(int(np.prod(shape))).reshape(shape)
+    names = mesh.axis_names
+    out = []
+    for coords in itertools.product(*(range(n) for _, n in mesh.axes)):
+        at = dict(zip(names, coords, strict=True))
+        index = []
+        for size, axes in zip(shape, sharding.dims, strict=True):
+            k = 0
+            for axis in axes:
+                base, pre, sub = parse_axis(axis)
+                n = mesh.axis_size(base)
+                digit = at[base] if sub is None else (at[base] // (n // (pre * sub))) % sub
+                k = k * mesh.axis_size(axis) + digit
+            step = size // mesh.group_size(axes)
+            index.append(slice(k * step, (k + 1) * step))
+        out.append(frozenset(flat[tuple(index)].ravel().tolist()))
+    return out
+
+
+@st.composite
+def _reshapes(draw: st.DrawFn) -> tuple[Mesh, tuple[int, ...], tuple[int, ...], Sharding]:
+    """A mesh, a tensor shape, a reshape target of the same size, and a pin of the source."""
+    mesh = draw(st.sampled_from(_MESHES))
+    shape = tuple(2 ** draw(st.integers(0, 5)) for _ in range(draw(st.integers(1, 2))))
+    total = int(math.prod(shape)).bit_length() - 1
+    cuts = sorted(draw(st.lists(st.integers(0, total), max_size=2)))
+    bounds = [0, *cuts, total]
+    target = tuple(2 ** (hi - lo) for lo, hi in itertools.pairwise(bounds))
+    free = list(mesh.axis_names)
+    dims = []
+    for size in shape:
+        axes = []
+        for axis in draw(st.permutations(free)):
+            if draw(st.booleans()) and size % (mesh.group_size([*axes, axis])) == 0:
+                axes.append(axis)
+        free = [a for a in free if a not in axes]
+        dims.append(tuple(axes))
+    return mesh, shape, target, Sharding(tuple(dims))
+
+
+@settings(max_examples=150, deadline=None)
+@given(_reshapes(), st.booleans())
+def test_propagated_reshape_layout_is_a_coarsening_of_the_pinned_blocks(case, backward) -> None:
+    """Through one reshape, forward or backward: every device's block of the pinned tensor lies
+    inside its block of the propagated one (propagation may drop axes, never misplace data;
+    equal when none was dropped). A wrong sub-axis order or pre-size fails this."""
+    mesh, shape, target, pin = case  # the pin fits ``shape``: the reshape's input or result
+    g = Graph("r", mesh=mesh)
+    a = g.add_input("a", _t(*(target if backward else shape)))
+    b = g.add_op("reshape", [a], [_t(*(shape if backward else target))]).result
+    pinned, other = (b, a) if backward else (a, b)
+    pinned.sharding, pinned.pinned = pin, True
+    run_propagation(g, PropagateOptions())
+    got = other.sharding or Sharding.replicated(other.type.rank)
+    got.check(other.type, mesh)
+    held = _blocks(pin, pinned.type.shape, mesh)
+    derived = _blocks(got, other.type.shape, mesh)
+    assert all(h <= d for h, d in zip(held, derived, strict=True)), (pin, got)
+    if got.shard_count(mesh) == pin.shard_count(mesh):
+        assert held == derived
