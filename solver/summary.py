@@ -481,7 +481,8 @@ def sub_axis_note(plan: Plan) -> str | None:
         return None
     shown = ", ".join("%" + n for n in names[:3]) + (", ..." if len(names) > 3 else "")
     return (
-        f"Sub-axes: {len(names)} layouts ({shown}) split a dim over part of a mesh axis "
+        f"Sub-axes: {len(names)} layout{'s' if len(names) > 1 else ''} ({shown}) split a dim "
+        "over part of a mesh axis "
         '("x":(1)2). plan.jit leaves them to XLA (no NamedSharding holds a sub-axis) and gives '
         "inputs and outputs their whole-axis prefix; torch refuses them."
     )

@@ -496,12 +496,13 @@ def _install_boundary_hooks(plan: Plan, context: TorchContext, model: nn.Module)
         if path not in modules or path == "":
             continue
         want = {
-            i: placements_of(consumed_layout(plan, v, path), plan.mesh) for i, v in inputs.items()
+            i: placements_of(consumed_layout(plan, v, path), plan.mesh, v)
+            for i, v in inputs.items()
         }
         modules[path].register_forward_pre_hook(_input_hook(want))
     for path, value in context.module_outputs.items():
         if path in modules and path != "":
-            placements = placements_of(plan.shardings[value], plan.mesh)
+            placements = placements_of(plan.shardings[value], plan.mesh, value)
             modules[path].register_forward_hook(_output_hook(placements))
 
 
@@ -559,7 +560,7 @@ def _install_grad_hooks(plan: Plan, context: TorchContext, model: nn.Module) -> 
         if param is None:
             continue
         layout = consumed_layout(plan, grad_value, "optimizer")
-        placements = placements_of(layout.without_partial(), plan.mesh)
+        placements = placements_of(layout.without_partial(), plan.mesh, grad_value)
 
         def hook(p: torch.Tensor, placements: Placements = placements) -> None:
             p.grad = redistribute(p.grad, placements)

@@ -86,3 +86,26 @@ def test_jit_leaves_sub_axes_to_xla_with_equal_numerics(planned) -> None:
     want_y, want_h = _heads(*args)
     np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), rtol=1e-5, atol=1e-5)
     np.testing.assert_allclose(np.asarray(h), np.asarray(want_h), rtol=1e-6, atol=1e-6)
+
+
+def test_a_sub_axis_pin_plans_and_runs() -> None:
+    """A pin may name a sub-axis (``pins=``; Shardy's users cannot write one, shardplan's can):
+    the plan prices the reshards around it, says so in its summary, and ``plan.jit`` leaves the
+    value to XLA with the plain function's numerics."""
+    from shardplan.frontend.jax.capture import capture
+
+    rng = np.random.default_rng(1)
+    x = jnp.asarray(rng.standard_normal((8, 16), dtype=np.float32))
+    w = jnp.asarray(rng.standard_normal((2, 4, 16), dtype=np.float32))
+    graph, _ = capture(_heads, x, w)
+    (name,) = [op.results[0].name for op in graph.ops if op.kind == "sin"]
+    sub = Sharding((("tp:(1)2",), ("tp:(2)2",), ()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = sp.plan(_heads, x, w, mesh=MESH, pins={name: sub}, time_limit=10)
+    assert plan.sharding_of(name) == sub
+    assert f"Sub-axes: 1 layout (%{name})" in str(plan)
+    y, h = plan.jit(_heads)(x, w)
+    want_y, want_h = _heads(x, w)
+    np.testing.assert_allclose(np.asarray(y), np.asarray(want_y), rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(np.asarray(h), np.asarray(want_h), rtol=1e-6, atol=1e-6)

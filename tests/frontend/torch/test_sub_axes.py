@@ -62,3 +62,19 @@ def test_plan_with_a_propagated_sub_axis_parameter_is_refused_by_name() -> None:
     sub_plan = dataclasses.replace(plan, shardings={**plan.shardings, w2.name: layout})
     with pytest.raises(FrontendError, match=rf'%{w2.name} has sharding .*"tp":\(1\)2'):
         sub_plan.to_placements()
+
+
+def test_a_sub_axis_pin_on_a_parameter_is_refused_by_name() -> None:
+    """The user path: ``pins=`` names a sub-axis for a parameter; the plan holds it and the
+    torch emitter refuses it, naming the parameter's value and the sub-axis."""
+    sub = Sharding((("tp:(1)2",), ("tp:(2)2",), ()))
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        plan = sp.plan(
+            _Heads(), torch.randn(2, 4, 16), mesh=MESH, pins={"w2": sub}, mode="inference",
+            time_limit=10,
+        )  # fmt: skip
+    (w2,) = [v for v in plan.graph.inputs if v.origin.path == "w2"]
+    assert plan.sharding_of(w2.name) == sub
+    with pytest.raises(FrontendError, match=rf'%{w2.name} has sharding .*"tp":\(1\)2'):
+        plan.to_placements()
