@@ -426,6 +426,10 @@ def _strided_add(x, y):
     return x.reshape(16, 8) + y
 
 
+def _attention_2_heads(x, wq, wk, wv, wo):
+    return _attention(x, wq, wk, wv, wo, heads=2)
+
+
 def _sub_axis_cases(add) -> None:  # type: ignore[no-untyped-def]
     """Reshapes that split or merge a dim inside a mesh axis: Shardy's sub-axes ``"x":(1)2``.
     Sub-axes never appear at a jit boundary (Shardy strips them), so each case either merges
@@ -442,6 +446,12 @@ def _sub_axis_cases(add) -> None:  # type: ignore[no-untyped-def]
     add("subaxis-three-way-1d", _three_way, [(8, 16)], {0: P("x")}, D1)
     add("subaxis-two-axes-42", _two_axes, [(64, 8)], {0: P(("dp", "tp"))}, D42)
     add("subaxis-strided-add", _strided_add, [(8, 16), (16, 8)], {0: P("dp", "tp")})
+    # attention with fewer heads (2) than tp (4): tp straddles the head and head-dim factors
+    attn = [(8, 16, 32)] + [(32, 32)] * 4
+    add("subaxis-attention-wq", _attention_2_heads, attn, {1: P(None, "tp")})
+    qkv = {0: P("dp"), 1: P(None, "tp"), 2: P(None, "tp"), 3: P(None, "tp")}
+    add("subaxis-attention-qkv", _attention_2_heads, attn, qkv)
+    add("subaxis-attention-1d", _attention_2_heads, attn, {1: P(None, "x")}, D1)
 
 
 CASES = _cases()
