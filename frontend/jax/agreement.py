@@ -132,6 +132,20 @@ def _compile_with_priorities(lowered: Any, priorities: Mapping[int, int]) -> Any
 
 def shardplan(case: Case) -> tuple[list[Sharding], list[Sharding]]:
     """shardplan's propagated input and output shardings for the case."""
+    graph, context = propagated(case)
+
+    def read(name: str) -> Sharding:
+        value = graph.value(name)
+        if value.sharding is None:
+            return Sharding.replicated(value.type.rank)
+        return value.sharding.without_partial()
+
+    return [read(n) for n in context.arg_inputs], [read(n) for n in context.outputs]
+
+
+def propagated(case: Case) -> tuple[Any, Any]:
+    """The case's captured graph after ``annotate`` and ``propagate``, and its capture context
+    (every value's sharding, intermediates included: the sub-axis cases check theirs)."""
     mesh = _jax_mesh(case.mesh)
     with jax.set_mesh(mesh):
         graph, context = capture(case.fn, *_args(case, mesh))
@@ -143,14 +157,7 @@ def shardplan(case: Case) -> tuple[list[Sharding], list[Sharding]]:
     pins.update(context.user_pins(graph.mesh))
     annotate(graph, pins)
     propagate(graph)
-
-    def read(name: str) -> Sharding:
-        value = graph.value(name)
-        if value.sharding is None:
-            return Sharding.replicated(value.type.rank)
-        return value.sharding.without_partial()
-
-    return [read(n) for n in context.arg_inputs], [read(n) for n in context.outputs]
+    return graph, context
 
 
 def _sharding(spec: PartitionSpec, rank: int) -> Sharding:

@@ -12,7 +12,7 @@ import warnings
 
 import jax
 import pytest
-from shardplan.frontend.jax.agreement import compare
+from shardplan.frontend.jax.agreement import compare, propagated
 from shardy_cases import CASES
 
 pytestmark = pytest.mark.jax
@@ -57,3 +57,14 @@ def test_every_case_infers_something(rows):
     assert {r.case for r in rows} == {c.name for c in CASES}
     opened = [r for r in rows if r.tensor.startswith("in") and r.shardy not in ("P()",)]
     assert opened
+
+
+def test_sub_axis_cases_propagate_through_sub_axes():
+    """The ``subaxis-*`` cases are not vacuous: in each, shardplan's propagation gives some
+    value inside the function a sub-axis (``"tp":(1)2``), which the boundary never shows."""
+    cases = [c for c in CASES if c.name.startswith("subaxis-")]
+    assert len(cases) >= 6
+    for case in cases:
+        graph, _ = propagated(case)
+        subs = [v for v in graph.values() if v.sharding is not None and v.sharding.has_sub_axes]
+        assert subs, case.name
