@@ -83,15 +83,19 @@ def _spec(sharding: Any) -> str:
 
 def shardy(case: Case) -> tuple[list[Any], list[Any]]:
     """Shardy's input and output shardings (per leaf) for the case."""
+    compiled = compile_case(case)
+    ins, _ = compiled.input_shardings
+    return list(ins), list(jax.tree.leaves(compiled.output_shardings))
+
+
+def compile_case(case: Case) -> Any:
+    """The case compiled by XLA (Shardy, then the SPMD partitioner) with its seeds."""
     mesh = _jax_mesh(case.mesh)
     with jax.set_mesh(mesh):  # bare PartitionSpecs in constraints name this mesh's axes
         lowered = jax.jit(case.fn).lower(*_args(case, mesh))
         if case.priorities:
-            compiled = _compile_with_priorities(lowered, case.priorities)
-        else:
-            compiled = lowered.compile(compiler_options=FAST_BACKEND)
-    ins, _ = compiled.input_shardings
-    return list(ins), list(jax.tree.leaves(compiled.output_shardings))
+            return _compile_with_priorities(lowered, case.priorities)
+        return lowered.compile(compiler_options=FAST_BACKEND)
 
 
 def _compile_with_priorities(lowered: Any, priorities: Mapping[int, int]) -> Any:
