@@ -287,3 +287,22 @@ def test_propagated_reshape_layout_is_a_coarsening_of_the_pinned_blocks(case, ba
     assert all(h <= d for h, d in zip(held, derived, strict=True)), (pin, got)
     if got.shard_count(mesh) == pin.shard_count(mesh):
         assert held == derived
+
+
+@settings(max_examples=100, deadline=None)
+@given(_reshapes())
+def test_split_then_merge_back_keeps_the_pinned_blocks(case) -> None:
+    """A reshape and its inverse after it: the sub-axes the first makes merge back, so the
+    result's blocks contain the pin's (equal when the first reshape lost no axis)."""
+    mesh, shape, target, pin = case
+    g = Graph("rt", mesh=mesh)
+    a = g.add_input("a", _t(*shape), sharding=pin, pinned=True)
+    b = g.add_op("reshape", [a], [_t(*target)]).result
+    c = g.add_op("reshape", [b], [_t(*shape)]).result
+    run_propagation(g, PropagateOptions())
+    got = c.sharding or Sharding.replicated(len(shape))
+    held, back = _blocks(pin, shape, mesh), _blocks(got, shape, mesh)
+    assert all(h <= d for h, d in zip(held, back, strict=True)), (pin, b.sharding, got)
+    middle = b.sharding or Sharding.replicated(len(target))
+    if middle.shard_count(mesh) == pin.shard_count(mesh):
+        assert got == pin
