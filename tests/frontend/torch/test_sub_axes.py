@@ -78,3 +78,8 @@ def test_a_sub_axis_pin_on_a_parameter_is_refused_by_name() -> None:
     assert plan.sharding_of(w2.name) == sub
     with pytest.raises(FrontendError, match=rf'%{w2.name} has sharding .*"tp":\(1\)2'):
         plan.to_placements()
+
+
+def test_annotate_refuses_a_sub_axis() -> None:
+    with pytest.raises(FrontendError, match=r"sub-axis 'tp:\(1\)2'.*whole axes"):
+        sp.annotate(torch.zeros(2, 4), Sharding((("tp:(1)2",), ("tp:(2)2",))))
