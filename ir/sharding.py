@@ -50,7 +50,7 @@ class Sharding:
                 f"sharding {self} uses mesh axis {dup[0]!r} more than once; "
                 "an axis shards at most one dimension"
             )
-        if used and ":" in "".join(used):  # sub-axes (rare): check overlaps
+        if len(used) > 1 and ":" in "".join(used):  # sub-axes (rare): check overlaps
             clash = first_overlap(used)
             if clash is not None:
                 raise ShardingError(
