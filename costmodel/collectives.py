@@ -49,11 +49,12 @@ import math
 from collections.abc import Iterable
 from functools import lru_cache
 
+from shardplan.ir.axes import parse_axis
 from shardplan.ir.mesh import Mesh
 
 from .cluster import Cluster, get_cluster
 from .collective import COLLECTIVE_KINDS, Collective
-from .links import INTRA_NODE, GroupLink, group_link, local_factors
+from .links import INTRA_NODE, GroupLink, group_link, in_domain, local_factors
 
 
 def normalize_axes(axes: str | Iterable[str], mesh: Mesh) -> tuple[str, ...]:
@@ -67,7 +68,14 @@ def _normalized(names: tuple[str, ...], mesh: Mesh) -> tuple[str, ...]:
     """``normalize_axes`` of a tuple (cached: the pricing asks the same few groups ~10^5 times)."""
     for name in names:
         mesh.axis_size(name)  # raises ShardingError naming the mesh's axes (not cached)
+    if any(":" in name for name in names):  # sub-axes sit at their axis, major part first
+        return tuple(sorted(set(names), key=lambda a: (mesh.axis_index(a), span_start(a))))
     return tuple(a for a in mesh.axis_names if a in names)
+
+
+def span_start(name: str) -> int:
+    """A sub-axis's pre-size (1 for a whole axis): orders the parts of one axis."""
+    return parse_axis(name)[1]
 
 
 def resolve_cluster(cluster: Cluster | str | None, mesh: Mesh) -> Cluster:
@@ -114,7 +122,7 @@ def _all_to_all_volume(
     if link.level == INTRA_NODE:
         return (n - 1) / n * nbytes / link.p2p_bandwidth
     factors = local_factors(mesh, cluster.devices_per_node)
-    k = math.prod(factors[a] for a in group)  # group members in each node
+    k = math.prod(in_domain(a, factors, mesh) for a in group)  # group members in each node
     intra = (k - 1) / n * nbytes / cluster.intra_node.bandwidth
     return max(intra, (n - k) / n * nbytes / link.p2p_bandwidth)
 

@@ -29,6 +29,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
+from shardplan.ir.axes import parse_axis
 from shardplan.ir.mesh import Mesh
 
 from .cluster import Cluster, island_level_name
@@ -69,6 +70,20 @@ def local_factors(mesh: Mesh, devices_per_node: int) -> dict[str, int]:
     return factors
 
 
+def in_domain(axis: str, factors: dict[str, int], mesh: Mesh) -> int:
+    """Members of ``axis`` inside one domain, given each whole axis's local factor.
+
+    A sub-axis ``x:(p)s`` steps through ``x`` with stride ``m = size(x) / (p * s)`` (row-major
+    numbering); the domain holds the minor ``L = factors[x]`` coordinates of ``x``, so
+    ``L / m`` of its members when ``m < L`` (at most ``s``), else one."""
+    if ":" not in axis:
+        return factors[axis]
+    base, pre, size = parse_axis(axis)
+    assert size is not None
+    stride = mesh.axis_size(base) // (pre * size)
+    return max(1, min(size, factors[base] // stride))
+
+
 def axis_links(mesh: Mesh, cluster: Cluster) -> dict[str, str]:
     """Map each mesh axis to the outermost level it spans (see the module docstring):
     ``"intra-node"``, ``"inter-node"``, or ``"inter-island"`` (``-2`` ... for deeper levels)."""
@@ -96,7 +111,7 @@ def island_members(axes: tuple[str, ...], mesh: Mesh, devices_per_island: int) -
     if mesh.size <= devices_per_island:
         return mesh.group_size(axes)
     factors = local_factors(mesh, devices_per_island)
-    return math.prod(factors[a] for a in axes)
+    return math.prod(in_domain(a, factors, mesh) for a in axes)
 
 
 @lru_cache(maxsize=65536)
@@ -105,7 +120,7 @@ def group_link(axes: tuple[str, ...], mesh: Mesh, cluster: Cluster) -> GroupLink
     n = mesh.group_size(axes)
     # Members inside one domain per level: [node, island 0, island 1, ...].
     factors = local_factors(mesh, cluster.devices_per_node)  # nodes: as before islands existed
-    counts = [math.prod(factors[a] for a in axes)]
+    counts = [math.prod(in_domain(a, factors, mesh) for a in axes)]
     counts += [island_members(axes, mesh, level.devices) for level in cluster.islands]
     return _link(tuple(counts), n, cluster)
 

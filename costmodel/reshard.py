@@ -34,6 +34,7 @@ import math
 from collections.abc import Sequence
 from functools import lru_cache
 
+from shardplan.ir.axes import atomize
 from shardplan.ir.errors import ShardingError
 from shardplan.ir.mesh import Mesh
 from shardplan.ir.sharding import Sharding
@@ -224,20 +225,25 @@ def permuted_axes(
     its partner. Flattened, a position is a mixed-radix number over the axes in that order;
     an axis keeps every device's coordinate exactly when its digit has the same weight (the
     product of the sizes after it) in both orders. (``[{"tp","dp","fsdp"}] ->
-    [{"fsdp","dp","tp"}]`` moves over fsdp and tp only.)"""
-    sizes = dict(mesh.axes)
+    [{"fsdp","dp","tp"}]`` moves over fsdp and tp only.) With sub-axes (``"tp":(1)2``) every
+    axis is first cut into the parts either layout names, and the moved parts are returned."""
+    names: Sequence[str] = mesh.axis_names
+    if any(":" in a for layout in (src, dst) for d in layout for a in d):
+        atoms = atomize([*src, *dst, names], mesh.axis_size)
+        if atoms is not None:
+            src, dst, names = atoms[: len(src)], atoms[len(src) : -1], atoms[-1]
 
     def weights(layout: Sequence[Sequence[str]]) -> dict[str, int]:
         used = [a for d in layout for a in d]
-        order = used + [a for a in mesh.axis_names if a not in used]
+        order = used + [a for a in names if a not in used]
         out, weight = {}, 1
         for axis in reversed(order):
             out[axis] = weight
-            weight *= sizes[axis]
+            weight *= mesh.axis_size(axis)
         return out
 
     before, after = weights(src), weights(dst)
-    return {a for a in mesh.axis_names if sizes[a] > 1 and before[a] != after[a]}
+    return {a for a in names if mesh.axis_size(a) > 1 and before[a] != after[a]}
 
 
 Step = tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]]

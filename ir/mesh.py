@@ -66,12 +66,28 @@ class Mesh:
         return math.prod(size for _, size in self.axes)
 
     def axis_size(self, name: str) -> int:
+        """Size of a mesh axis, or of a sub-axis ``x:(pre)size`` of one (``ir/axes.py``)."""
         found = self._index.get(name)
         if found is not None:
             return found[1]
+        if ":" in name:
+            return self._sub_axis_size(name)
         raise ShardingError(
             f"unknown mesh axis {name!r}; the mesh has axes {list(self.axis_names)}"
         )
+
+    def _sub_axis_size(self, name: str) -> int:
+        from .axes import parse_axis
+
+        base, pre, size = parse_axis(name)
+        full = self.axis_size(base)
+        assert size is not None
+        if full % (pre * size) or size == full:
+            raise ShardingError(
+                f"sub-axis {name!r} does not fit mesh axis {base!r} of size {full}: pre-size "
+                f"x size ({pre}x{size}) must divide {full} and the size must be less than it"
+            )
+        return size
 
     def group_size(self, names: Iterable[str]) -> int:
         """Number of devices in one group spanning the given axes."""
@@ -82,9 +98,13 @@ class Mesh:
         return size
 
     def axis_index(self, name: str) -> int:
+        """Position of an axis (a sub-axis sits at its axis's position)."""
         found = self._index.get(name)
         if found is not None:
             return found[0]
+        if ":" in name:
+            self.axis_size(name)  # raises unless the sub-axis fits
+            return self._index[name.split(":", 1)[0]][0]
         self.axis_size(name)  # raises the unknown-axis error
         return -1
 

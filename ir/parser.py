@@ -280,7 +280,17 @@ class Parser:
 
     def parse_axis_set(self) -> list[str]:
         self.parse_punct("{", "to open a set of mesh axes")
-        return self.parse_list("}", lambda: self.parse_string("naming a mesh axis"), "in the axes")
+        return self.parse_list("}", self.parse_axis, "in the axes")
+
+    def parse_axis(self) -> str:
+        """``"x"`` or a sub-axis ``"x":(pre)size`` (kept as ``x:(pre)size``, ``ir/axes.py``)."""
+        name = self.parse_string("naming a mesh axis")
+        if self.parse_optional_punct(":") is None:
+            return name
+        self.parse_punct("(", "to open the sub-axis pre-size")
+        pre = self.parse_int("as the sub-axis pre-size")
+        self.parse_punct(")", "to close the sub-axis pre-size")
+        return f"{name}:({pre}){self.parse_int('as the sub-axis size')}"
 
     def parse_optional_meta(self) -> dict[str, tuple[Token, str]] | None:
         if self.parse_optional_punct("{") is None:

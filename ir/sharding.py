@@ -6,6 +6,7 @@ import math
 from collections.abc import Iterable, Sequence
 from dataclasses import dataclass, field
 
+from .axes import axis_text, first_overlap
 from .errors import ShardingError
 from .mesh import Mesh
 from .types import TensorType
@@ -19,8 +20,12 @@ class Sharding:
     ``partial`` are axes over which each device holds a pending sum (DTensor ``Partial``,
     JAX ``unreduced``). Mesh axes used nowhere mean the tensor is replicated over them.
 
+    An axis may be a Shardy sub-axis ``"x":(pre)size`` (``ir/axes.py``): propagation through
+    a reshape that splits or merges a dimension inside an axis produces them.
+
     Invariants:
-      - an axis appears at most once across all dims and ``partial``;
+      - an axis appears at most once across all dims and ``partial``, and no two entries
+        overlap (an axis and its sub-axes; two disjoint sub-axes of one axis may both be used);
       - shardings are even: each dim size is divisible by the product of its axes
         (uneven splits are refused, not padded: the planner never proposes them and
         the verifier rejects them; see docs/design.md).
@@ -45,6 +50,13 @@ class Sharding:
                 f"sharding {self} uses mesh axis {dup[0]!r} more than once; "
                 "an axis shards at most one dimension"
             )
+        if len(used) > 1 and ":" in "".join(used):  # sub-axes (rare): check overlaps
+            clash = first_overlap(used)
+            if clash is not None:
+                raise ShardingError(
+                    f"sharding {self} uses {clash[0]!r} and {clash[1]!r}, which overlap (an "
+                    "axis and its sub-axis, or overlapping sub-axes); use disjoint parts"
+                )
 
     def __hash__(self) -> int:
         return self._hash
@@ -81,6 +93,11 @@ class Sharding:
     @property
     def used_axes(self) -> frozenset[str]:
         return self.sharded_axes | self.partial
+
+    @property
+    def has_sub_axes(self) -> bool:
+        """Whether some entry is a sub-axis ``"x":(pre)size``."""
+        return any(":" in axis for axis in self.used_axes)
 
     @property
     def is_replicated(self) -> bool:
@@ -120,10 +137,10 @@ class Sharding:
                 )
 
     def __str__(self) -> str:
-        text = "[" + ", ".join("{" + ", ".join(f'"{a}"' for a in axes) + "}" for axes in self.dims)
+        text = "[" + ", ".join("{" + ", ".join(map(axis_text, axes)) + "}" for axes in self.dims)
         text += "]"
         if self.partial:
-            text += " partial={" + ", ".join(f'"{a}"' for a in sorted(self.partial)) + "}"
+            text += " partial={" + ", ".join(map(axis_text, sorted(self.partial))) + "}"
         return text
 
     def __repr__(self) -> str:

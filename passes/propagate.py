@@ -23,24 +23,30 @@ refine the values that are not pinned. Semantics (see docs in ``PropagateOptions
   took is truncated before the first taken axis;
 - need-replication factors are never sharded; reduction factors sharded on axes make the results
   ``partial`` over those axes (Shardy's ``unreduced``); partial never propagates backward;
-- a value still unknown that would come out fully replicated is left ``None`` (no hint).
+- a value still unknown that would come out fully replicated is left ``None`` (no hint);
+- an axis that straddles two factors of a compound dimension (a reshape that splits or merges
+  a dimension inside an axis) is split into Shardy's sub-axes ``"x":(pre)size``, and adjacent
+  sub-axes merge back when a dimension's factors are merged (``factor_projection.py``); a
+  sub-axis counts as a prefix of its axis when candidates are merged. ``conservative`` forbids
+  sub-axes, as Shardy's conservative mode does.
 """
 
 from __future__ import annotations
 
 import math
 import warnings
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from dataclasses import dataclass
 from typing import Literal
 
+from shardplan.ir.axes import atomize, merge_adjacent, overlaps
 from shardplan.ir.errors import ShardingError, ShardplanError
 from shardplan.ir.graph import Graph, Op, Value
 from shardplan.ir.mesh import Mesh
 from shardplan.ir.rules import ShardingRule, TensorFactors
 from shardplan.ir.sharding import Sharding
 
-from .factor_projection import dim_axes, project_tensor
+from .factor_projection import dim_axes, has_sub_axes, project_tensor
 from .manager import register_pass
 
 PERMUTATION_KINDS = frozenset(
@@ -309,17 +315,17 @@ def _propagate_op(
     tensors = [*op.operands, *op.results]
     if all(v.sharding is None for v in tensors):
         return []
-    candidates = _candidates(tensors, info, mesh)
+    candidates, subs = _candidates(tensors, info, mesh, not options.conservative)
     targets: dict[str, tuple[str, ...]] = {}
     sources: dict[str, Priority] = {}
     for factor, found in candidates.items():
         if factor in info.need_replication:
             continue
-        axes, source = _merge_factor(found, options.conservative)
+        axes, source = _merge_factor(found, options.conservative, mesh if subs else None)
         if axes and source is not None:
             targets[factor], sources[factor] = axes, source
-    _keep_axes_unique(targets, sources, info)
-    changed = _write_back(tensors, targets, info, mesh.shape, options.direction)
+    _keep_axes_unique(targets, sources, info, subs)
+    changed = _write_back(tensors, targets, info, mesh, options.direction, subs)
     for value in changed:
         value.sharding_origin = _why(op, tensors, value, sources, info)
     return changed
@@ -345,23 +351,28 @@ def _why(
 
 
 def _candidates(
-    tensors: list[Value], info: _OpFactors, mesh: Mesh
-) -> dict[str, list[tuple[Priority, tuple[str, ...]]]]:
-    """Per factor, the axes each known tensor puts on it, with the tensor's priority."""
+    tensors: list[Value], info: _OpFactors, mesh: Mesh, sub_axes: bool = True
+) -> tuple[dict[str, list[tuple[Priority, tuple[str, ...]]]], bool]:
+    """Per factor, the axes each known tensor puts on it, with the tensor's priority; and
+    whether any of those axes is a sub-axis."""
     found: dict[str, list[tuple[Priority, tuple[str, ...]]]] = {}
+    subs = False
     for position, (value, factors) in enumerate(zip(tensors, info.tensors, strict=True)):
         if value.sharding is None:
             continue
         rank = user_priority(value) if value.pinned else 0
         key = (not value.pinned, rank, -value.type.numel, position)
-        projected, _overflow = project_tensor(value.sharding.dims, factors, info.sizes, mesh)
+        projected, _overflow = project_tensor(
+            value.sharding.dims, factors, info.sizes, mesh, sub_axes
+        )
+        subs = subs or has_sub_axes(projected)
         for factor, axes in projected:
             found.setdefault(factor, []).append((key, axes))
-    return found
+    return found, subs
 
 
 def _merge_factor(
-    found: list[tuple[Priority, tuple[str, ...]]], conservative: bool
+    found: list[tuple[Priority, tuple[str, ...]]], conservative: bool, mesh: Mesh | None = None
 ) -> tuple[tuple[str, ...], Priority | None]:
     """The axes one factor gets and the priority of the tensor they come from.
 
@@ -371,6 +382,12 @@ def _merge_factor(
     every candidate either is a prefix of or extends (conflicts stop propagation).
     """
     found = sorted(found, key=lambda item: item[0])
+    if mesh is not None and any(":" in a for _, axes in found for a in axes):
+        atoms = atomize([axes for _, axes in found], mesh.axis_size)
+        if atoms is not None:  # sub-axes: compare cut at common boundaries, merge back after
+            keys = [key for key, _ in found]
+            axes, key = _merge_factor(list(zip(keys, atoms, strict=True)), conservative)
+            return merge_adjacent(axes, mesh.axis_size), key
     all_axes = [axes for _, axes in found]
     if conservative:
         target = _agreed_prefix(max(all_axes, key=len), all_axes)
@@ -383,6 +400,19 @@ def _merge_factor(
         if axes and _common_prefix(axes, target) == min(len(axes), len(target)):
             return target, key
     return (), None
+
+
+def _refines(current: tuple[str, ...], new: tuple[str, ...], mesh: Mesh) -> bool:
+    """Whether ``new`` splits a dimension further than ``current`` and starts with it (a
+    sub-axis is a prefix of its axis: ``x:(1)2`` is refined by ``x``)."""
+    if new == current or not new:
+        return False
+    if any(":" in a for a in (*current, *new)):
+        atoms = atomize([current, new], mesh.axis_size)
+        if atoms is not None:
+            old, grown = atoms
+            return len(grown) > len(old) and grown[: len(old)] == old
+    return len(new) > len(current) and new[: len(current)] == current
 
 
 def _common_prefix(a: tuple[str, ...], b: tuple[str, ...]) -> int:
@@ -402,17 +432,21 @@ def _agreed_prefix(target: tuple[str, ...], all_axes: list[tuple[str, ...]]) -> 
 
 
 def _keep_axes_unique(
-    targets: dict[str, tuple[str, ...]], sources: dict[str, Priority], info: _OpFactors
+    targets: dict[str, tuple[str, ...]],
+    sources: dict[str, Priority],
+    info: _OpFactors,
+    subs: bool = False,
 ) -> None:
     """Give each mesh axis to one factor: pass-through factors before reduction factors (as
     Shardy does: the result stays sharded rather than becoming a pending sum), then by winning
-    tensor's priority, then factor index."""
+    tensor's priority, then factor index. With ``subs`` (some axis is a sub-axis) an axis is
+    taken when it overlaps one already given."""
     used: set[str] = set()
     order = sorted(targets, key=lambda f: (f in info.reduction, sources[f], info.index[f]))
     for factor in order:
         kept: list[str] = []
         for axis in targets[factor]:
-            if axis in used:
+            if axis in used or (subs and any(overlaps(axis, u) for u in used)):
                 break
             kept.append(axis)
         targets[factor] = tuple(kept)
@@ -423,10 +457,12 @@ def _write_back(
     tensors: list[Value],
     targets: dict[str, tuple[str, ...]],
     info: _OpFactors,
-    axis_sizes: dict[str, int],
+    mesh: Mesh,
     direction: Direction,
+    subs: bool = False,
 ) -> list[Value]:
     partial = frozenset(axis for f in info.reduction for axis in targets.get(f, ()))
+    sizes = mesh.axis_size if subs else mesh.shape  # a plain table on the hot path
     first = info.num_operands if direction == "forward" else 0
     last = info.num_operands if direction == "backward" else len(tensors)
     changed = []
@@ -439,7 +475,7 @@ def _write_back(
             k = position - info.num_operands
             summed = (f for f, indices in info.summed if k in indices)
             grown = partial | {axis for f in summed for axis in targets.get(f, ())}
-        new = _refined(value, info.tensors[position], targets, info, axis_sizes, grown)
+        new = _refined(value, info.tensors[position], targets, info, mesh, sizes, grown, subs)
         if new is not None:
             value.sharding = new
             changed.append(value)
@@ -451,8 +487,10 @@ def _refined(
     factors: TensorFactors,
     targets: dict[str, tuple[str, ...]],
     info: _OpFactors,
-    axis_sizes: dict[str, int],
+    mesh: Mesh,
+    sizes: Callable[[str], int] | dict[str, int],
     partial: frozenset[str],
+    subs: bool = False,
 ) -> Sharding | None:
     """The value's sharding grown by the factor targets, or None when nothing changes.
 
@@ -466,8 +504,12 @@ def _refined(
     old_partial = old.partial if old is not None else frozenset()
     dims = []
     for current, dim_factors in zip(old_dims, factors, strict=True):
-        new = dim_axes(dim_factors, targets, info.size_of, axis_sizes)
-        dims.append(new if len(new) > len(current) and new[: len(current)] == current else current)
+        new = dim_axes(dim_factors, targets, info.size_of, sizes, subs)
+        if not subs:
+            refines = len(new) > len(current) and new[: len(current)] == current
+        else:
+            refines = _refines(current, new, mesh)
+        dims.append(new if refines else current)
     dims_tuple = tuple(dims)
     if dims_tuple == old_dims and partial <= old_partial:
         return None

@@ -467,5 +467,22 @@ def format_summary(plan: Plan, width: int) -> str:
     """The one-screen summary as plain text (deterministic for a given plan and width)."""
     lines = header_lines(plan, width)
     lines += ["", *_layout_lines(plan, width), "", *_reshard_lines(plan, width)]
+    if (note := sub_axis_note(plan)) is not None:
+        lines += ["", note]
     lines += ["", "Every value, op and reshard: plan.report(full=True), or --full in the CLI."]
     return "\n".join(lines) + "\n"
+
+
+def sub_axis_note(plan: Plan) -> str | None:
+    """The summary line for a plan whose layouts use Shardy sub-axes (``"x":(1)2``), or None:
+    what each frontend does with them (``frontend/jax/emit.py``, ``frontend/torch/emit.py``)."""
+    names = sorted(n for n, s in plan.shardings.items() if s.has_sub_axes)
+    if not names:
+        return None
+    shown = ", ".join("%" + n for n in names[:3]) + (", ..." if len(names) > 3 else "")
+    return (
+        f"Sub-axes: {len(names)} layout{'s' if len(names) > 1 else ''} ({shown}) split a dim "
+        "over part of a mesh axis "
+        '("x":(1)2). plan.jit leaves them to XLA (no NamedSharding holds a sub-axis) and gives '
+        "inputs and outputs their whole-axis prefix; torch refuses them."
+    )

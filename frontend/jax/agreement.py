@@ -6,8 +6,9 @@ Shardy's answer: ``jax.jit(fn).lower(*args).compile()`` with the seeds as the
 chooses the open inputs' and the outputs' shardings, read back from ``compiled.input_shardings``
 and ``output_shardings``. shardplan's answer: capture, pin the seeds (and the function's own
 ``with_sharding_constraint``s), run the ``propagate`` pass, read the same tensors; an
-undecided tensor reads as replicated and an output's pending sum as reduced, as at a jit
-boundary. Two answers agree when they lay the tensor out the same (``is_equivalent_to``).
+undecided tensor reads as replicated, an output's pending sum as reduced and a sub-axis
+(``"tp":(1)2``) as dropped from its dim (``emit.partition_spec``), as at a jit boundary.
+Two answers agree when they lay the tensor out the same (``is_equivalent_to``).
 
 A case may give seeds Shardy's user priorities (``p0``, ``p1``, ...). jax has no public way
 to write them, so the lowered module's argument shardings get the priority suffix before XLA
@@ -82,15 +83,19 @@ def _spec(sharding: Any) -> str:
 
 def shardy(case: Case) -> tuple[list[Any], list[Any]]:
     """Shardy's input and output shardings (per leaf) for the case."""
+    compiled = compile_case(case)
+    ins, _ = compiled.input_shardings
+    return list(ins), list(jax.tree.leaves(compiled.output_shardings))
+
+
+def compile_case(case: Case) -> Any:
+    """The case compiled by XLA (Shardy, then the SPMD partitioner) with its seeds."""
     mesh = _jax_mesh(case.mesh)
     with jax.set_mesh(mesh):  # bare PartitionSpecs in constraints name this mesh's axes
         lowered = jax.jit(case.fn).lower(*_args(case, mesh))
         if case.priorities:
-            compiled = _compile_with_priorities(lowered, case.priorities)
-        else:
-            compiled = lowered.compile(compiler_options=FAST_BACKEND)
-    ins, _ = compiled.input_shardings
-    return list(ins), list(jax.tree.leaves(compiled.output_shardings))
+            return _compile_with_priorities(lowered, case.priorities)
+        return lowered.compile(compiler_options=FAST_BACKEND)
 
 
 def _compile_with_priorities(lowered: Any, priorities: Mapping[int, int]) -> Any:
@@ -131,6 +136,20 @@ def _compile_with_priorities(lowered: Any, priorities: Mapping[int, int]) -> Any
 
 def shardplan(case: Case) -> tuple[list[Sharding], list[Sharding]]:
     """shardplan's propagated input and output shardings for the case."""
+    graph, context = propagated(case)
+
+    def read(name: str) -> Sharding:
+        value = graph.value(name)
+        if value.sharding is None:
+            return Sharding.replicated(value.type.rank)
+        return value.sharding.without_partial()
+
+    return [read(n) for n in context.arg_inputs], [read(n) for n in context.outputs]
+
+
+def propagated(case: Case) -> tuple[Any, Any]:
+    """The case's captured graph after ``annotate`` and ``propagate``, and its capture context
+    (every value's sharding, intermediates included: the sub-axis cases check theirs)."""
     mesh = _jax_mesh(case.mesh)
     with jax.set_mesh(mesh):
         graph, context = capture(case.fn, *_args(case, mesh))
@@ -142,14 +161,7 @@ def shardplan(case: Case) -> tuple[list[Sharding], list[Sharding]]:
     pins.update(context.user_pins(graph.mesh))
     annotate(graph, pins)
     propagate(graph)
-
-    def read(name: str) -> Sharding:
-        value = graph.value(name)
-        if value.sharding is None:
-            return Sharding.replicated(value.type.rank)
-        return value.sharding.without_partial()
-
-    return [read(n) for n in context.arg_inputs], [read(n) for n in context.outputs]
+    return graph, context
 
 
 def _sharding(spec: PartitionSpec, rank: int) -> Sharding:

@@ -7,7 +7,11 @@ rather than by its own propagation. Partial (pending-sum) layouts cannot be writ
 mode: those values stay unconstrained and the consumer's planned operand layout is pinned
 instead, which is where the plan puts the reduction. Scatter-adds are the exception: XLA
 would move the updates rather than reduce, so their pending sums are pinned replicated first
-(``_Emit._scatter_add``).
+(``_Emit._scatter_add``). A layout with a Shardy sub-axis (``"x":(1)2``) has no
+``NamedSharding`` either (jax 0.10 exposes none): an intermediate with one is left to XLA's own
+propagation, which reaches the same sub-axis from the pinned neighbours, and the function's
+inputs and outputs take the whole-axis prefix, as Shardy does at a jit boundary
+(``solver.summary.sub_axis_note`` says so in the plan's summary).
 """
 
 from __future__ import annotations
@@ -45,11 +49,28 @@ def make_jax_mesh(plan_or_mesh: Plan | Mesh) -> jax.sharding.Mesh:
 
 
 def partition_spec(sharding: Sharding) -> PartitionSpec:
-    """``[{"dp"}, {}, {"tp", "sp"}]`` -> ``P('dp', None, ('tp', 'sp'))`` (partial axes dropped)."""
+    """``[{"dp"}, {}, {"tp", "sp"}]`` -> ``P('dp', None, ('tp', 'sp'))`` (partial axes dropped).
+
+    A ``PartitionSpec`` names whole mesh axes only, so a dim's axes stop before its first
+    sub-axis (``"x":(1)2``): the nearest expressible layout, and what Shardy itself does to
+    sub-axes at a jit boundary (``[{"x":(1)2}, {"x":(2)2}]`` becomes ``P()``).
+    """
     entries: list[str | tuple[str, ...] | None] = []
     for axes in sharding.dims:
+        if sharding.has_sub_axes:
+            axes = whole_axes_prefix(axes)
         entries.append(None if not axes else axes[0] if len(axes) == 1 else tuple(axes))
     return PartitionSpec(*entries)
+
+
+def whole_axes_prefix(axes: Sequence[str]) -> tuple[str, ...]:
+    """A dim's axes up to its first sub-axis (what a ``PartitionSpec`` can say of it)."""
+    out: list[str] = []
+    for axis in axes:
+        if ":" in axis:
+            break
+        out.append(axis)
+    return tuple(out)
 
 
 def relayout(
@@ -108,6 +129,8 @@ class _Emit(Walker[Any]):
         self.jax_mesh = jax_mesh
         self.op_index = {id(op): i for i, op in enumerate(plan.graph.ops)}
         self.constraints = 0
+        self.left_to_xla = 0
+        """Planned layouts with sub-axes, left unconstrained (``sub_axis_note``)."""
         self.edges, self.results, self.outputs = _reshard_paths(plan)
         self.chains: dict[tuple[str, tuple[Sharding, ...]], Any] = {}
         self.values = {v.name: v for v in plan.graph.values()}
@@ -123,6 +146,9 @@ class _Emit(Walker[Any]):
                     x.array = self._pin(x.array, x.expanded(sharding.without_partial()))
                 return x
         if sharding is None or sharding.partial or sharding.rank != len(getattr(x, "shape", ())):
+            return x
+        if sharding.has_sub_axes:  # no NamedSharding holds a sub-axis: XLA chooses this one
+            self.left_to_xla += 1
             return x
         self.constraints += 1
         return jax.lax.with_sharding_constraint(

@@ -84,6 +84,12 @@ def to_sharding(
         pin = sharding
     else:
         pin = Sharding.of(*sharding)  # type: ignore[misc]
+    if pin.has_sub_axes:  # a DTensor placement splits over whole mesh dims only
+        sub = sorted(a for a in pin.used_axes if ":" in a)[0]
+        raise FrontendError(
+            f"shardplan.annotate: {pin} splits over sub-axis {sub!r}, part of a mesh axis; "
+            "DTensor cannot run that layout, so torch annotations take whole axes"
+        )
     if pin.rank != tensor.dim():
         raise FrontendError(
             f"shardplan.annotate: {pin} has {pin.rank} dimensions but the tensor "

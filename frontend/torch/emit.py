@@ -36,12 +36,25 @@ from .capture import TorchContext
 Placements = tuple[Placement, ...]
 
 
-def placements_of(sharding: Sharding, mesh: Mesh) -> Placements:
+def placements_of(sharding: Sharding, mesh: Mesh, value: str = "") -> Placements:
     """DTensor placements (one per mesh axis, mesh order) of an IR sharding.
 
     A dim split over several axes must list them in mesh order (major first), which is what
     DTensor's default shard order means; the reverse needs ``_StridedShard`` and is refused.
+    A Shardy sub-axis (``"x":(1)2``, from propagation through a reshape inside an axis) is
+    refused too: a placement shards a tensor dim over a whole mesh dim, never part of one, and
+    lowering it to the whole axis would put different data on the devices than planned.
+    ``value`` names the tensor in that error.
     """
+    if sharding.has_sub_axes:
+        sub = sorted(a for a in sharding.used_axes if ":" in a)[0]
+        base, rest = sub.split(":", 1)
+        raise FrontendError(
+            f"{'%' + value + ' has ' if value else ''}sharding {sharding}, which splits over "
+            f'sub-axis "{base}":{rest} of mesh axis {base!r}; DTensor placements can only '
+            "shard over whole mesh dims. hint: pin the tensor (or the reshape's operand) to "
+            "whole axes, or plan without the pin that propagated the sub-axis"
+        )
     out: list[Placement] = []
     for axis in mesh.axis_names:
         if axis in sharding.partial:
@@ -79,7 +92,7 @@ def to_placements(plan: Plan) -> dict[str, Placements]:
     context = plan.frontend_context
     if not isinstance(context, TorchContext):
         return {
-            v.origin.path or v.name: placements_of(plan.shardings[v.name], plan.stage_mesh)
+            v.origin.path or v.name: placements_of(plan.shardings[v.name], plan.stage_mesh, v.name)
             for v in plan.graph.inputs
             if v.role is Role.PARAMETER
         }
@@ -93,7 +106,7 @@ def _param_placements(plan: Plan, value: str) -> Placements:
     """A parameter's placements; a (meaningless) partial parameter is stored replicated."""
     return tuple(
         Replicate() if isinstance(p, Partial) else p
-        for p in placements_of(plan.shardings[value], plan.stage_mesh)
+        for p in placements_of(plan.shardings[value], plan.stage_mesh, value)
     )
 
 
@@ -201,7 +214,7 @@ def _install_root_hooks(
     plan: Plan, context: TorchContext, model: nn.Module, mesh: DeviceMesh
 ) -> None:
     layouts = {
-        slot: placements_of(plan.shardings[value], plan.mesh)
+        slot: placements_of(plan.shardings[value], plan.mesh, value)
         for slot, value in zip(context.input_slots, context.input_values, strict=True)
     }
     active: list[Any] = []
@@ -483,12 +496,13 @@ def _install_boundary_hooks(plan: Plan, context: TorchContext, model: nn.Module)
         if path not in modules or path == "":
             continue
         want = {
-            i: placements_of(consumed_layout(plan, v, path), plan.mesh) for i, v in inputs.items()
+            i: placements_of(consumed_layout(plan, v, path), plan.mesh, v)
+            for i, v in inputs.items()
         }
         modules[path].register_forward_pre_hook(_input_hook(want))
     for path, value in context.module_outputs.items():
         if path in modules and path != "":
-            placements = placements_of(plan.shardings[value], plan.mesh)
+            placements = placements_of(plan.shardings[value], plan.mesh, value)
             modules[path].register_forward_hook(_output_hook(placements))
 
 
@@ -546,7 +560,7 @@ def _install_grad_hooks(plan: Plan, context: TorchContext, model: nn.Module) -> 
         if param is None:
             continue
         layout = consumed_layout(plan, grad_value, "optimizer")
-        placements = placements_of(layout.without_partial(), plan.mesh)
+        placements = placements_of(layout.without_partial(), plan.mesh, grad_value)
 
         def hook(p: torch.Tensor, placements: Placements = placements) -> None:
             p.grad = redistribute(p.grad, placements)

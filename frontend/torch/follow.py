@@ -501,7 +501,7 @@ class PlanFollower(TorchDispatchMode):
     def _placements(self, sharding: Sharding | None, value: str | None) -> emit.Placements:
         if sharding is None:
             sharding = self.plan.shardings[value]
-        return emit.placements_of(sharding, self.plan.mesh)
+        return emit.placements_of(sharding, self.plan.mesh, value or "")
 
     def _to(self, t: torch.Tensor, want: emit.Placements, step: AtenStep) -> DTensor:
         """``t`` as a DTensor at ``want`` (plain tensors are replicated: made on every rank)."""

@@ -10,6 +10,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from shardplan.ir import Graph, IRParseError, Mesh, Origin, Role, Sharding, TensorType
+from shardplan.ir.axes import overlaps
 from shardplan.ir.builder import GraphBuilder
 from shardplan.ir.parser import parse_graph
 from shardplan.ir.printer import print_graph
@@ -246,13 +247,19 @@ def shardings(draw: st.DrawFn, shape: tuple[int, ...], mesh: Mesh) -> Sharding |
     if draw(st.booleans()):
         return None
     free = list(mesh.axis_names)
+    for name, size in mesh.axes:  # and the two halves of an axis: sub-axes "a":(1)2, "a":(2)n
+        if size >= 4 and size % 2 == 0:
+            free += [f"{name}:(1)2", f"{name}:(2){size // 2}"]
     dims: list[tuple[str, ...]] = []
     for size in shape:
         fits = [a for a in free if size % (mesh.axis_size(a)) == 0]
         axes = tuple(draw(st.lists(st.sampled_from(fits), unique=True, max_size=1))) if fits else ()
-        free = [a for a in free if a not in axes]
+        free = [a for a in free if not any(overlaps(a, b) for b in axes)]
         dims.append(axes)
-    partial = draw(st.lists(st.sampled_from(free), unique=True)) if free else []
+    partial: list[str] = []
+    for axis in draw(st.lists(st.sampled_from(free), unique=True)) if free else []:
+        if not any(overlaps(axis, b) for b in partial):
+            partial.append(axis)
     return Sharding(tuple(dims), frozenset(partial))
 
 

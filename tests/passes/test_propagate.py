@@ -104,11 +104,17 @@ def test_propagate_reshape_backward_merges_into_compound_dim() -> None:
     assert c.sharding == Sharding.of(("x", "y"))  # x fills the major factor, so y may follow
 
 
-def test_propagate_reshape_overflow_is_not_split_into_sub_axes() -> None:
-    """tp=4 on [16] reshaped to [2,8] would need sub-axes ("tp":(1)2, "tp":(2)2): refused."""
+def test_propagate_reshape_inside_an_axis_splits_it_into_sub_axes() -> None:
+    """tp=4 on [16] reshaped to [2,8]: Shardy's sub-axes ("tp":(1)2, "tp":(2)2); an axis that
+    would straddle factors whose sizes do not divide it (3 of 12) still overflows."""
     g = Graph("overflow", mesh=MESH)
     a = g.add_input("a", _t(16), sharding=Sharding.of("tp"), pinned=True)
     b = g.add_op("reshape", [a], [_t(2, 8)]).result
+    propagate(g)
+    assert b.sharding == Sharding((("tp:(1)2",), ("tp:(2)2",)))
+    g = Graph("overflow3", mesh=MESH)
+    a = g.add_input("a", _t(12), sharding=Sharding.of("tp"), pinned=True)
+    b = g.add_op("reshape", [a], [_t(3, 4)]).result
     propagate(g)
     assert b.sharding is None
 
@@ -119,7 +125,10 @@ def test_project_dim_splits_axes_major_first() -> None:
         {"i": ("x",), "j": ("y",)},
         False,
     )
-    assert project_dim(("y",), ("i", "j"), sizes, axis_sizes) == ({"i": (), "j": ()}, True)
+    assert project_dim(("y",), ("i", "j"), sizes, axis_sizes) == (
+        {"i": ("y:(1)2",), "j": ("y:(2)2",)},
+        False,
+    )  # y straddles i and j: sub-axes
     assert project_dim(("x", "y", "z"), ("i", "j"), sizes, axis_sizes)[1] is True
     assert dim_axes(("i", "j"), {"i": (), "j": ("y",)}, sizes, axis_sizes) == ()
     assert dim_axes(("i", "j"), {"i": ("x",), "j": ("y",)}, sizes, axis_sizes) == ("x", "y")

@@ -323,6 +323,7 @@ def _cases() -> list[Case]:
     )
     _priority_cases(add)
     _region_cases(add)
+    _sub_axis_cases(add)
     return c
 
 
@@ -375,6 +376,82 @@ def _priority_cases(add) -> None:  # type: ignore[no-untyped-def]
     mlp = [(64, 32), (32, 128), (128, 32)]
     add("prio-mlp-w1-first", _mlp, mlp, {0: P("tp"), 1: P(None, "tp")}, priorities={0: 1, 1: 0})
     add("prio-mlp-x-first", _mlp, mlp, {0: P("tp"), 1: P(None, "tp")}, priorities={0: 0, 1: 1})
+
+
+def _round_trip(x):
+    """(8,16) -> (2,4,16) -> sin -> (8,16): dim 0 on tp=4 splits into sub-axes and merges back."""
+    return jnp.sin(x.reshape(2, 4, 16)).reshape(8, 16)
+
+
+def _merge_into(x, y):
+    """An open (2,4,16) merged to (8,16) and added to a seeded (8,16): sub-axes go backward."""
+    return jnp.cos(x).reshape(8, 16) + y
+
+
+def _heads_round_trip(x):
+    """Attention's head split: (16,32) -> (2,8,4,8) -> transpose -> tanh -> back to (16,32)."""
+    h = jnp.tanh(x.reshape(2, 8, 4, 8).transpose(0, 2, 1, 3))
+    return h.transpose(0, 2, 1, 3).reshape(16, 32)
+
+
+def _open_through_split(x, y):
+    """A seeded and an open (8,16), both split to (2,4,16) and multiplied: the open input
+    gets the seed's layout back through its own split (sub-axes in between)."""
+    return jnp.sin(x.reshape(2, 4, 16)) * y.reshape(2, 4, 16)
+
+
+def _split_dot(x, w):
+    """(8,16) split to (2,4,16), a dot with an open weight, merged back to (8,32)."""
+    return jnp.einsum("abk,kn->abn", x.reshape(2, 4, 16), w).reshape(8, 32)
+
+
+def _split_add(x, y):
+    """(16,) on x=8 split to (2,8) and added to an open (2,8), then flattened again."""
+    return (x.reshape(2, 8) + y).reshape(16)
+
+
+def _three_way(x):
+    """x=8 over a dim split three ways (2,2,2): x:(1)2, x:(2)2, x:(4)2, merged back."""
+    return jnp.sin(x.reshape(2, 2, 2, 16)).reshape(8, 16)
+
+
+def _two_axes(x):
+    """dp=4 x tp=2 over a dim of 64 split (2,32): dp splits, tp follows on the minor dim."""
+    return jnp.cos(x.reshape(2, 32, 8)).reshape(64, 8)
+
+
+def _strided_add(x, y):
+    """(8,16) on (dp, tp) viewed as (16,8): tp's minor half reaches the new minor dim only
+    (its major half would sit under an unsplit factor), then meets an open (16,8)."""
+    return x.reshape(16, 8) + y
+
+
+def _attention_2_heads(x, wq, wk, wv, wo):
+    return _attention(x, wq, wk, wv, wo, heads=2)
+
+
+def _sub_axis_cases(add) -> None:  # type: ignore[no-untyped-def]
+    """Reshapes that split or merge a dim inside a mesh axis: Shardy's sub-axes ``"x":(1)2``.
+    Sub-axes never appear at a jit boundary (Shardy strips them), so each case either merges
+    them back into whole axes or reads a stripped layout (docs/design.md)."""
+    add("subaxis-round-trip", _round_trip, [(8, 16)], {0: P("tp", "dp")})
+    add("subaxis-round-trip-42", _round_trip, [(8, 16)], {0: P("dp")}, D42)
+    add("subaxis-split-out", lambda x: jnp.sin(x.reshape(2, 4, 16)), [(8, 16)], {0: P("tp", "dp")})
+    add("subaxis-merge-open-in", _merge_into, [(2, 4, 16), (8, 16)], {1: P("tp")})
+    add("subaxis-heads-42", _heads_round_trip, [(16, 32)], {0: P("dp", "tp")}, D42)
+    add("subaxis-heads-2d-minor", _heads_round_trip, [(16, 32)], {0: P(("tp", "dp"))})
+    add("subaxis-open-in", _open_through_split, [(8, 16), (8, 16)], {0: P("tp", "dp")})
+    add("subaxis-split-dot", _split_dot, [(8, 16), (16, 32)], {0: P("tp")})
+    add("subaxis-1d", _split_add, [(16,), (2, 8)], {0: P("x")}, D1)
+    add("subaxis-three-way-1d", _three_way, [(8, 16)], {0: P("x")}, D1)
+    add("subaxis-two-axes-42", _two_axes, [(64, 8)], {0: P(("dp", "tp"))}, D42)
+    add("subaxis-strided-add", _strided_add, [(8, 16), (16, 8)], {0: P("dp", "tp")})
+    # attention with fewer heads (2) than tp (4): tp straddles the head and head-dim factors
+    attn = [(8, 16, 32)] + [(32, 32)] * 4
+    add("subaxis-attention-wq", _attention_2_heads, attn, {1: P(None, "tp")})
+    qkv = {0: P("dp"), 1: P(None, "tp"), 2: P(None, "tp"), 3: P(None, "tp")}
+    add("subaxis-attention-qkv", _attention_2_heads, attn, qkv)
+    add("subaxis-attention-1d", _attention_2_heads, attn, {1: P(None, "x")}, D1)
 
 
 CASES = _cases()
