@@ -24,7 +24,11 @@ from dataclasses import dataclass
 from typing import TypeVar
 
 import torch
-import torch.distributed._functional_collectives as funcol  # torch's functional collectives
+
+# torch's functional collectives (DTensor's own; the module name is private): unlike c10d's
+# in-place all_to_all_single they carry autograd and are what LocalTensorMode and
+# simulate.CollectiveLog see
+import torch.distributed._functional_collectives as funcol
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
@@ -165,8 +169,8 @@ def _permute(
     (the gather that follows can); None when it cannot hold ``before``, or a pending sum would
     move to other addends (a partial axis among ``axes``)."""
     after = Sharding(permuted_after(before.dims, dst.dims, mesh), before.partial)
-    if not _ordered(before.dims, mesh):
-        return None
+    if not _ordered(before.dims, mesh) or not _even(t.shape, before, mesh):
+        return None  # (uneven blocks: a partner's block is not the size of one's own)
     if before.partial & set(axes):
         return None
     device_mesh: DeviceMesh = t.device_mesh
@@ -196,6 +200,10 @@ def _permute(
         return _Local(block, after)
     return DTensor.from_local(block, device_mesh, emit.placements_of(after, mesh),
                               run_check=False, shape=t.shape, stride=t.stride())  # fmt: skip
+
+
+def _even(shape: Sequence[int], layout: Sharding, mesh: Mesh) -> bool:
+    return all(n % mesh.group_size(a) == 0 for n, a in zip(shape, layout.dims, strict=True))
 
 
 def _gather(
