@@ -195,10 +195,12 @@ class ParallelStrategy:
 
     def _param(self, v: Value, mesh: Mesh, dp: tuple[str, ...], shard: bool) -> Sharding:
         dims: list[tuple[str, ...]] = [() for _ in v.type.shape]
+        ep = self.expert_axes(mesh)
         tp_dim = self._tp_dim(v) if self.tp else None
+        if is_expert_weight(v) and self.tp in ep:
+            tp_dim = None  # EP folded over the tp axis: whole experts (Megatron's ETP = 1)
         if tp_dim is not None and v.type.shape[tp_dim] % mesh.axis_size(self.tp) == 0:
             dims[tp_dim] = (self.tp,)  # type: ignore[assignment]
-        ep = self.expert_axes(mesh)
         if ep and is_expert_weight(v) and v.type.shape[0] % mesh.group_size(ep) == 0:
             dims[0] = ep
             dp = tuple(a for a in dp if a not in ep)  # what is left to shard it over
@@ -406,7 +408,9 @@ def expert_parallel(
 ) -> ParallelStrategy:
     """Mixture-of-experts: the expert dim over ``ep`` (default: every data axis, GShard's
     EP over the data axis), tokens split over the data axes and moved by all-to-all. With
-    ``tp``, Megatron TP on that axis for attention and inside each expert (EP x TP).
+    ``tp``, Megatron TP on that axis for attention and inside each expert (EP x TP); with
+    ``tp`` among ``ep`` too, the experts are split over it whole instead (Megatron-Core's
+    parallel folding, expert TP 1).
     ``shard_states`` / ``shard_params``: ZeRO-1 / FSDP over the data axes the experts are not
     already split over (and the full data axes for the dense weights)."""
     dense = ParallelStrategy("probe", tp=tp)

@@ -23,6 +23,7 @@ from torch.utils._python_dispatch import TorchDispatchMode  # documented home of
 from ...ir import Sharding
 from ...solver.plan import Plan, Reshard
 from .emit import consumed_layout, context_of
+from .reshard import per_rank
 
 
 def simulated_world(world_size: int) -> None:
@@ -148,6 +149,8 @@ class CollectiveLog(TorchDispatchMode):
 
     def _record(self, kind: str, args: tuple) -> None:
         tensor, group = args[0], args[-1]
+        if kind == "all-to-all" and isinstance(args[2], (list, tuple)) and _one_peer(args[2]):
+            kind = "collective-permute"  # each rank sends its whole block to one partner
         size = tensor.numel() * tensor.element_size()
         n = args[-2] if kind in ("all-gather", "reduce-scatter") else 1
         size = size * n if kind == "all-gather" else size // n
@@ -161,6 +164,18 @@ _FUNCTIONAL = {
     "all_to_all_single": "all-to-all",
     "shard_dim_alltoall": "all-to-all",  # DTensor's Shard(i) -> Shard(j) on one group
 }
+
+
+def _one_peer(input_splits: Any) -> bool:
+    """Whether an ``all_to_all_single``'s input splits send everything to one peer on every
+    rank (``reshard``'s collective-permute) rather than a slice to each."""
+    if len(input_splits) < 2:
+        return False
+
+    def peers(splits: list[int]) -> int:
+        return sum(1 for s in splits if s != 0)
+
+    return per_rank(peers)(list(input_splits)) == 1
 
 
 def axis_groups(device_mesh: DeviceMesh) -> dict[str, tuple[str, ...]]:

@@ -131,6 +131,14 @@ def test_expert_parallel_baselines_pin_the_expert_dim(captured) -> None:  # type
     # gate_up [E, 2F, H] is column-parallel on its output features, down [E, H, F] row-parallel
     assert ep_tp[gate_up].dims == (("ep",), ("tp",), ())
     assert ep_tp[down].dims == (("ep",), (), ("tp",))
+    # EP folded over tp (Megatron-Core's expert TP 1): whole experts over (ep, tp), while the
+    # attention keeps its tp split
+    folded = sp.strategies.expert_parallel(("ep", "tp"), tp="tp").pins(graph, mesh)
+    assert folded[gate_up].dims == folded[down].dims == (("ep", "tp"), (), ())
+    q = next(
+        v.name for v in graph.inputs if v.origin.path == "model.layers.0.self_attn.q_proj.weight"
+    )
+    assert folded[q].dims == ep_tp[q].dims == (("tp",), ())
     zero = sp.strategies.expert_parallel("ep", shard_states=True).pins(graph, mesh)
     state = next(n for p, n in ((v.origin.path, v.name) for v in graph.inputs)
                  if p.startswith("model.layers.0.mlp.experts.down_proj#"))  # fmt: skip

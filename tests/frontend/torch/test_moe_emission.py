@@ -5,8 +5,8 @@ expert parallelism over ``ep`` (``sp.strategies.expert_parallel("ep")``): the ex
 are DTensors split on their expert dim over ``ep``; one training step of ``plan.apply`` and
 of ``apply`` + ``follow_plan`` equals the plain model's (loss and every gradient, rtol 1e-4);
 under ``follow_plan`` the collectives run equal the cost model's (kind, mesh axes, bytes),
-all-to-alls included (token dispatch and combine). Also followed on (4, 2) pinned to EP and
-for the free plan on (2, 2, 2).
+all-to-alls included (token dispatch and combine). Also followed on (4, 2) and (2, 2, 2) pinned
+to EP and for the free plan on (2, 2, 2).
 """
 
 from __future__ import annotations
@@ -139,20 +139,21 @@ def test_follow_plan_collective_counts_by_kind(ran) -> None:  # type: ignore[no-
 
 OTHER_MESHES = {
     "4x2-ep": ({"dp": 4, "ep": 2}, "ep"),
+    "2x2x2-ep": ({"dp": 2, "ep": 2, "tp": 2}, "ep"),
     "2x2x2-free": ({"dp": 2, "ep": 2, "tp": 2}, "free"),
 }
-"""Other mesh shapes, ``follow_plan`` only. Not here: EP pinned on (2, 2, 2) (also with
-``tp="tp"``): numerics hold, but the plan moves the token ids from a ``(dp, ep)`` to an
-``(ep, tp)`` split by an all-gather and a collective-permute, which the follower's reshard
-leaves to DTensor (docs/torch.md, "Mixture of experts")."""
+"""Other mesh shapes, ``follow_plan`` only. EP pinned on (2, 2, 2) moves the token ids from a
+``(dp, ep, tp)`` to an ``(ep, tp)`` split by a collective-permute and an all-gather over
+``dp`` (and back for the embedding's backward): the follower runs them as priced
+(``frontend/torch/reshard.py``; ``test_reshard_permute.py`` has the reshards alone)."""
 
 
 @pytest.mark.parametrize("cell", list(OTHER_MESHES))
 def test_follow_plan_on_other_meshes(family, cell: str) -> None:  # type: ignore[no-untyped-def]
-    """(4, 2) pinned to EP over ``ep``, and the free plan on (2, 2, 2) (experts over all three
-    axes, attention split over ``tp``): the step under ``follow_plan`` equals the plain
-    model's, the expert weights are DTensors split on the expert dim, and the collectives run
-    are the cost model's (kind, axes, bytes)."""
+    """(4, 2) and (2, 2, 2) pinned to EP over ``ep``, and the free plan on (2, 2, 2) (experts
+    over all three axes, attention split over ``tp``): the step under ``follow_plan`` equals
+    the plain model's, the expert weights are DTensors split on the expert dim, and the
+    collectives run are the cost model's (kind, axes, bytes; collective-permutes included)."""
     _, _, _, _, want_loss, want_grads, _ = family
     axes, kind = OTHER_MESHES[cell]
     device_mesh = init_device_mesh("cpu", tuple(axes.values()), mesh_dim_names=tuple(axes))
@@ -169,6 +170,8 @@ def test_follow_plan_on_other_meshes(family, cell: str) -> None:  # type: ignore
         assert all(p.placements[i] == Shard(0) for i, a in enumerate(axes) if a in split), name
     planned = simulate.planned_collective_list(plan)
     assert any(k[0] == "all-to-all" for k in planned)
+    if cell == "2x2x2-ep":  # the token ids' permute (the case this cell is here for)
+        assert any(k[0] == "collective-permute" for k in planned)
     assert observed == planned, (
         f"observed:\n{simulate.collective_listing(observed)}\n"
         f"planned:\n{simulate.collective_listing(planned)}\ndeviations: {deviations}"
