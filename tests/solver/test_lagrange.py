@@ -45,9 +45,3 @@ def test_the_bound_lies_between_the_lp_bound_and_every_fitting_plan(solved) -> N
     full = dict.fromkeys(memory.live.layers, "full")  # another plan that fits
     if memory.profile(plan, full).peak <= LIMIT:
         assert bound <= problem.evaluate(plan) + memory.recompute_cost(plan, full)
-
-
-def test_the_bound_is_deterministic(solved) -> None:  # type: ignore[no-untyped-def]
-    problem, memory, _, plan, decisions, _ = solved
-    first = memory_lower_bound(problem, memory, plan, decisions)
-    assert memory_lower_bound(problem, memory, plan, decisions) == first
