@@ -33,7 +33,7 @@ MODES: tuple[str | None, ...] = (None, "selective", "full")
 MAX_PATTERNS = 27
 """Mode assignments (one mode per group of alike layers) priced per multiplier; with more
 groups the bound is not computed (None)."""
-STEPS = 14
+STEPS = 8
 """Multiplier updates (doubling, then bisection): each costs one LP per mode assignment."""
 LP_SLACK = 1e-6
 """Relative slack taken off each LP value (GLOP's tolerances), so the bound stays below."""
