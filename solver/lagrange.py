@@ -25,7 +25,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .lp import solve_relaxation
+from .lp import Relaxation, solve_relaxation
 from .memory import MemoryModel, _resolution
 from .problem import Problem
 
@@ -33,8 +33,11 @@ MODES: tuple[str | None, ...] = (None, "selective", "full")
 MAX_PATTERNS = 27
 """Mode assignments (one mode per group of alike layers) priced per multiplier; with more
 groups the bound is not computed (None)."""
-STEPS = 8
-"""Multiplier updates (doubling, then bisection): each costs one LP per mode assignment."""
+STEPS = 6
+"""Multiplier updates (growing, then bisection): each costs one LP per mode assignment."""
+MAX_LPS = 24
+"""LPs one bound may solve over all its time points (each LB(lam) is a valid bound, so stopping
+early only leaves it lower). On the 2-layer test model 45 LPs cost 48 s under load."""
 LP_SLACK = 1e-6
 """Relative slack taken off each LP value (GLOP's tolerances), so the bound stays below."""
 
@@ -52,36 +55,58 @@ class _Group:
 
 
 def memory_lower_bound(
-    problem: Problem, memory: MemoryModel, choice: list[int], decisions: dict[str, str]
+    problem: Problem,
+    memory: MemoryModel,
+    choice: list[int],
+    decisions: dict[str, str],
+    free: Relaxation | None = None,
 ) -> float | None:
     """A lower bound on the optimum of ``problem`` under ``memory``'s peak rows (seconds): the
     best of the bounds priced at the time point where the unconstrained LP optimum peaks (the
     row it breaks) and where the solution ``choice`` (full, with ``decisions``) peaks; None
-    when the limit is absent or the layers form too many groups."""
+    when the limit is absent or the layers form too many groups. ``free``: the unconstrained
+    LP of ``problem`` when the caller has it (it is LB(0), not solved again). Multipliers found
+    on one problem are kept on ``memory`` and tried first on the next (the planner's variants
+    of one solve share the memory model and differ little)."""
     if memory.limit is None:
         return None
-    free = solve_relaxation(problem)
+    free = free if free is not None else solve_relaxation(problem)
     if free is None:
         return None
-    points = [memory.profile(problem.expand(free.choice), {}).peak_time]
+    points = [memory.profile(problem.expand(free.choice), memory.fixed_decisions()).peak_time]
     points.append(memory.profile(choice, decisions).peak_time)
-    best = None
+    best, budget = None, [MAX_LPS]
+    known: dict[int, float] = getattr(memory, "_lagrange_multipliers", {})
     for k in dict.fromkeys(points):
-        priced = _Priced.at(problem, memory, k)
-        found = priced.maximise(float(memory.limit)) if priced is not None else None
-        if found is not None and (best is None or found > best):
-            best = found
+        priced = _Priced.at(problem, memory, k, free, budget)
+        found = priced.maximise(float(memory.limit), known.get(k)) if priced is not None else None
+        if found is None:
+            continue
+        known[k] = found[1]
+        if best is None or found[0] > best:
+            best = found[0]
+    memory._lagrange_multipliers = known  # type: ignore[attr-defined]
     return best
 
 
 class _Priced:
     """The Lagrangian subproblems of one time point."""
 
-    def __init__(self, problem: Problem, base: dict[int, np.ndarray], groups: list[_Group]):
+    def __init__(
+        self,
+        problem: Problem,
+        base: dict[int, np.ndarray],
+        groups: list[_Group],
+        free: Relaxation,
+        budget: list[int],
+    ):
         self.problem, self.base, self.groups = problem, base, groups
+        self.free, self.budget = free, budget
 
     @classmethod
-    def at(cls, problem: Problem, memory: MemoryModel, k: int) -> _Priced | None:
+    def at(
+        cls, problem: Problem, memory: MemoryModel, k: int, free: Relaxation, budget: list[int]
+    ) -> _Priced | None:
         resolve = _resolution(problem)
 
         def add(into: dict[int, np.ndarray], node: int, vec: np.ndarray) -> None:
@@ -120,12 +145,20 @@ class _Priced:
         built = [_Group(count, key[0], cost, kept) for key, (cost, kept, count) in groups.items()]
         if np.prod([len(g.modes) for g in built], dtype=float) > MAX_PATTERNS:
             return None
-        return cls(problem, base, built)
+        return cls(problem, base, built, free, budget)
 
     def value(self, lam: float) -> tuple[float, float] | None:
-        """(LB(lam) + lam * limit, the peak row's bytes at the minimiser)."""
+        """(LB(lam) + lam * limit, the peak row's bytes at the minimiser); None when an LP
+        fails or the LP budget is spent. At ``lam = 0`` the minimiser recomputes nothing
+        (recomputation only adds seconds): the unconstrained LP, already solved."""
+        if lam == 0.0 and all(None in g.modes for g in self.groups):
+            return self._scored(self.free, (None,) * len(self.groups))
+        patterns = list(itertools.product(*(g.modes for g in self.groups)))
+        if self.budget[0] < len(patterns):
+            return None
+        self.budget[0] -= len(patterns)
         best: tuple[float, float] | None = None
-        for pattern in itertools.product(*(g.modes for g in self.groups)):
+        for pattern in patterns:
             delta = {n: lam * v for n, v in self.base.items()}
             for g, mode in zip(self.groups, pattern, strict=True):
                 for n, v in g.cost[mode].items():
@@ -143,32 +176,39 @@ class _Priced:
                     self.problem.node_costs[n] = v
             if relaxation is None:
                 return None
-            value = relaxation.bound - abs(relaxation.bound) * LP_SLACK
-            if best is None or value < best[0]:
-                used = sum(float(v[relaxation.choice[n]]) for n, v in self.base.items())
-                for g, mode in zip(self.groups, pattern, strict=True):
-                    used += g.count * sum(
-                        float(v[relaxation.choice[n]]) for n, v in g.kept[mode].items()
-                    )
-                best = (value, used)
+            scored = self._scored(relaxation, pattern)
+            if best is None or scored[0] < best[0]:
+                best = scored
         return best
 
-    def maximise(self, limit: float) -> float | None:
-        """max over lam of LB(lam): lam = 0 (the LP bound), then doubling from the scale where
+    def _scored(self, relaxation: Relaxation, pattern: tuple) -> tuple[float, float]:
+        """(the LP value less its slack, the peak row's bytes at its choice under ``pattern``)."""
+        value = relaxation.bound - abs(relaxation.bound) * LP_SLACK
+        used = sum(float(v[relaxation.choice[n]]) for n, v in self.base.items())
+        for g, mode in zip(self.groups, pattern, strict=True):
+            used += g.count * sum(float(v[relaxation.choice[n]]) for n, v in g.kept[mode].items())
+        return value, used
+
+    def maximise(self, limit: float, known: float | None = None) -> tuple[float, float] | None:
+        """(max over lam of LB(lam), the lam that gave it): lam = 0 (the LP bound), then
+        ``known`` (a multiplier found on a sibling problem) or x4 growth from the scale where
         memory is worth the step's seconds, then bisection on the row's excess."""
         first = self.value(0.0)
         if first is None:
             return None
-        best = first[0]
+        best = (first[0], 0.0)
         if first[1] <= limit:
             return best  # the unconstrained minimiser's row fits: no multiplier raises it
         lo, hi, growing = 0.0, max(abs(first[0]), 1e-12) / limit, True
+        if known:
+            hi = known
         for _ in range(STEPS):  # multiply by 4 until the row fits, then bisect
             lam = hi if growing else (lo + hi) / 2
             found = self.value(lam)
             if found is None:
                 return best
-            best = max(best, found[0] - lam * limit)
+            if found[0] - lam * limit > best[0]:
+                best = (found[0] - lam * limit, lam)
             if found[1] > limit:  # the row is still over: memory is worth more
                 lo, hi = lam, 4 * lam if growing else hi
             else:
