@@ -60,6 +60,7 @@ def memory_lower_bound(
     choice: list[int],
     decisions: dict[str, str],
     free: Relaxation | None = None,
+    incumbent: float | None = None,
 ) -> float | None:
     """A lower bound on the optimum of ``problem`` under ``memory``'s peak rows (seconds): the
     best of the bounds priced at the time point where the unconstrained LP optimum peaks (the
@@ -67,7 +68,8 @@ def memory_lower_bound(
     when the limit is absent or the layers form too many groups. ``free``: the unconstrained
     LP of ``problem`` when the caller has it (it is LB(0), not solved again). Multipliers found
     on one problem are kept on ``memory`` and tried first on the next (the planner's variants
-    of one solve share the memory model and differ little)."""
+    of one solve share the memory model and differ little). ``incumbent``: the objective of a
+    plan that fits, which steers the first multiplier."""
     if memory.limit is None:
         return None
     free = free if free is not None else solve_relaxation(problem)
@@ -79,7 +81,9 @@ def memory_lower_bound(
     known: dict[int, float] = getattr(memory, "_lagrange_multipliers", {})
     for k in dict.fromkeys(points):
         priced = _Priced.at(problem, memory, k, free, budget)
-        found = priced.maximise(float(memory.limit), known.get(k)) if priced is not None else None
+        if priced is None:
+            continue
+        found = priced.maximise(float(memory.limit), known.get(k), incumbent)
         if found is None:
             continue
         known[k] = found[1]
@@ -189,10 +193,14 @@ class _Priced:
             used += g.count * sum(float(v[relaxation.choice[n]]) for n, v in g.kept[mode].items())
         return value, used
 
-    def maximise(self, limit: float, known: float | None = None) -> tuple[float, float] | None:
-        """(max over lam of LB(lam), the lam that gave it): lam = 0 (the LP bound), then
-        ``known`` (a multiplier found on a sibling problem) or x4 growth from the scale where
-        memory is worth the step's seconds, then bisection on the row's excess."""
+    def maximise(
+        self, limit: float, known: float | None = None, incumbent: float | None = None
+    ) -> tuple[float, float] | None:
+        """(max over lam of LB(lam), the lam that gave it): lam = 0 (the LP bound), then a
+        first multiplier, growing x4 while the row is over, then bisection on its excess. The
+        first: ``known`` (found on a sibling problem), else the slope from the LP optimum to
+        the ``incumbent`` (seconds per byte over the limit: the price at which the two tie),
+        else the scale where memory is worth the step's seconds."""
         first = self.value(0.0)
         if first is None:
             return None
@@ -200,6 +208,8 @@ class _Priced:
         if first[1] <= limit:
             return best  # the unconstrained minimiser's row fits: no multiplier raises it
         lo, hi, growing = 0.0, max(abs(first[0]), 1e-12) / limit, True
+        if incumbent is not None and incumbent > first[0]:
+            hi = (incumbent - first[0]) / (first[1] - limit)
         if known:
             hi = known
         for _ in range(STEPS):  # multiply by 4 until the row fits, then bisect
