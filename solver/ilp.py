@@ -210,6 +210,8 @@ def _cut_off(problem: Problem, memory, relaxation, cutoff: float | None) -> bool
         return True
     if relaxation.bound > cutoff:
         return True
+    if len(memory.live.layers) < MEMORY_BOUND_LAYERS:
+        return False  # small: the search is cheaper than the bound's LPs
     decisions = memory.decisions
     choice = problem.expand(relaxation.choice)
     bound = memory_lower_bound(
