@@ -221,12 +221,12 @@ def _cut_off(problem: Problem, memory, relaxation, cutoff: float | None) -> bool
     return bound is not None and bound > cutoff  # a tie may still win (the earlier strategy)
 
 
-MEMORY_SEARCH_WORK = 1.0
+MEMORY_SEARCH_WORK = 0.5
 """CP-SAT deterministic seconds for a seeded memory-bound solve (``MEMORY_BOUND_LAYERS`` or
 more layers) that the seed and the bounds leave more than ``MEMORY_GAP`` from proven: on
 Llama-3-70B bf16 (80 layers, 8x8) and Mixtral-8x7B (32 layers, dp 8 x ep 8) the whole budget
-(7.5 deterministic seconds, 150-460 s of CPU on the 2-core box) found nothing better than the
-seed, so the search is capped here; the plan is never slower than the seed."""
+(7.5 deterministic seconds, 150-460 s of CPU on the 2-core box) and 1 s each found nothing
+better than the seed, so the search is capped here; the plan is never slower than the seed."""
 
 
 def _bounded(memory) -> bool:  # type: ignore[no-untyped-def]

@@ -68,7 +68,8 @@ def memory_lower_bound(
     when the limit is absent or the layers form too many groups. ``free``: the unconstrained
     LP of ``problem`` when the caller has it (it is LB(0), not solved again). Multipliers found
     on one problem are kept on ``memory`` and tried first on the next (the planner's variants
-    of one solve share the memory model and differ little). ``incumbent``: the objective of a
+    of one solve share the memory model and differ little); a row no multiplier raised there
+    is not priced again (Mixtral-8x7B: 8 s of LPs per variant for nothing). ``incumbent``: the objective of a
     plan that fits, which steers the first multiplier."""
     if memory.limit is None:
         return None
@@ -80,6 +81,8 @@ def memory_lower_bound(
     best, budget = None, [MAX_LPS]
     known: dict[int, float] = getattr(memory, "_lagrange_multipliers", {})
     for k in dict.fromkeys(points):
+        if known.get(k) == 0.0:
+            continue  # no multiplier raised this row's bound on a sibling problem
         priced = _Priced.at(problem, memory, k, free, budget)
         if priced is None:
             continue
