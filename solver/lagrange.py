@@ -69,8 +69,8 @@ def memory_lower_bound(
     LP of ``problem`` when the caller has it (it is LB(0), not solved again). Multipliers found
     on one problem are kept on ``memory`` and tried first on the next (the planner's variants
     of one solve share the memory model and differ little); a row no multiplier raised there
-    is not priced again (Mixtral-8x7B: 8 s of LPs per variant for nothing). ``incumbent``: the objective of a
-    plan that fits, which steers the first multiplier."""
+    is not priced again (Mixtral-8x7B: 8 s of LPs per variant for nothing). ``incumbent``: the
+    objective of a plan that fits, which steers the first multiplier."""
     if memory.limit is None:
         return None
     free = free if free is not None else solve_relaxation(problem)
