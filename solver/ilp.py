@@ -289,7 +289,7 @@ def _warm_start(problem: Problem, hints: dict[int, int], memory, start: float):
     decisions = None
     if memory is not None:
         decisions = {**(memory.hint_decisions or {}), **memory.fixed_decisions()}
-        if memory.profile(full, decisions).peak > (memory.limit or float("inf")):
+        if memory.peak(full, decisions)[0] > (memory.limit or float("inf")):
             return None
         memory.decisions = decisions
         objective += memory.recompute_cost(full, decisions)
@@ -301,7 +301,7 @@ def _recompute_everything(problem: Problem, choice: list[int], memory, start: fl
     recomputed, if that fits (a feasible plan, reported FEASIBLE with the LP bound as the gap)."""
     full = problem.expand(choice)
     decisions = {layer: "full" for layer in memory.live.layers}
-    if not _feasible(problem, choice) or memory.profile(full, decisions).peak > memory.limit:
+    if not _feasible(problem, choice) or memory.peak(full, decisions)[0] > memory.limit:
         return None
     memory.decisions = decisions
     objective = problem.evaluate(choice) + memory.recompute_cost(full, decisions)

@@ -76,8 +76,8 @@ def memory_lower_bound(
     free = free if free is not None else solve_relaxation(problem)
     if free is None:
         return None
-    points = [memory.profile(problem.expand(free.choice), memory.fixed_decisions()).peak_time]
-    points.append(memory.profile(choice, decisions).peak_time)
+    points = [memory.peak(problem.expand(free.choice), memory.fixed_decisions())[1]]
+    points.append(memory.peak(choice, decisions)[1])
     best, budget = None, [MAX_LPS]
     known: dict[int, float] = getattr(memory, "_lagrange_multipliers", {})
     for k in dict.fromkeys(points):

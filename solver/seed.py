@@ -130,7 +130,7 @@ def _add(priced, index, problem, memory, strategy, solution, forced) -> None:  #
     if not solution.choice:
         return
     decisions = forced.fixed_decisions()
-    if memory.limit is not None and forced.profile(solution.choice, decisions).peak > memory.limit:
+    if memory.limit is not None and forced.peak(solution.choice, decisions)[0] > memory.limit:
         return
     score = problem.evaluate(solution.choice) + forced.recompute_cost(solution.choice, decisions)
     forced.decisions = decisions

@@ -4,6 +4,7 @@ better than the bound allows."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import shardplan as sp
 from shardplan.costmodel import get_cluster
@@ -58,3 +59,19 @@ def test_a_seed_within_the_gap_is_returned_without_a_search(setup, monkeypatch) 
     searched, searches = _solve(setup, 0.0, monkeypatch)  # no stop: CP-SAT searches
     assert searches == 1
     assert stopped.bound <= searched.objective <= stopped.objective  # from the seed, not below
+
+
+def test_the_fast_peak_equals_the_profile(setup) -> None:  # type: ignore[no-untyped-def]
+    space, cluster, problem, _ = setup
+    memory = build_memory_model(space, cluster, LIMIT)
+    rng = np.random.default_rng(0)
+    layers = list(memory.live.layers)
+    for _ in range(20):
+        choice = [int(rng.integers(len(c))) for c in problem.node_costs]
+        decisions = {
+            layer: mode
+            for layer in layers
+            if (mode := (None, "selective", "full")[int(rng.integers(3))]) is not None
+        }
+        profile = memory.profile(choice, decisions)
+        assert memory.peak(choice, decisions) == (profile.peak, profile.peak_time)
