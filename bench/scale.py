@@ -15,7 +15,11 @@ Memory-bound rows (issue 15): HF Llama shapes where the 80 GB limit binds (Llama
 Llama-3-405B shape (126 layers, hidden 16384, 128/8 heads, ffn 53248) on pp=8 x dp=2 x tp=8: the
 ``sp.plan`` call (capture included; wall and CPU seconds), the solver status and gap, the plan's
 step and peak, and the best fitting hand-written strategy (``evaluate.best_baseline``) priced
-by the same cost model.
+by the same cost model. Latest (``sp.plan`` alone, the shared 2-core box at load 3-5; see
+docs/design.md, "Made cheap"): 8B f32 38.6 s wall / 25.5 s CPU, gap 1.05%, 2647.0 ms (was
+137.7 / 105.4 s back to back); 70B bf16 111 / 99 s, gap 9.5%, 3001.4 ms (was 324 / 171 s);
+405B on pp 8 x dp 2 x tp 8 (first run) 510 / 329 s, gap 8.7%, 11922.6 ms, full recomputation,
+reported peak 356 GiB (the whole model's states over dp x tp, not a stage's: to be checked).
 """
 
 from __future__ import annotations

@@ -38,6 +38,8 @@ class Priced:
     """One hand-written strategy solved on the free problem."""
 
     name: str
+    index: int
+    """Position in ``strategies.for_graph`` (ties go to the earlier, as ``sp.evaluate``'s)."""
     score: float
     """Linear objective plus recomputation seconds (comparable across strategies)."""
     solution: Solution
@@ -63,55 +65,76 @@ def price_baselines(
     resolve = _resolution(base)
     persistent = _persistent_minimum(space, memory)
     priced: list[Priced] = []
-    settled: set[str] = set()
-    for strategy in for_graph(graph, mesh):  # per family: no recomputation, selective, full
+    settled: dict[str, int] = {}  # family -> the position whose LP optimum fits
+    deferred: list[tuple[int, object, Problem, MemoryModel]] = []
+    for index, strategy in enumerate(for_graph(graph, mesh)):  # per family: none, sel., full
         family = strategy.name.split("+")[0]
         if family in settled:
             continue
-        try:
-            pins = strategy.pins(graph, mesh)
-        except (ValueError, ShardplanError):
-            continue  # e.g. a sequence not divisible by a cp axis
-        allowed = _allowed(space, base, resolve, pins)
-        if allowed is None or _cannot_fit(allowed[1], persistent, memory.limit):
+        built = _restricted(space, base, resolve, persistent, memory, strategy)
+        if built is None:
             continue
-        mask = allowed[0]
-        restricted = base.copy()
-        for node, ok in mask.items():
-            restricted.node_costs[node] = np.where(ok, restricted.node_costs[node], np.inf)
-        forced = dataclasses.replace(
-            memory,
-            forced=dict.fromkeys(memory.live.layers, strategy.recompute),
-            decisions={},
-            hint_decisions=dict.fromkeys(memory.live.layers, strategy.recompute),
-        )
-        solution = solve(restricted, time_limit, memory=forced, work_limit=SEED_WORK)
-        if not solution.choice:
+        restricted, forced = built
+        # first pass: what the LP solves alone; those that need a search wait for a cutoff
+        solution = solve(restricted, time_limit, memory=forced, cutoff=float("-inf"))
+        if solution.status == "CUTOFF":
+            deferred.append((index, strategy, restricted, forced))
             continue
-        decisions = forced.fixed_decisions()
-        if (
-            memory.limit is not None
-            and forced.profile(solution.choice, decisions).peak > memory.limit
-        ):
-            continue
-        score = problem.evaluate(solution.choice) + forced.recompute_cost(
-            solution.choice, decisions
-        )
-        forced.decisions = decisions
-        priced.append(Priced(strategy.name, score, solution, forced))
+        _add(priced, index, problem, memory, strategy, solution, forced)
         if solution.status == "OPTIMAL" and solution.num_variables == 0:
             # the LP's optimum fits without the memory rows: the family's cheapest layouts, and
             # more recomputation (full re-runs a superset of selective) only adds time. Exact
             # from no recomputation; from selective, the LP ignores the recomputed ops' price,
             # so full could recompute cheaper layouts (by at most that price's spread)
-            settled.add(family)
+            settled[family] = index
+    for index, strategy, restricted, forced in deferred:  # memory binds: a search each, unless
+        if settled.get(strategy.name.split("+")[0], index) < index:  # a bound rules it out
+            continue
+        cutoff = min((p.score for p in priced), default=None)
+        solution = solve(restricted, time_limit, memory=forced, work_limit=SEED_WORK, cutoff=cutoff)
+        _add(priced, index, problem, memory, strategy, solution, forced)
     if not priced:
         return None
-    best = min(priced, key=lambda p: p.score)  # ties: the earlier (simpler) strategy
+    best = min(priced, key=lambda p: (p.score, p.index))  # ties: the earlier (simpler) one
     from .planner import _simulated, build_plan
 
     plan = _simulated(build_plan(space, cluster, best.solution, base, best.memory))
     return best.name, plan
+
+
+def _restricted(space, base, resolve, persistent, memory, strategy):  # type: ignore[no-untyped-def]
+    """(the free problem restricted to ``strategy``'s pins, the memory model with its
+    recomputation forced), or None when its pins are no layouts here or cannot fit."""
+    graph, mesh = space.graph, space.mesh
+    try:
+        pins = strategy.pins(graph, mesh)
+    except (ValueError, ShardplanError):
+        return None  # e.g. a sequence not divisible by a cp axis
+    allowed = _allowed(space, base, resolve, pins)
+    if allowed is None or _cannot_fit(allowed[1], persistent, memory.limit):
+        return None
+    restricted = base.copy()
+    for node, ok in allowed[0].items():
+        restricted.node_costs[node] = np.where(ok, restricted.node_costs[node], np.inf)
+    forced = dataclasses.replace(
+        memory,
+        forced=dict.fromkeys(memory.live.layers, strategy.recompute),
+        decisions={},
+        hint_decisions=dict.fromkeys(memory.live.layers, strategy.recompute),
+    )
+    return restricted, forced
+
+
+def _add(priced, index, problem, memory, strategy, solution, forced) -> None:  # type: ignore[no-untyped-def]
+    """Append the strategy's solution with its score, unless it found none or does not fit."""
+    if not solution.choice:
+        return
+    decisions = forced.fixed_decisions()
+    if memory.limit is not None and forced.peak(solution.choice, decisions)[0] > memory.limit:
+        return
+    score = problem.evaluate(solution.choice) + forced.recompute_cost(solution.choice, decisions)
+    forced.decisions = decisions
+    priced.append(Priced(strategy.name, index, score, solution, forced))
 
 
 def _persistent_minimum(space: Space, memory: MemoryModel) -> list[tuple[int, np.ndarray]]:
