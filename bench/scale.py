@@ -19,7 +19,9 @@ by the same cost model. Latest (``sp.plan`` alone, the shared 2-core box at load
 docs/design.md, "Made cheap"): 8B f32 38.6 s wall / 25.5 s CPU, gap 1.05%, 2647.0 ms (was
 137.7 / 105.4 s back to back); 70B bf16 111 / 99 s, gap 9.5%, 3001.4 ms (was 324 / 171 s);
 405B on pp 8 x dp 2 x tp 8 (first run) 510 / 329 s, gap 8.7%, 11922.6 ms, full recomputation,
-reported peak 356 GiB (the whole model's states over dp x tp, not a stage's: to be checked).
+reported peak 356 GiB: that was ``plan.peak_memory_bytes``, the sub-mesh solve's view of the
+whole model under 8 x the budget; the row now reports the fullest stage's peak, as ``print(plan)``
+and ``sp.evaluate`` do (not re-run since).
 """
 
 from __future__ import annotations
@@ -64,7 +66,7 @@ total = time.perf_counter() - start
 print(json.dumps(dict(source=source, layers=layers, mesh=mesh_text, batch=batch,
     ops=len(plan.graph.ops), build=built, total=total, plan=total - built, timings=plan.timings,
     choices=plan.solver.num_choices, status=plan.solver.status,
-    step_ms=plan.step_time * 1e3, peak_gib=plan.peak_memory_bytes / 2**30,
+    step_ms=plan.step_time * 1e3, peak_gib=peak / 2**30,
     rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """
 
@@ -99,9 +101,11 @@ wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
 s = plan.solver
 gap = (s.objective - s.bound) / s.objective if s.objective > 0 else 0.0
 base = best_baseline(plan.graph, mesh) if "pp" not in axes else None
+stages = plan.pipeline.stages if plan.pipeline is not None else ()
+peak = max(s.memory_bytes for s in stages) if stages else plan.peak_memory_bytes  # per device
 print(json.dumps(dict(name=name, plan_s=wall, plan_cpu_s=cpu, status=s.status, gap=gap,
     seed=s.fallback or None, timings=plan.timings,
-    step_ms=plan.step_time * 1e3, peak_gib=plan.peak_memory_bytes / 2**30,
+    step_ms=plan.step_time * 1e3, peak_gib=peak / 2**30,
     strategy=strategy_words(plan),
     recompute={m: list(plan.recompute.values()).count(m) for m in set(plan.recompute.values())},
     baseline=base[0] if base else None, baseline_step_ms=base[1].step_time * 1e3 if base else None,

@@ -122,11 +122,12 @@ def _header(plan: Plan) -> Table:
     if plan.pipeline is not None:
         _add_row(grid, "pipeline", _pipeline_text(plan))
     breakdown = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in sorted(plan.memory.items()))
-    _add_row(
-        grid,
-        "memory/device",
-        f"{format_bytes(plan.peak_memory_bytes)} peak ({breakdown or 'no breakdown'})",
-    )
+    memory_text = f"{format_bytes(plan.peak_memory_bytes)} peak ({breakdown or 'no breakdown'})"
+    if plan.pipeline is not None:  # per device is per stage
+        from .summary import stage_memory_text
+
+        memory_text = stage_memory_text(plan)
+    _add_row(grid, "memory/device", memory_text)
     wall = format_seconds(solver.wall_time) if solver.wall_time > 0 else "solve time not saved"
     _add_row(
         grid,

@@ -167,6 +167,21 @@ def memory_trade(plan: Plan) -> str | None:
     return ", ".join(parts)
 
 
+def stage_memory_text(plan: Plan) -> str:
+    """A pipelined plan's memory per device: the fullest stage's peak, every stage's, and the
+    per-device limit. (``plan.peak_memory_bytes`` and ``plan.memory_limit`` are the sub-mesh
+    solve's view of the whole model under the stage count times the budget, ``pipeline.py``.)"""
+    from .report import format_bytes
+
+    stages = plan.pipeline.stages
+    fullest = max(stages, key=lambda s: s.memory_bytes)
+    each = " | ".join(format_bytes(s.memory_bytes) for s in stages)
+    text = f"{format_bytes(fullest.memory_bytes)} peak on stage {fullest.index} (stages {each})"
+    if plan.memory_limit:
+        text += f", limit {format_bytes(plan.memory_limit / len(stages))}"
+    return text
+
+
 def fold_layers(names: list[str]) -> str:
     """``model.layers.0`` .. ``model.layers.31`` -> ``model.layers.0-31`` (runs of indices)."""
     by_pattern: dict[str, list[int]] = defaultdict(list)
@@ -386,11 +401,14 @@ def header_lines(plan: Plan, width: int) -> list[str]:
         lines += _row("collectives", by_kind, width)
     breakdown = ", ".join(f"{kind} {format_bytes(n)}" for kind, n in sorted(plan.memory.items()))
     peak = format_bytes(plan.peak_memory_bytes)
-    lines += _row("memory/device", f"{peak} peak ({breakdown or 'no breakdown'})", width)
-    if plan.memory_limit:
-        lines[-1] += f", limit {format_bytes(plan.memory_limit)}"
-        if (trade := memory_trade(plan)) is not None:
-            lines += _row("memory trade", trade, width)
+    if plan.pipeline is not None:  # per device is per stage; the sub-mesh solve saw them all
+        lines += _row("memory/device", stage_memory_text(plan), width)
+    else:
+        lines += _row("memory/device", f"{peak} peak ({breakdown or 'no breakdown'})", width)
+        if plan.memory_limit:
+            lines[-1] += f", limit {format_bytes(plan.memory_limit)}"
+            if (trade := memory_trade(plan)) is not None:
+                lines += _row("memory trade", trade, width)
     lines += _row("strategy", strategy_words(plan), width)
     wall = format_seconds(solver.wall_time) if solver.wall_time > 0 else "solve time not saved"
     lines += _row(

@@ -10,6 +10,7 @@ from shardplan import strategies
 from shardplan.models import GPT_125M, TransformerConfig, training_step
 from shardplan.solver.batch import plan_batch_split
 from shardplan.solver.pipeline import plan_pipeline
+from shardplan.solver.report import format_bytes
 
 GPT_175B = TransformerConfig("gpt-175b", 96, 12288, 96, 49152, 51200, 2048, arch="gpt")
 A100_PP8_TP8 = sp.Mesh({"pp": 8, "tp": 8}, cluster="a100-80gb")
@@ -114,3 +115,18 @@ def test_gpt175b_chosen_stages_are_at_least_as_good_as_uniform_pp8_stages() -> N
     )
     assert [len(s.layers) for s in uniform.pipeline.stages] == [12] * 8
     assert free.step_time <= uniform.step_time
+
+
+def test_pipelined_summary_states_the_fullest_stage_against_the_per_device_limit() -> None:
+    # The sub-mesh solve sees the whole model under stages x the budget; a user reading
+    # "memory/device" must see a stage's peak and the per-device limit, not those totals.
+    config = TransformerConfig("tiny", 4, 256, 4, 1024, 512, 128)
+    mesh = sp.Mesh({"pp": 2, "dp": 2, "tp": 2}, cluster="h100-sxm")
+    plan = sp.plan(training_step(config, batch=8), mesh=mesh, microbatches=4)
+    stages = plan.pipeline.stages
+    fullest = max(stages, key=lambda s: s.memory_bytes)
+    (line,) = [row for row in str(plan).splitlines() if row.startswith("memory/device")]
+    assert f"{format_bytes(fullest.memory_bytes)} peak on stage {fullest.index}" in line
+    assert f"limit {format_bytes(plan.memory_limit / len(stages))}" in line
+    assert format_bytes(plan.memory_limit / len(stages)) == "74.5 GiB"  # H100's usable HBM
+    assert all(format_bytes(s.memory_bytes) in line for s in stages)
