@@ -66,7 +66,7 @@ total = time.perf_counter() - start
 print(json.dumps(dict(source=source, layers=layers, mesh=mesh_text, batch=batch,
     ops=len(plan.graph.ops), build=built, total=total, plan=total - built, timings=plan.timings,
     choices=plan.solver.num_choices, status=plan.solver.status,
-    step_ms=plan.step_time * 1e3, peak_gib=peak / 2**30,
+    step_ms=plan.step_time * 1e3, peak_gib=plan.peak_memory_bytes / 2**30,
     rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))
 """
 
