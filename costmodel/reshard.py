@@ -32,6 +32,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import dataclass
 from functools import lru_cache
 
 from shardplan.ir.axes import atomize
@@ -45,10 +46,18 @@ from .collective import Collective
 from .collectives import make_collective, normalize_axes, resolve_cluster
 
 
+@dataclass(frozen=True, slots=True)
+class _Layout:
+    """The parts of a ``Sharding`` the walk reads (no validation: both came from shardings)."""
+
+    dims: tuple[tuple[str, ...], ...]
+    partial: frozenset[str]
+
+
 class _Walk:
     """Mutable layout state of one reshard plus the collectives emitted so far."""
 
-    def __init__(self, src: Sharding, dst: Sharding, mesh: Mesh) -> None:
+    def __init__(self, src: _Layout, dst: _Layout, mesh: Mesh) -> None:
         self.cur = [list(axes) for axes in src.dims]
         self.target = dst.dims
         self.partial = set(src.partial)
@@ -253,7 +262,39 @@ Step = tuple[str, tuple[str, ...], tuple[tuple[str, ...], ...]]
 @lru_cache(maxsize=1 << 16)
 def _steps(src: Sharding, dst: Sharding, mesh: Mesh) -> tuple[Step, ...]:
     """The collective sequence for any shape (cached: the walk does not depend on sizes, only
-    on layouts, so every tensor type of a repeated layer shares it)."""
+    on layouts, so every tensor type of a repeated layer shares it).
+
+    Dims that neither layout splits take no part in any step (no axis enters or leaves them),
+    so the walk runs on the other dims only and is shared by every pair that differs only in
+    such dims (``[{"dp"}, {}, {"tp"}] -> [{"dp"}, {}, {}]`` and ``[{"dp"}, {"tp"}] -> [{"dp"},
+    {}]``): on a 4-axis mesh 2.4x fewer walks (22k -> 9k for a 1-layer HF Llama's search)."""
+    keep = tuple(d for d, (a, b) in enumerate(zip(src.dims, dst.dims, strict=True)) if a or b)
+    if len(keep) == len(src.dims):
+        return _walk(src.dims, src.partial, dst.dims, dst.partial, mesh)
+    steps = _walk(
+        tuple(src.dims[d] for d in keep), src.partial,
+        tuple(dst.dims[d] for d in keep), dst.partial, mesh,
+    )  # fmt: skip
+    rank = len(src.dims)
+    out = []
+    for kind, axes, kept in steps:
+        layout: list[tuple[str, ...]] = [()] * rank
+        for d, group in zip(keep, kept, strict=True):
+            layout[d] = group
+        out.append((kind, axes, tuple(layout)))
+    return tuple(out)
+
+
+@lru_cache(maxsize=1 << 16)
+def _walk(
+    src_dims: tuple[tuple[str, ...], ...],
+    src_partial: frozenset[str],
+    dst_dims: tuple[tuple[str, ...], ...],
+    dst_partial: frozenset[str],
+    mesh: Mesh,
+) -> tuple[Step, ...]:
+    """The walk of ``_steps`` on layouts given by their parts (dims, partial axes)."""
+    src, dst = _Layout(src_dims, src_partial), _Layout(dst_dims, dst_partial)
     walk = _Walk(src, dst, mesh)
     walk.settle()
     while walk.all_to_all():
@@ -359,3 +400,42 @@ def reshard_time(
     if plan is None:
         return math.inf
     return sum(op.time for op in plan)
+
+
+class ReshardPricer:
+    """``reshard_time`` on one mesh and cluster, for callers that price many thousands of pairs
+    (the planner's edge tables): the same seconds, summed in the same order, with its caches
+    keyed without the mesh and cluster (hashing those per lookup was a third of pricing)."""
+
+    def __init__(self, mesh: Mesh, cluster: Cluster) -> None:
+        self.mesh, self.cluster = mesh, cluster
+        self._fits: set[tuple[Sharding, TensorType]] = set()
+        self._steps: dict[tuple[Sharding, Sharding], tuple[Step, ...]] = {}
+        self._bytes: dict[tuple[TensorType, tuple[tuple[str, ...], ...]], int] = {}
+        self._times: dict[tuple[str, int, tuple[str, ...]], float] = {}
+
+    def __call__(self, src: Sharding, dst: Sharding, type_: TensorType) -> float:
+        """Seconds to reshard ``src`` into ``dst``; ``math.inf`` when it is impossible."""
+        mesh, fits = self.mesh, self._fits
+        for layout in (src, dst):
+            if (layout, type_) not in fits:
+                layout.check(type_, mesh)  # raises on a layout that does not fit
+                fits.add((layout, type_))
+        if not dst.partial <= src.partial:
+            return math.inf
+        if src == dst:
+            return 0
+        steps = self._steps.get((src, dst))
+        if steps is None:
+            steps = self._steps[(src, dst)] = _steps(src, dst, mesh)
+        total = 0
+        for kind, axes, layout in steps:
+            nbytes = self._bytes.get((type_, layout))
+            if nbytes is None:
+                nbytes = self._bytes[(type_, layout)] = _local_bytes(type_, layout, mesh)
+            seconds = self._times.get((kind, nbytes, axes))
+            if seconds is None:
+                seconds = _collective(kind, nbytes, axes, mesh, self.cluster).time
+                self._times[(kind, nbytes, axes)] = seconds
+            total += seconds
+        return total

@@ -8,10 +8,11 @@ from functools import partial
 
 import numpy as np
 
-from ..costmodel import compute_time, reshard_time
+from ..costmodel import compute_time
 from ..costmodel.cluster import Cluster
 from ..costmodel.context_parallel import attention_work_factor
 from ..costmodel.fusion import Fusion, OpFusion, fusion, unfused_penalty
+from ..costmodel.reshard import ReshardPricer
 from ..ir import (
     Graph,
     Mesh,
@@ -284,6 +285,7 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     problem = Problem(names, costs, memory=memory, memory_limit=memory_limit)
 
     seen = space.prices  # repeated layers ask the same (from, to, type) many times
+    reshard_time = _pricer(seen, mesh, cluster)
 
     def price(type_: TensorType, fused: bool = False):
         """Reshard seconds; on a fused edge also the HBM round trip the reshard forces."""
@@ -296,7 +298,7 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
             key = (a, b)
             found = table.get(key)
             if found is None:
-                found = reshard_time(a, b, type_, mesh, cluster)
+                found = reshard_time(a, b, type_)
                 if fused:
                     found += unfused_penalty(type_, a, b, mesh, cluster)
                 table[key] = found
@@ -322,6 +324,16 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     for j, value in enumerate(graph.outputs):
         _add_output_edge(problem, space, j, value, price(value.type), cache)
     return problem
+
+
+def _pricer(prices: dict, mesh: Mesh, cluster: Cluster) -> ReshardPricer:
+    """The reshard pricer kept beside a space's price tables (shared with them by the axis
+    search's steps, so each collective and walk is priced once per search)."""
+    key = ("pricer", mesh, cluster)
+    found = prices.get(key)
+    if found is None:
+        found = prices[key] = ReshardPricer(mesh, cluster)
+    return found
 
 
 def _add_producer_costs(problem: Problem, space: Space, op: Op, v: int, price) -> None:  # type: ignore[no-untyped-def]
