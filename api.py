@@ -107,22 +107,36 @@ def plan(
         return result
 
 
+_freezing = False
+"""Whether an ``sp.plan`` call froze the objects it found (``_old_objects_frozen``)."""
+
+
 @contextmanager
 def _old_objects_frozen() -> Iterator[None]:
-    """Keep the objects that exist before the call out of the garbage collector's full passes
-    while planning (``gc.freeze``; unfrozen after). A full pass walks every live object — torch,
-    transformers and their modules' hundreds of thousands — and planning triggers a few: measured
-    0.5-1.7 s of a 1-layer HF Llama's 3-5 s plan on a (2,2,2) mesh (docs/design.md, "Meshes of
-    three and four axes"). Garbage made while planning is still collected. Nothing is done when
-    the caller (or an outer ``plan``) has frozen objects already."""
+    """Keep the objects that exist before the call, and then the captured graph's, out of the
+    garbage collector's full passes while planning (``gc.freeze``; unfrozen after). A full pass
+    walks every live object (torch, transformers, their modules: ~400k) and planning triggers a
+    few: measured 1.0-2.0 s of a 1-layer HF Llama's plan on (2,2,2) and (2,2,2,2) meshes under
+    load (docs/design.md, "Meshes of three and four axes"). Garbage made while planning is still
+    collected. Nothing is done when the caller (or an outer ``plan``) froze objects already."""
+    global _freezing
     if gc.get_freeze_count():
         yield
         return
     gc.freeze()
+    _freezing = True
     try:
         yield
     finally:
+        _freezing = False
         gc.unfreeze()
+
+
+def _freeze_captured() -> None:
+    """Freeze what the capture left (the graph, the frontend's context) when this call froze
+    the objects before it: the solver's full passes then walk only what planning makes."""
+    if _freezing:
+        gc.freeze()
 
 
 def _plan(
@@ -159,6 +173,7 @@ def _plan(
             "with example inputs, or a JAX callable with example arguments"
         )
     capture_seconds = captured[2] if captured else time.perf_counter() - start
+    _freeze_captured()
     progress.report(
         "capture", "%s -> %d ops, %d inputs (%.1f s)", _model_name(model_or_fn),
         len(graph.ops), len(graph.inputs), capture_seconds,
