@@ -249,15 +249,15 @@ _TORCH_MODULES = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
 
 
 def _user_line(frame) -> str:  # type: ignore[no-untyped-def]
-    """``file.py:line`` of the innermost frame outside torch's own code (``torch/nn/modules``
-    counts as the user's, as in make_fx's stack traces), or "" outside any ``forward``."""
-    found = ""
+    """``file.py:line`` of the innermost ``forward`` frame outside torch's own code
+    (``torch/nn/modules`` counts as the user's): the line make_fx's stack traces named; ""
+    outside any ``forward`` (backward and optimizer ops)."""
     while frame is not None:
-        path = frame.f_code.co_filename
-        if not found and (not path.startswith(_TORCH_DIR) or path.startswith(_TORCH_MODULES)):
-            found = f"{os.path.basename(path)}:{frame.f_lineno}"
-        if found and frame.f_code.co_name == "forward":
-            return found
+        code = frame.f_code
+        if code.co_name == "forward":
+            path = code.co_filename
+            if not path.startswith(_TORCH_DIR) or path.startswith(_TORCH_MODULES):
+                return f"{os.path.basename(path)}:{frame.f_lineno}"
         frame = frame.f_back
     return ""
 
@@ -267,9 +267,8 @@ class _SourceLines(TorchFunctionMode):
 
     make_fx's ``record_stack_traces`` did this at ~2x the cost of the rest of a small model's
     capture: a full traceback per node, symbolised, and its file filter imports
-    ``torch.export`` (0.55 s) — 1.1 of 1.7 s for a 1-layer HF Llama on the idle box. Here one
-    frame walk per torch function call gives the line that called it; as before, only code
-    running inside a ``forward`` gets one (backward and optimizer ops get none)."""
+    ``torch.export`` (0.55 s on the first call). Here one frame walk per torch function call
+    finds the same line: the innermost ``forward``'s (backward and optimizer ops get none)."""
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
         line = _user_line(sys._getframe(1))
