@@ -41,7 +41,18 @@ if [[ ! -x "$venv/bin/python" ]]; then
     "$python" -m venv "$venv"
 fi
 
+# Byte-code for the checkout's own modules (the editable install is imported from source): where
+# PYTHONDONTWRITEBYTECODE is set, as on this project's machines, Python would otherwise compile
+# every shardplan module again in every process (~1 CPU s for all of them; a third of that inside
+# the first `sp.plan` call, and again in every example script and test worker). Incremental: only
+# files changed since the last run are compiled; a stale file is still compiled in memory.
+compile_sources() {
+    "$venv/bin/python" -m compileall -q -l "$root" >/dev/null   # the top-level modules
+    "$venv/bin/python" -m compileall -q "$root"/*/ >/dev/null      # the packages (not .venv)
+}
+
 if [[ -f "$stamp" && "$(cat "$stamp")" == "$(fingerprint)" && -x "$venv/bin/shardplan" ]]; then
+    compile_sources
     exit 0
 fi
 
@@ -55,4 +66,5 @@ pip_install() {
 pip_install -c constraints.txt pip setuptools
 pip_install -c constraints.txt -e ".[torch,jax,dev]"
 fingerprint >"$stamp"
+compile_sources
 echo "setup: done ($("$venv/bin/python" -c 'import shardplan; print("shardplan", shardplan.__version__)'))"
