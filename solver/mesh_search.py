@@ -19,6 +19,7 @@ predicted step.
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -158,6 +159,8 @@ def _ranked(
 def _tied(a: float, b: float) -> bool:
     """The predictor scores two shapes alike (it cannot tell them apart, so the top k take
     both: the k-th place is shared)."""
+    if not (math.isfinite(a) and math.isfinite(b)):  # predicted rejected: never planned
+        return False
     return abs(a - b) <= 1e-9 * max(abs(a), abs(b))
 
 

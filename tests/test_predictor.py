@@ -83,6 +83,21 @@ def test_held_out_families_rank_as_the_full_planner_does(committed: Predictor) -
     assert scores["top5_recall"] == 1.0, scores
 
 
+def test_features_are_role_free() -> None:
+    """The planner gives any axis any role, so shapes that are the same mesh up to axis names
+    get the same features (one node: ``dp=8`` and ``tp=8``), and shapes that differ in the
+    links their axes cross do not (``dp=16`` over two nodes vs ``dp=2 x tp=8``)."""
+    from shardplan.costmodel import get_cluster
+    from shardplan.predictor import GraphSummary, shape_features
+
+    summary = GraphSummary.of(training_grid()[0].graph())
+    spec = get_cluster("h100-sxm")
+    row = lambda **shape: shape_features(summary, {"pp": 1, **shape}, spec, None)  # noqa: E731
+    assert row(dp=8, tp=1) == row(dp=1, tp=8)
+    assert row(dp=4, tp=2) == row(dp=2, tp=4)
+    assert row(dp=16, tp=1) != row(dp=2, tp=8)
+
+
 def test_kendall_tau_leaves_out_the_planners_ties_only() -> None:
     """Pairs the planner ties are no error either way; pairs the predictor ties are."""
     assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
