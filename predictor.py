@@ -6,18 +6,20 @@ that lose. The predictor is a small gradient-boosted regression (scikit-learn) f
 *configuration features* to the planner's own modelled step time; the search plans only the
 ``top_k`` shapes it ranks best (``sp.plan(..., devices=N, mesh_top_k=3)``).
 
-Features (``shape_features``) are a few closed forms computed from the graph once (global
-FLOPs, parameter / optimizer-state / activation bytes) and, per shape, from the cost model's
-own collective prices: the ideal compute time on all devices, the data-parallel gradient
-all-reduce and the tensor-parallel activation all-reduces relative to it, per-device memory
-relative to the limit with and without ZeRO, the degrees and the links their axes cross. The
-target is ``log(step_time / ideal compute)``: dimensionless, so one model serves models of any
-size; a shape the planner rejects (out of memory) is learned as ``REJECTED``.
+Features (``shape_features``) are closed forms computed from the graph once (global FLOPs,
+parameter / optimizer-state / activation bytes, layers) and, per shape, from the cost model's
+own collective prices. They are role-free: the planner gives any axis any role, so they price
+the best split of the non-pipeline axes into data and tensor roles, not the roles the axis
+names suggest (docs/design.md, "Mesh search ranked by a learned predictor"). The target is
+``log(step_time / ideal compute)``: dimensionless, so one model serves models of any size; a
+shape the planner rejects (out of memory, a pipeline deeper than the model) is learned as
+``REJECTED``. Accuracy is measured on held-out model families and clusters
+(``cross_validate``).
 
 The model file (``data/predictor/model.json``) is versioned and plain JSON: the training rows
 (features and targets, made by ``bench/predictor.py --build`` from full mesh searches), the
 feature names and the hyper-parameters. Loading refits the regression from those rows, which
-is deterministic (fixed seed) and takes well under a second, so no pickle ties the file to one
+is deterministic (fixed seed) and takes about 3 s of CPU, so no pickle ties the file to one
 scikit-learn build; ``tests/test_predictor.py`` rebuilds some rows with the planner and checks
 they equal the committed ones.
 
@@ -518,9 +520,9 @@ def training_grid() -> list[Config]:
     is a full mesh search, about 10-60 s, so every model has one or two layers).
 
     The first 16 (four model families on 8-64 devices of h100-sxm, a100-80gb and an island
-    cluster) are the original grid; the next 24 add two families (gpt-6.7b, llama2-13b), four
-    more clusters (h200-sxm, b200, a TPU slice cluster, h100-sxm at 64), and more tokens per
-    device, so held-out families and clusters have neighbours in training."""
+    cluster) are the original grid; the next 24 add two families (gpt-6.7b, llama2-13b), three
+    clusters (h200-sxm, b200, a TPU slice cluster), h100-sxm at 64 devices, and up to 8
+    sequences per device, so held-out families and clusters have neighbours in training."""
     out = []
     models = ("gpt-125m", "llama2-7b", "gpt-1.3b", "llama3-8b")
     places = ((8, "h100-sxm"), (16, "a100-80gb"), (32, "h100-sxm"), (64, DCN_TEST_CLUSTER))
