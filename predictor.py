@@ -60,7 +60,7 @@ FEATURES = (
     "axes_inter_island", "log_data", "log_tensor", "bubble", "log_comm_bubble",
     "log_microbatches", "head_share", "stage_load",
 )  # fmt: skip
-PARAMS = dict(n_estimators=400, max_depth=4, learning_rate=0.05, subsample=1.0, random_state=0)
+PARAMS = dict(n_estimators=100, max_depth=4, learning_rate=0.15, subsample=1.0, random_state=0)
 
 
 class PredictorError(ShardplanError):
