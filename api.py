@@ -70,7 +70,8 @@ def plan(
         batch free in powers of two up to ``max_batch``); ``plan.serving`` reports both
         (``serving.py``).
       mesh_top_k: with ``devices``, plan only the ``k`` mesh shapes the learned predictor
-        ranks best (``predictor.py``; needs scikit-learn) instead of every shape.
+        ranks best (shapes it scores alike share the k-th place; ``predictor.py``; needs
+        scikit-learn) instead of every shape.
       options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``,
         ``mode="decode", context_len=4096``);
         one the frontend does not take is an ``ArgumentError`` (a Graph takes none).

@@ -12,11 +12,14 @@ over the DCN too. Each candidate lists the axes that cross islands.
 
 With ``top_k`` the learned predictor (``shardplan/predictor.py``) ranks the shapes first and
 only the ``top_k`` best are planned (more when some of them are rejected, until ``top_k`` give
-plans); the others stay in the table as skipped, with their predicted step.
+plans, and every shape the predictor scores within 1% of the k-th planned one: shapes it
+cannot tell apart share the k-th place); the others stay in the table as skipped, with their
+predicted step.
 """
 
 from __future__ import annotations
 
+import math
 import time
 from dataclasses import dataclass
 
@@ -98,10 +101,11 @@ def search_mesh(
     position = {tuple(shape.items()): n for n, shape in enumerate(shapes)}
     if top_k is not None:
         shapes, predicted = _ranked(graph, shapes, spec, memory_limit, top_k)
-    planned = 0
+    planned, kth = 0, 0.0
     for shape in shapes:
-        if top_k is not None and planned >= top_k:
-            table.append(_skipped(shape, predicted[tuple(shape.items())], spec))
+        guess = predicted.get(tuple(shape.items()), 0.0)
+        if top_k is not None and planned >= top_k and not _tied(guess, kth):
+            table.append(_skipped(shape, guess, spec))
             continue
         axes = [(name, size) for name, size in shape.items() if size > 1] or [("dp", 1)]
         mesh = Mesh(axes, cluster=cluster)
@@ -126,6 +130,8 @@ def search_mesh(
         elapsed = time.perf_counter() - start
         table.append(Candidate(shape, plan.step_time, plan.peak_memory_bytes, elapsed, "", across))
         planned += 1
+        if planned == top_k:
+            kth = guess  # the k-th place: shapes scored alike with it are planned too
         key = (plan.step_time, position[tuple(shape.items())])  # ties: the first shape in the
         if best is None or key < best_key:  # exhaustive order, whatever order they are planned
             best, best_key = plan, key
@@ -150,6 +156,19 @@ def _ranked(
         raise ShardplanError(f"mesh_top_k={top_k}: plan at least one shape (or leave it out)")
     ranked = default_predictor().rank(graph, shapes, spec, memory_limit)
     return [s for s, _ in ranked], {tuple(s.items()): t for s, t in ranked}
+
+
+TIE = 0.01
+"""Predicted steps within 1% of each other are alike to the predictor: its held-out error
+is larger than that, and the planner's best pp = 1 shapes often differ by less."""
+
+
+def _tied(guess: float, kth: float) -> bool:
+    """The predictor scores ``guess`` alike with the k-th planned shape (it cannot tell them
+    apart, so the top k take both: the k-th place is shared)."""
+    if not (math.isfinite(guess) and math.isfinite(kth)):  # predicted rejected: never planned
+        return False
+    return guess <= kth * (1 + TIE)
 
 
 def _skipped(shape: dict[str, int], seconds: float, spec: Cluster) -> Candidate:

@@ -18,13 +18,14 @@ from shardplan.predictor import (
     MODEL_FILE,
     Config,
     Predictor,
-    accuracy,
+    cross_validate,
     default_predictor,
-    held_out_split,
+    kendall_tau,
     refeature,
     register_training_clusters,
     training_grid,
 )
+from shardplan.solver.mesh_search import _tied
 
 EXHAUSTIVE = MODEL_FILE.parent / "exhaustive.json"
 TOP_K = 3  # bench/predictor.py's
@@ -68,20 +69,42 @@ def test_rebuilt_rows_equal_the_committed_ones(committed: Predictor) -> None:
         plan_pipeline(graph, sp.Mesh({"pp": 8}, cluster=config.cluster), time_limit=5.0)
 
 
-def test_held_out_configurations_rank_as_the_full_planner_does(committed: Predictor) -> None:
-    """Fitted without the held-out configurations, the predictor orders their shapes much as
-    the full planner does. Measured (bench/predictor.py): Kendall tau over all held-out shapes
-    0.94, per configuration 0.72 on average (min 0.44): issue 20's per-configuration bar of
-    0.9 is NOT met (the planner separates pp=1 shapes by under 1%, which the features do not
-    see); top-5 recall 0.75. The floors below are those measurements, so a worse predictor
-    fails."""
-    train, held = held_out_split(committed.rows)
-    assert held
-    assert len(train) > 2 * sum(len(m) for m in held)
-    scores = accuracy(Predictor.fit(train), held)
-    assert scores["tau_pooled"] >= 0.9, scores
-    assert scores["tau_mean"] >= 0.7, scores
-    assert scores["top5_recall"] >= 0.75, scores
+def test_held_out_families_rank_as_the_full_planner_does(committed: Predictor) -> None:
+    """Fitted without a model family, the predictor orders the shapes of that family's
+    configurations as the full planner does (every family held out in turn, so every
+    configuration is scored by a predictor that never saw its model): issue 20's bar, Kendall
+    tau >= 0.9 per configuration on average, and the planner's best shape among the
+    predictor's first five everywhere. Measured (bench/predictor.py, docs/design.md): tau
+    0.958 mean (median 0.957, min 0.828), top-5 recall 1.00; the floors are the issue's bar,
+    so a predictor that falls under it fails."""
+    scores = cross_validate(committed.rows, "family")
+    assert scores["configurations"] == len(training_grid())
+    assert scores["tau_mean"] >= 0.9, scores
+    assert scores["tau_median"] >= 0.9, scores
+    assert scores["top5_recall"] == 1.0, scores
+
+
+def test_features_are_role_free() -> None:
+    """The planner gives any axis any role, so shapes that are the same mesh up to axis names
+    get the same features (one node: ``dp=8`` and ``tp=8``), and shapes that differ in the
+    links their axes cross do not (``dp=16`` over two nodes vs ``dp=2 x tp=8``)."""
+    from shardplan.costmodel import get_cluster
+    from shardplan.predictor import GraphSummary, shape_features
+
+    summary = GraphSummary.of(training_grid()[0].graph())
+    spec = get_cluster("h100-sxm")
+    row = lambda **shape: shape_features(summary, {"pp": 1, **shape}, spec, None)  # noqa: E731
+    assert row(dp=8, tp=1) == row(dp=1, tp=8)
+    assert row(dp=4, tp=2) == row(dp=2, tp=4)
+    assert row(dp=16, tp=1) != row(dp=2, tp=8)
+
+
+def test_kendall_tau_leaves_out_the_planners_ties_only() -> None:
+    """Pairs the planner ties are no error either way; pairs the predictor ties are."""
+    assert kendall_tau([1, 2, 3], [10, 20, 30]) == 1.0
+    assert kendall_tau([1, 2, 3], [30, 20, 10]) == -1.0
+    assert kendall_tau([1, 1, 3], [20, 10, 30]) == 1.0  # the planner's tie: left out
+    assert kendall_tau([1, 2, 3], [10, 10, 30]) == pytest.approx(2 / 3)  # the guess's tie: counted
 
 
 def _bench_configs() -> list[tuple[Config, dict]]:
@@ -95,33 +118,37 @@ def _bench_configs() -> list[tuple[Config, dict]]:
 
 
 def test_top_k_picks_the_exhaustive_mesh_on_the_bench_models() -> None:
-    """On each bench model (256 devices, not in the training grid), planning the predictor's
-    top-k in its order (the recorded exhaustive step times stand in for the plans: planning is
-    deterministic) chooses the mesh the exhaustive search chose."""
+    """On each bench model (256 devices: 4x the grid's largest, not in the training grid),
+    planning the predictor's top-k in its order (the recorded exhaustive step times stand in
+    for the plans: planning is deterministic) chooses the mesh the exhaustive search chose, and
+    plans at most k + 1 shapes (ties share the k-th place)."""
     register_training_clusters()
     assert _bench_configs()
     for config, entry in _bench_configs():
         steps = {tuple(t["mesh"].items()): t["step_time"] for t in entry["table"]}
         order = [tuple(t["mesh"].items()) for t in entry["table"]]
         ranked = default_predictor().rank(config.graph(), [dict(s) for s in order], config.cluster)
-        planned = []
-        for shape, _ in ranked:
+        planned, kth = [], 0.0
+        for shape, guess in ranked:  # as search_mesh: the k-th place shared by the tied
+            if len(planned) >= TOP_K and not _tied(guess, kth):
+                break
             if steps[tuple(shape.items())] is not None:
                 planned.append(tuple(shape.items()))
-            if len(planned) == TOP_K:
-                break
+                kth = guess if len(planned) == TOP_K else kth
         chosen = min(planned, key=lambda s: (steps[s], order.index(s)))
         exhaustive = min((s for s in order if steps[s] is not None),
                          key=lambda s: (steps[s], order.index(s)))  # fmt: skip
         assert chosen == exhaustive, (config.name, chosen, exhaustive)
+        assert len(planned) <= TOP_K + 1, planned
         live = {a: n for a, n in exhaustive if n > 1}
         assert live == {a: n for a, n in entry["mesh"].items() if n > 1}
 
 
 @pytest.mark.slow
 def test_top_k_search_end_to_end_matches_the_exhaustive_search() -> None:
-    """``sp.plan(devices=256, mesh_top_k=3)`` on the smallest bench model plans three shapes,
-    lists the others as skipped, and returns the exhaustive search's mesh and step time."""
+    """``sp.plan(devices=256, mesh_top_k=3)`` on the smallest bench model plans three shapes
+    (four when the predictor ties the third place), lists the others as skipped, and returns
+    the exhaustive search's mesh and step time."""
     config, entry = min(_bench_configs(), key=lambda c: c[0].model != "gpt-125m")
     plan = sp.plan(config.graph(), devices=config.devices, cluster=config.cluster,
                    mesh_top_k=TOP_K, time_limit=5.0)  # fmt: skip
@@ -130,7 +157,7 @@ def test_top_k_search_end_to_end_matches_the_exhaustive_search() -> None:
     assert dict(plan.mesh.axes) == {a: n for a, n in entry["mesh"].items() if n > 1}
     planned = [c for c in plan.candidates if c.step_time is not None]
     skipped = [c for c in plan.candidates if "top-k" in c.rejected]
-    assert len(planned) == TOP_K
+    assert TOP_K <= len(planned) <= TOP_K + 1  # the k-th place may be shared (ties)
     assert len(plan.candidates) == len(entry["table"])
     assert len(skipped) >= len(entry["table"]) - 2 * TOP_K
     assert all(c.rejected.startswith("not planned: predicted") for c in skipped)
