@@ -42,8 +42,10 @@ def cheapest_fit(
         out.update(dict.fromkeys(layers[full : full + selective], "selective"))
         return out
 
+    peak = memory.peaks(choice)
+
     def fits(full: int, selective: int) -> bool:
-        return memory.peak(choice, decisions(full, selective))[0] <= limit
+        return peak(decisions(full, selective))[0] <= limit
 
     best: tuple[float, dict[str, str]] | None = None
     for full in range(len(layers) + 1):
