@@ -34,7 +34,7 @@ from .costs import (
     pinned_result,
     seen_layout,
 )
-from .ilp import Prepared, Solution, prepare, relax, solve
+from .ilp import Prepared, Solution, prepare, proven_within_gap, relax, solve
 from .memory import build_memory_model, cache_write, infeasible_error
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
@@ -210,6 +210,8 @@ def _plan_space(
             plans.append(
                 (clock("simulate", _simulated, built), solution.choice, solution.objective)
             )
+            if seeded and binds and proven_within_gap(solution, memory):
+                break  # memory-bound and proven close: the other objective is not solved
     return min(plans, key=lambda p: p[0].step_time)  # ties keep the plain objective's plan
 
 
