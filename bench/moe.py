@@ -7,9 +7,10 @@ Captures HF ``MixtralForCausalLM`` (bf16, on ``meta``: nothing allocated; expert
 (``ep`` inside a node) with ``cluster="h100-sxm"``, and evaluates every expert-parallel and
 dense baseline (``strategies.moe_baselines`` + ``strategies.baselines``) under the same cost
 model. Prints planning wall time, the planner's step time, the best baseline's, and the
-modelled throughput; writes ``moe.json``. The 32-layer plan (``sp.plan`` alone, the shared
-2-core box): 78-94 s wall / 66-68 s CPU, 1401.9 ms modelled = ``ep[ep]-fsdp``, gap 17.5% (was
-626 s: the seed's pricing 132 s, two full-budget CP-SAT searches 461 s; docs/design.md).
+modelled throughput; writes ``moe.json``. The 32-layer plan (capture + ``sp.plan``, the shared
+2-core box at load 3-4, back to back): 27.7 s wall, 1136.7 ms modelled (19% faster than
+``ep[ep]-fsdp``), gap 0.24%; before the memory-bound primal heuristic 72.1 s, 1401.9 ms =
+``ep[ep]-fsdp``, gap 17.5% (and earlier 626 s; docs/design.md, "A primal heuristic").
 """
 
 from __future__ import annotations

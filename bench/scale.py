@@ -21,7 +21,9 @@ docs/design.md, "Made cheap"): 8B f32 38.6 s wall / 25.5 s CPU, gap 1.05%, 2647.
 405B on pp 8 x dp 2 x tp 8 (first run) 510 / 329 s, gap 8.7%, 11922.6 ms, full recomputation,
 reported peak 356 GiB: that was ``plan.peak_memory_bytes``, the sub-mesh solve's view of the
 whole model under 8 x the budget; the row now reports the fullest stage's peak, as ``print(plan)``
-and ``sp.evaluate`` do (not re-run since).
+and ``sp.evaluate`` do (not re-run since). With the primal heuristic (``solver/recompute.py``,
+``sp.plan`` with capture, back to back at load 2.4-3.8): 70B 107.3 -> 39.7 s, 3001.4 -> 2744.3
+ms, gap 9.5% -> 1.67%; 8B f32 19.0 -> 11.7 s, same plan (2647.0 ms, 1.05%).
 """
 
 from __future__ import annotations

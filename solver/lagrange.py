@@ -76,6 +76,7 @@ def memory_lower_bound(
     free = free if free is not None else solve_relaxation(problem)
     if free is None:
         return None
+    _remember(memory, free.choice)
     points = [memory.peak(problem.expand(free.choice), memory.fixed_decisions())[1]]
     points.append(memory.peak(choice, decisions)[1])
     best, budget = None, [MAX_LPS]
@@ -109,6 +110,7 @@ class _Priced:
     ):
         self.problem, self.base, self.groups = problem, base, groups
         self.free, self.budget = free, budget
+        self.memory: MemoryModel | None = None
 
     @classmethod
     def at(
@@ -152,7 +154,9 @@ class _Priced:
         built = [_Group(count, key[0], cost, kept) for key, (cost, kept, count) in groups.items()]
         if np.prod([len(g.modes) for g in built], dtype=float) > MAX_PATTERNS:
             return None
-        return cls(problem, base, built, free, budget)
+        priced = cls(problem, base, built, free, budget)
+        priced.memory = memory
+        return priced
 
     def value(self, lam: float) -> tuple[float, float] | None:
         """(LB(lam) + lam * limit, the peak row's bytes at the minimiser); None when an LP
@@ -183,6 +187,7 @@ class _Priced:
                     self.problem.node_costs[n] = v
             if relaxation is None:
                 return None
+            _remember(self.memory, relaxation.choice)  # a layout for ``solver/recompute.py``
             scored = self._scored(relaxation, pattern)
             if best is None or scored[0] < best[0]:
                 best = scored
@@ -238,3 +243,18 @@ def _key(per_mode: dict) -> tuple:
         (mode, tuple(sorted((n, v.tobytes()) for n, v in nodes.items())))
         for mode, nodes in per_mode.items()
     )
+
+
+def _remember(memory: MemoryModel | None, choice: list[int]) -> None:
+    """Keep each distinct LP layout on ``memory`` (``_lagrange_points``, in the order found):
+    the primal heuristic (``solver/recompute.py``) gives them recomputation that fits."""
+    if memory is None:
+        return
+    seen: set = getattr(memory, "_lagrange_seen", set())
+    key = tuple(choice)
+    if key not in seen:
+        seen.add(key)
+        points: list = getattr(memory, "_lagrange_points", [])
+        points.append(list(choice))
+        memory._lagrange_points = points  # type: ignore[attr-defined]
+    memory._lagrange_seen = seen  # type: ignore[attr-defined]

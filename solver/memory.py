@@ -120,22 +120,34 @@ class MemoryModel:
     def peak(self, choice: list[int], decisions: dict[str, str] | None = None) -> tuple[int, int]:
         """``(profile.peak, profile.peak_time)`` without building the items (numpy): the
         memory-bound path asks for it 20-30 times per plan (6-12 s of 70B's as ``profile``)."""
-        decisions = self.decisions if decisions is None else decisions
+        return self.peaks(choice)(self.decisions if decisions is None else decisions)
+
+    def peaks(self, choice: list[int]):  # type: ignore[no-untyped-def]
+        """``decisions -> peak(choice, decisions)`` with the choice's bytes looked up once (the
+        recomputation heuristic, ``solver/recompute.py``, asks for dozens per layout)."""
         table = self._peak_table()
-        values = table.nbytes[table.rows, np.asarray(choice, dtype=np.int64)[table.nodes]]
-        keep = np.ones(len(values), dtype=bool)
-        for (layer, cls), index in table.freed.items():
-            if frees(decisions.get(layer), cls):
-                keep[index] = False
-        values = np.where(keep, values, 0)
-        delta = np.zeros(self.live.end + 2, dtype=np.int64)
-        np.add.at(delta, table.starts, values)
-        np.add.at(delta, table.stops + 1, -values)
-        live = np.cumsum(delta[: self.live.end + 1])
-        if len(live) == 0 or live.max() <= 0:
-            return 0, 0
-        at = int(np.argmax(live))  # the first maximum: ties go to the earliest point
-        return int(live[at]), at
+        chosen = table.nbytes[table.rows, np.asarray(choice, dtype=np.int64)[table.nodes]]
+        size = self.live.end + 2
+
+        def peak(decisions: dict[str, str]) -> tuple[int, int]:
+            values = chosen
+            dropped = [index for (layer, cls), index in table.freed.items()
+                       if frees(decisions.get(layer), cls)]  # fmt: skip
+            if dropped:
+                values = chosen.copy()
+                values[np.concatenate(dropped)] = 0
+            # float64 bins are exact here: every partial sum is far below 2**53 bytes
+            weights = values.astype(np.float64)
+            delta = np.bincount(table.starts, weights, size) - np.bincount(
+                table.stops + 1, weights, size
+            )
+            live = np.cumsum(delta.astype(np.int64)[: self.live.end + 1])
+            if len(live) == 0 or live.max() <= 0:
+                return 0, 0
+            at = int(np.argmax(live))  # the first maximum: ties go to the earliest point
+            return int(live[at]), at
+
+        return peak
 
     def _peak_table(self) -> _PeakTable:
         table = getattr(self, "_table", None)
@@ -303,7 +315,9 @@ class _Builder:
                 parts += [
                     int(c - base) * var for var, c in zip(self.x[n], vec, strict=True) if c > base
                 ]
-        return constant + sum(parts), constant + sum(int(v.max() - v.min()) for v in total.values())
+        return constant + _sum(parts), constant + sum(
+            int(v.max() - v.min()) for v in total.values()
+        )
 
     def build(self, limit, terms: list | None, scale: float) -> dict:
         mem = self.memory
@@ -337,7 +351,7 @@ class _Builder:
                 rows[k].append(q)
         bound = limit // MEMORY_UNIT if isinstance(limit, int) else limit  # int: a byte budget
         for row in rows:
-            self.model.Add(sum(row) <= bound)
+            self.model.Add(_sum(row) <= bound)
         return r_vars
 
     def _recompute_vars(self, terms: list | None, scale: float) -> dict:
@@ -447,7 +461,22 @@ def _linear(builder: _Builder, node: int, vec: np.ndarray):
     vars_ = builder.x[node]
     if len(vars_) == 1:
         return int(vec[0])
-    return base + sum(int(c - base) * v for v, c in zip(vars_, vec, strict=True) if c > base)
+    keep = np.nonzero(vec > base)[0]
+    return _weighted([vars_[i] for i in keep], [int(vec[i] - base) for i in keep], base)
+
+
+def _sum(parts: list):  # type: ignore[no-untyped-def]
+    """One flat CP-SAT sum (Python's ``sum`` nests one node per term: a 21,132-row model of
+    ~57 terms each spent 20 s there on Llama-3-70B)."""
+    from ortools.sat.python import cp_model  # loaded already: a model is being built
+
+    return cp_model.LinearExpr.sum(parts)
+
+
+def _weighted(vars_: list, coefs: list[int], constant: int):  # type: ignore[no-untyped-def]
+    from ortools.sat.python import cp_model
+
+    return cp_model.LinearExpr.weighted_sum(vars_, coefs) + constant
 
 
 def _kept_range(kept: list[int], lo: int, hi: int) -> range:
