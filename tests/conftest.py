@@ -32,3 +32,25 @@ def tiny_llama_plan():
     return sp.plan(
         training_step(config, batch=8), mesh=sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")
     )
+
+
+@pytest.fixture(scope="session")
+def shrunk_step():
+    """``build(config, mesh, limit)`` -> ``(space, cluster, problem)``: a ``shardplan.models``
+    training step (batch 8) on ``mesh``, priced under ``limit`` and shrunk as the planner does
+    (layers shared, followers merged): the set-up of the memory-bound solver tests."""
+    from shardplan.costmodel import get_cluster
+    from shardplan.models import training_step
+    from shardplan.solver.costs import build_problem, build_space
+    from shardplan.solver.planner import shrink
+
+    def build(config, mesh, limit):  # type: ignore[no-untyped-def]
+        graph = training_step(config, batch=8)
+        graph.mesh = mesh
+        cluster = get_cluster(mesh.cluster)
+        space = build_space(graph, mesh)
+        problem = build_problem(space, cluster, limit)
+        shrink(problem, space, True, True)
+        return space, cluster, problem
+
+    return build

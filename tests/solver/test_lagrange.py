@@ -5,13 +5,10 @@ from __future__ import annotations
 
 import pytest
 import shardplan as sp
-from shardplan.costmodel import get_cluster
-from shardplan.models import TransformerConfig, training_step
-from shardplan.solver.costs import build_problem, build_space
+from shardplan.models import TransformerConfig
 from shardplan.solver.lagrange import memory_lower_bound
 from shardplan.solver.lp import solve_relaxation
 from shardplan.solver.memory import build_memory_model
-from shardplan.solver.planner import shrink
 
 CONFIG = TransformerConfig("t", 2, 256, 4, 1024, 512, 64)
 MESH = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")
@@ -19,14 +16,9 @@ LIMIT = 44 * 2**20  # the LP optimum peaks at 46.0 MiB, 41.8 MiB recomputing sel
 
 
 @pytest.fixture(scope="module")
-def solved():  # type: ignore[no-untyped-def]
-    graph = training_step(CONFIG, batch=8)
-    graph.mesh = MESH
-    cluster = get_cluster(MESH.cluster)
-    space = build_space(graph, MESH)
-    problem = build_problem(space, cluster, LIMIT)
+def solved(shrunk_step):  # type: ignore[no-untyped-def]
+    space, cluster, problem = shrunk_step(CONFIG, MESH, LIMIT)
     memory = build_memory_model(space, cluster, LIMIT)
-    shrink(problem, space, True, True)
     lp = solve_relaxation(problem.copy())
     assert lp is not None
     assert memory.profile(problem.expand(lp.choice), {}).peak > LIMIT  # the limit binds

@@ -7,13 +7,10 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import shardplan as sp
-from shardplan.costmodel import get_cluster
-from shardplan.models import TransformerConfig, training_step
+from shardplan.models import TransformerConfig
 from shardplan.solver import ilp
-from shardplan.solver.costs import build_problem, build_space
 from shardplan.solver.lp import solve_relaxation
 from shardplan.solver.memory import build_memory_model
-from shardplan.solver.planner import shrink
 
 CONFIG = TransformerConfig("t", 8, 256, 4, 1024, 512, 64)  # MEMORY_BOUND_LAYERS layers
 MESH = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")
@@ -23,13 +20,8 @@ for 2.6% more time."""
 
 
 @pytest.fixture(scope="module")
-def setup():  # type: ignore[no-untyped-def]
-    graph = training_step(CONFIG, batch=8)
-    graph.mesh = MESH
-    cluster = get_cluster(MESH.cluster)
-    space = build_space(graph, MESH)
-    problem = build_problem(space, cluster, LIMIT)
-    shrink(problem, space, True, True)
+def setup(shrunk_step):  # type: ignore[no-untyped-def]
+    space, cluster, problem = shrunk_step(CONFIG, MESH, LIMIT)
     lp = solve_relaxation(problem.copy())
     assert lp is not None
     return space, cluster, problem, {n: lp.choice[n] for n in problem.live_nodes()}

@@ -8,12 +8,9 @@ import itertools
 
 import pytest
 import shardplan as sp
-from shardplan.costmodel import get_cluster
 from shardplan.models import TransformerConfig, training_step
-from shardplan.solver.costs import build_problem, build_space
 from shardplan.solver.lp import solve_relaxation
 from shardplan.solver.memory import build_memory_model
-from shardplan.solver.planner import shrink
 from shardplan.solver.recompute import cheapest_fit
 
 CONFIG = TransformerConfig("t", 4, 256, 4, 1024, 512, 64)
@@ -21,13 +18,8 @@ MESH = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")
 
 
 @pytest.fixture(scope="module")
-def setup():  # type: ignore[no-untyped-def]
-    graph = training_step(CONFIG, batch=8)
-    graph.mesh = MESH
-    cluster = get_cluster(MESH.cluster)
-    space = build_space(graph, MESH)
-    problem = build_problem(space, cluster, None)
-    shrink(problem, space, True, True)
+def setup(shrunk_step):  # type: ignore[no-untyped-def]
+    space, cluster, problem = shrunk_step(CONFIG, MESH, None)
     lp = solve_relaxation(problem.copy())
     assert lp is not None
     return space, cluster, problem, problem.expand(lp.choice)
