@@ -54,7 +54,9 @@ def plan(
       devices: instead of a mesh, a device count: every (pp, dp, tp) shape on ``cluster`` is
         planned and the best returned (``plan.candidates`` has the table).
       cluster: the cluster for ``devices`` or a dict ``mesh`` (default h100-sxm).
-      microbatches, schedule: pipeline options (>= 1; "1f1b", "gpipe" or "interleaved").
+      microbatches, schedule: pipeline options (>= 1; "1f1b", "gpipe", "interleaved": 1F1B
+        with model chunks per device, their count chosen; "auto": 1F1B or interleaved,
+        whichever models fastest).
       pins: value name or origin path -> required sharding (GSPMD-style user constraints), or
         ``sp.Pin(sharding, priority=N)`` with Shardy's user priority (lower propagates first).
       memory_limit: per-device bytes (a number or ``"40GB"`` / ``"512MiB"``); defaults to the

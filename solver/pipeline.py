@@ -37,6 +37,9 @@ from .stages import LayerCosts, StageAssignment, assign_stages, evaluate_split
 MAX_MICROBATCHES = 64
 """The most micro-batches tried (a bound on the search, well past where the bubble vanishes)."""
 
+SCHEDULE_CHOICES = ("1f1b", "gpipe", "interleaved", "auto")
+"""Pipeline schedules a plan may ask for; ``"auto"`` lets the planner pick 1F1B or interleaved."""
+
 
 def plan_pipeline(
     graph: Graph,
@@ -47,7 +50,7 @@ def plan_pipeline(
     microbatches: int | None = None,
     time_limit: float = 30.0,
     stage_bounds: tuple[int, ...] | None = None,
-    chunks: int = 1,
+    chunks: int | None = None,
     tp_overlap_axes: tuple[str, ...] = (),
     **planner_options,
 ) -> Plan:
@@ -55,8 +58,9 @@ def plan_pipeline(
 
     ``stage_bounds`` (first layer of each stage) fixes the split instead of searching it, to
     evaluate a hand-written configuration (e.g. Megatron's uniform stages) under the same model.
-    ``schedule="interleaved"`` with ``chunks`` model chunks per device (Megatron's virtual
-    pipeline) is priced for a fixed split only (``stage_bounds``; ``sp.evaluate`` gives one).
+    ``schedule="interleaved"``: Megatron's virtual pipeline, ``chunks`` model chunks per device
+    (``None``: the planner picks it); ``"auto"``: the planner picks 1F1B or interleaved with
+    any chunk count, whichever models fastest within memory.
     ``tp_overlap_axes``: collectives on these axes run chunked under their GEMM in the stage
     times (Megatron-Core ``--tp-comm-overlap``, as ``SimulationOptions.tp_overlap_axes``).
     """
@@ -76,17 +80,15 @@ def plan_pipeline(
     )  # fmt: skip
 
 
-def _check_schedule(schedule: str, chunks: int, bounds, microbatches, stages: int) -> None:
-    if schedule not in ("1f1b", "gpipe", "interleaved"):
-        raise ShardplanError(f"unknown pipeline schedule {schedule!r}: 1f1b, gpipe or interleaved")
-    if schedule != "interleaved" and chunks != 1:
-        raise ShardplanError(f"chunks={chunks} needs schedule='interleaved'")
-    if schedule == "interleaved" and bounds is None:
+def _check_schedule(schedule: str, chunks, bounds, microbatches, stages: int) -> None:
+    if schedule not in SCHEDULE_CHOICES:
         raise ShardplanError(
-            "interleaved 1F1B is priced for a given split only (stage_bounds, or "
-            "sp.evaluate(strategy=sp.strategies.megatron(..., chunks=v))); the planner chooses "
-            "1F1B or GPipe splits"
+            f"unknown pipeline schedule {schedule!r}: one of {', '.join(SCHEDULE_CHOICES)}"
         )
+    if chunks is not None and (not isinstance(chunks, int) or chunks < 1):
+        raise ShardplanError(f"chunks={chunks!r}: a whole number of model chunks per device >= 1")
+    if schedule != "interleaved" and chunks not in (None, 1):
+        raise ShardplanError(f"chunks={chunks} needs schedule='interleaved'")
     if schedule == "interleaved" and microbatches and microbatches % stages:
         raise ShardplanError(
             f"interleaved 1F1B needs micro-batches ({microbatches}) divisible by the stage "
@@ -96,7 +98,7 @@ def _check_schedule(schedule: str, chunks: int, bounds, microbatches, stages: in
 
 def _plan_stages(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, planner_options, extra=(1, ()),
+    stage_bounds, planner_options, extra=(None, ()),
 ) -> Plan:  # fmt: skip
     """The best of one sub-mesh plan per batch-split cap, each with its best stages.
 
@@ -176,7 +178,7 @@ def _batch_caps(sub_mesh: Mesh, batch: int, microbatches: int | None) -> list[in
 
 def _plan_cap(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, planner_options, cap, extra=(1, ()),
+    stage_bounds, planner_options, cap, extra=(None, ()),
 ) -> tuple[Plan, LayerSplit, StageAssignment]:  # fmt: skip
     """Sub-mesh plan with the batch split at most ``cap``, and its best stages (``extra``:
     interleaving chunks and TP-overlap axes)."""
@@ -198,14 +200,16 @@ def _plan_cap(
         )
     option_list = [microbatches] if microbatches else _microbatch_options(inner, m_max)
     link = group_link((axis,), mesh, get_cluster(mesh.cluster))
+    base, chunk_options = _chunk_options(schedule, chunks, split.costs, stages)
     if stage_bounds is not None:
         best = _fixed_split(
-            split.costs, tuple(stage_bounds), option_list, limit, schedule, link, chunks
+            split.costs, tuple(stage_bounds), option_list, limit, base, link, chunk_options
         )
     else:
         best = assign_stages(
-            split.costs, stages, option_list, limit, schedule, link.p2p_bandwidth, link.latency
-        )
+            split.costs, stages, option_list, limit, base, link.p2p_bandwidth, link.latency,
+            chunk_options=chunk_options,
+        )  # fmt: skip
     if best is None:
         raise InfeasiblePlanError(
             f"no split of {split.costs.num_layers} layers into {stages} stages fits "
@@ -215,30 +219,75 @@ def _plan_cap(
     return inner, split, best
 
 
-def _fixed_split(costs, bounds, options, limit, schedule, link, chunks=1):  # type: ignore[no-untyped-def]
-    """The best micro-batch count for a given split (None if it never fits)."""
+def _chunk_options(
+    schedule: str, chunks: int | None, costs: LayerCosts, stages: int
+) -> tuple[str, tuple[int, ...]]:
+    """(the schedule of one chunk per device, the chunk counts to try: 1 is that schedule,
+    ``v > 1`` interleaved). The planner offers interleaving only over alike layers: it prices
+    a device's chunks as one contiguous range, which is the same work only when the layers
+    between the first (on stage 0 either way; it may also pay the embedding's hand-over) and
+    the last (on the last stage either way) cost the same (a plan that recomputes some layers
+    and not others keeps 1F1B)."""
+    if schedule in ("1f1b", "gpipe"):
+        return schedule, (1,)
+    if chunks is not None:
+        return "1f1b", (chunks,)
+    alike = all(len(set(column[1:-1])) <= 1 for column in
+                (costs.time, costs.state_bytes, costs.activation_bytes))  # fmt: skip
+    many = tuple(range(2, costs.num_layers // stages + 1)) if alike else ()
+    if schedule == "interleaved" and not many:
+        raise ShardplanError(
+            f"interleaved 1F1B needs at least 2 alike layers per stage ({costs.num_layers} "
+            f"layers on {stages} stages{'' if alike else ', not all priced alike'}); use "
+            "schedule='1f1b' or 'auto', or pass chunks= with stage_bounds"
+        )
+    return "1f1b", many if schedule == "interleaved" else (1, *many)
+
+
+def _fixed_split(costs, bounds, options, limit, schedule, link, chunk_options=(1,)):  # type: ignore[no-untyped-def]
+    """The best micro-batch and chunk count for a given split (None if it never fits)."""
     best = None
-    for m in options:
-        if schedule == "interleaved" and m % len(bounds):
+    for m, v in itertools.product(options, chunk_options):
+        kind = "interleaved" if v > 1 else schedule
+        if v > 1 and m % len(bounds):
             continue
         p2p = link.latency + costs.boundary_bytes / m / link.p2p_bandwidth
-        step, times, memory = evaluate_split(costs, bounds, m, schedule, p2p, chunks)
+        step, times, memory = evaluate_split(costs, bounds, m, kind, p2p, v)
         if max(memory) <= limit and (best is None or step < best.step_time):
-            best = StageAssignment(bounds, m, schedule, step, times, memory, chunks)
+            best = StageAssignment(bounds, m, kind, step, times, memory, v)
     return best
 
 
 def _pipeline_plan(axis: str, split: LayerSplit, best: StageAssignment) -> PipelinePlan:
-    ranges = best.layer_ranges(split.costs.num_layers)
+    ids = split.layer_ids
+    chunked = _chunk_layers(best.layer_ranges(split.costs.num_layers), best.chunks)
     specs = tuple(
-        StageSpec(s, tuple(split.layer_ids[i] for i in r), split.stack, s == 0,
-                  best.stage_times[s], best.stage_memory[s])
-        for s, r in enumerate(ranges)
+        StageSpec(s, tuple(sorted(ids[i] for c in chunks for i in c)), split.stack, s == 0,
+                  best.stage_times[s], best.stage_memory[s],
+                  tuple(tuple(ids[i] for i in c) for c in chunks) if best.chunks > 1 else ())
+        for s, chunks in enumerate(chunked)
     )  # fmt: skip
     p, m = best.stages, best.microbatches
     v = best.chunks if best.schedule == "interleaved" else 1
     bubble = (p - 1) / (v * m + p - 1)
     return PipelinePlan(axis, specs, m, best.schedule, best.step_time, bubble, best.chunks)
+
+
+def _chunk_layers(ranges: list[range], v: int) -> list[list[range]]:
+    """Each device's ``v`` chunks, from its layer count: chunk ``c`` of device ``s`` is virtual
+    stage ``c p + s``, and virtual stages take consecutive layers in that order (Megatron's
+    layout: with equal counts device 0 runs layers 0-3, 32-35, 64-67 for 96 layers, p = 8,
+    v = 3). A device's chunks differ by at most one layer, the earlier ones larger."""
+    if v == 1:
+        return [[r] for r in ranges]
+    sizes = [[len(r) // v + (c < len(r) % v) for c in range(v)] for r in ranges]
+    chunks: list[list[range]] = [[] for _ in ranges]
+    start = 0
+    for c in range(v):
+        for s, device in enumerate(sizes):
+            chunks[s].append(range(start, start + device[c]))
+            start += device[c]
+    return chunks
 
 
 def _batch_bound(graph: Graph) -> int:

@@ -15,7 +15,8 @@ the memory budget and the mesh-search table. Version 1 files still load (without
 
 @dataclass(frozen=True, slots=True)
 class StageSpec:
-    """One pipeline stage: a contiguous range of repeated layers on one index of the pp axis."""
+    """One pipeline stage: the repeated layers one index of the pp axis runs (a contiguous range,
+    or with interleaved 1F1B one range per model chunk)."""
 
     index: int
     layers: tuple[int, ...]
@@ -28,6 +29,9 @@ class StageSpec:
     """Seconds of forward + backward for the whole batch on this stage."""
     memory_bytes: float = 0.0
     """Per-device peak: layer state plus in-flight activations."""
+    chunk_layers: tuple[tuple[int, ...], ...] = ()
+    """Interleaved 1F1B: the layers of each model chunk this device runs (chunk ``c`` is virtual
+    stage ``c * p + index``); empty when the device runs one contiguous chunk."""
 
     @property
     def first_module(self) -> str:

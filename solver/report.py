@@ -94,10 +94,14 @@ def _pipeline_text(plan: Plan) -> str:
     """``pp=4, 1f1b, 16 micro-batches, bubble 16%: layers 0-7 | 8-15 | ...``."""
     pipe = plan.pipeline
     ranges = " | ".join(
-        f"{stage.stack}.{stage.layers[0]}-{stage.layers[-1]}" for stage in pipe.stages
+        stage.stack
+        + "."
+        + ",".join(f"{c[0]}-{c[-1]}" for c in stage.chunk_layers or [stage.layers])
+        for stage in pipe.stages
     )
+    schedule = f"interleaved x{pipe.chunks}" if pipe.schedule == "interleaved" else pipe.schedule
     return (
-        f"{pipe.axis}={len(pipe.stages)}, {pipe.schedule}, {pipe.microbatches} micro-batches, "
+        f"{pipe.axis}={len(pipe.stages)}, {schedule}, {pipe.microbatches} micro-batches, "
         f"bubble {pipe.bubble_fraction:.0%}: {ranges}"
     )
 

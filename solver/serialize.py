@@ -79,6 +79,7 @@ def _pipeline(p: PipelinePlan) -> dict[str, Any]:
                 "first_stage_extras": s.first_stage_extras,
                 "time": _float(s.time),
                 "memory_bytes": _float(s.memory_bytes),
+                **({"chunk_layers": [list(c) for c in s.chunk_layers]} if s.chunk_layers else {}),
             }
             for s in p.stages
         ],
@@ -366,6 +367,11 @@ def _read_pipeline(r: _Reader, mesh: Mesh) -> PipelinePlan:
         layers = s.get("layers", list)
         if not layers or not all(_is_int(x) for x in layers):
             raise _bad(f"{s.where}.layers", f"expected layer indices, got {layers!r:.60}")
+        chunks = s.get("chunk_layers", list, [])
+        if not all(isinstance(c, list) and c and all(_is_int(x) for x in c) for c in chunks):
+            raise _bad(
+                f"{s.where}.chunk_layers", f"expected lists of layer indices, got {chunks!r:.60}"
+            )
         stages.append(
             StageSpec(
                 s.get("index", int),
@@ -374,6 +380,7 @@ def _read_pipeline(r: _Reader, mesh: Mesh) -> PipelinePlan:
                 s.get("first_stage_extras", bool),
                 s.number("time"),
                 s.number("memory_bytes"),
+                tuple(tuple(c) for c in chunks),
             )
         )
     if len(stages) != mesh.axis_size(axis):

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import itertools
 import math
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from ..costmodel.pipeline import schedule_pipeline
@@ -72,13 +73,16 @@ class StageAssignment:
 
 
 def in_flight(schedule: str, stage: int, stages: int, microbatches: int, chunks: int = 1) -> float:
-    """Micro-batches of activations stage ``stage`` holds at its peak. Interleaved 1F1B warms
-    up ``(p - 1) / v`` more (Narayanan'21 §2.2: the first stage's ``p`` grows by ``1 + (p - 1) /
-    (p v)``)."""
+    """Micro-batches of activations stage ``stage`` holds at its peak, in units of the whole
+    stage. Interleaved 1F1B runs ``2 (p - s - 1) + (v - 1) p`` warm-up forwards of one chunk
+    (``1 / v`` of the stage) before its first backward (Megatron-LM's schedule; on stage 0 this
+    is Narayanan'21's ``p (1 + (p - 1) / (p v))``); ``costmodel.pipeline``'s event simulation
+    counts the same."""
     if schedule == "gpipe":
         return microbatches
     if schedule == "interleaved" and chunks > 1:
-        return min(stages - stage + (stages - 1) / chunks, microbatches)
+        warmup = 2 * (stages - stage - 1) + (chunks - 1) * stages
+        return min((warmup + 1) / chunks, microbatches)
     return min(stages - stage, microbatches)
 
 
@@ -89,7 +93,9 @@ def evaluate_split(
 
     Interleaved 1F1B with ``v = chunks`` model chunks per device fills and drains through
     chunks ``v`` times shorter: ``(sum_s t_s / v + (m - 1 / v) max_s t_s) / m``, which for equal
-    stages is Narayanan'21's bubble ``(p - 1) / v`` micro-batch times."""
+    stages is Narayanan'21's bubble ``(p - 1) / v`` micro-batch times; its fill and drain cross
+    ``p v - 1`` hand-offs each instead of ``p - 1`` (the price of more chunks; the event
+    simulation of ``costmodel.pipeline`` exposes exactly these)."""
     p = len(bounds)
     ends = [*bounds[1:], costs.num_layers]
     times, memory = [], []
@@ -105,7 +111,8 @@ def evaluate_split(
         times.append(t)
         memory.append(state + act)
     v = chunks if schedule == "interleaved" else 1
-    step = (sum(times) / v + (m - 1 / v) * max(times)) / m + 2 * (p - 1) * p2p + costs.step_time
+    hops = 2 * (p * v - 1) if p > 1 else 0
+    step = (sum(times) / v + (m - 1 / v) * max(times)) / m + hops * p2p + costs.step_time
     return step, tuple(times), tuple(memory)
 
 
@@ -118,20 +125,46 @@ def assign_stages(
     p2p_bandwidth: float = math.inf,
     p2p_latency: float = 0.0,
     time_limit: float = 10.0,
+    chunk_options: Sequence[int] = (1,),
 ) -> StageAssignment | None:
-    """The best contiguous split and micro-batch count; None if nothing fits in memory."""
+    """The best contiguous split, micro-batch count and chunk count; None if nothing fits.
+
+    ``chunk_options``: model chunks per device to consider; ``1`` is ``schedule`` itself
+    (1F1B or GPipe), ``v > 1`` interleaved 1F1B with ``v`` chunks (needs ``m`` divisible by
+    the stage count and ``v`` layers per stage). For a fixed ``m`` the step grows with the
+    longest stage only, and interleaving keeps more micro-batches in flight than 1F1B on
+    every stage, so the 1F1B optimum is also the interleaved one whenever it fits; CP-SAT
+    solves again only when it does not."""
     if stages > costs.num_layers:
         return None
     best: StageAssignment | None = None
     for m in sorted(set(microbatch_options)):
         p2p = _p2p(costs, m, p2p_bandwidth, p2p_latency) if stages > 1 else 0.0
-        bounds = _solve_fixed_m(costs, stages, m, memory_limit, schedule, time_limit)
-        if bounds is None:
-            continue
-        step, times, memory = evaluate_split(costs, bounds, m, schedule, p2p)
-        if best is None or step < best.step_time - 1e-15:
-            best = StageAssignment(bounds, m, schedule, step, times, memory)
+        base = _solve_fixed_m(costs, stages, m, memory_limit, schedule, time_limit)
+        if base is None:
+            continue  # interleaving needs more memory on every stage: it cannot fit either
+        for v in sorted(set(chunk_options)):
+            kind = "interleaved" if v > 1 else schedule
+            if v > 1 and (m % stages or v * stages > costs.num_layers or schedule == "gpipe"):
+                continue
+            bounds = base
+            if v > 1 and not _fits(costs, base, m, v, memory_limit):
+                bounds = _solve_fixed_m(costs, stages, m, memory_limit, kind, time_limit, v)
+                if bounds is None:
+                    continue
+            step, times, memory = evaluate_split(costs, bounds, m, kind, p2p, v)
+            if best is None or step < best.step_time - 1e-15:
+                best = StageAssignment(bounds, m, kind, step, times, memory, v)
     return best
+
+
+def _fits(costs: LayerCosts, bounds: tuple[int, ...], m: int, v: int, limit: float) -> bool:
+    """Whether ``bounds`` gives every stage ``v`` layers and fits interleaved with ``v`` chunks."""
+    ends = [*bounds[1:], costs.num_layers]
+    if any(b - a < v for a, b in zip(bounds, ends, strict=True)):
+        return False
+    _, _, memory = evaluate_split(costs, bounds, m, "interleaved", 0.0, v)
+    return max(memory) <= limit
 
 
 def _p2p(costs: LayerCosts, m: int, bandwidth: float, latency: float) -> float:
@@ -140,9 +173,11 @@ def _p2p(costs: LayerCosts, m: int, bandwidth: float, latency: float) -> float:
 
 
 def _solve_fixed_m(
-    costs: LayerCosts, p: int, m: int, limit: float, schedule: str, time_limit: float
-) -> tuple[int, ...] | None:
-    """CP-SAT: y[l][s] one-hot, stage index non-decreasing by at most 1, minimise max stage time."""
+    costs: LayerCosts, p: int, m: int, limit: float, schedule: str, time_limit: float,
+    chunks: int = 1,
+) -> tuple[int, ...] | None:  # fmt: skip
+    """CP-SAT: y[l][s] one-hot, stage index non-decreasing by at most 1, minimise max stage time
+    (with ``chunks`` > 1: at least that many layers per stage)."""
     n = costs.num_layers
     from ortools.sat.python import cp_model  # lazily: it pulls in pandas (solver/ilp.py)
 
@@ -165,8 +200,10 @@ def _solve_fixed_m(
             t_max
             >= sum(round(costs.time[l] * scale) * y[l][s] for l in range(n)) + round(extra * scale)
         )
+        if chunks > 1:
+            model.Add(sum(y[l][s] for l in range(n)) >= chunks)
         if math.isfinite(limit):
-            _stage_memory_row(model, costs, y, s, p, m, schedule, limit)
+            _stage_memory_row(model, costs, y, s, p, m, schedule, limit, chunks)
     model.Minimize(t_max)
     solver = cp_model.CpSolver()
     solver.parameters.num_workers = 1
@@ -178,9 +215,9 @@ def _solve_fixed_m(
     return tuple(l for l in range(n) if l == 0 or stage[l] != stage[l - 1])
 
 
-def _stage_memory_row(model, costs, y, s, p, m, schedule, limit) -> None:
+def _stage_memory_row(model, costs, y, s, p, m, schedule, limit, chunks=1) -> None:
     """m * (state + activations * in_flight / m) <= m * (limit - fixed), in whole bytes."""
-    keep = in_flight(schedule, s, p, m)
+    keep = in_flight(schedule, s, p, m, chunks)
     fixed = (costs.pre_bytes if s == 0 else 0) + (costs.post_bytes if s == p - 1 else 0)
     terms = [
         round(m * costs.state_bytes[l] + costs.activation_bytes[l] * keep) * y[l][s]
@@ -197,19 +234,25 @@ def brute_force_stages(
     schedule: str = "1f1b",
     p2p_bandwidth: float = math.inf,
     p2p_latency: float = 0.0,
+    chunk_options: Sequence[int] = (1,),
 ) -> StageAssignment | None:
-    """Every contiguous split x every m: the ground truth for tests."""
+    """Every contiguous split x every m x every chunk count: the ground truth for tests."""
     best: StageAssignment | None = None
     n = costs.num_layers
-    for m in sorted(set(microbatch_options)):
+    for m, v in itertools.product(sorted(set(microbatch_options)), sorted(set(chunk_options))):
+        if v > 1 and (m % stages or schedule == "gpipe"):
+            continue
+        kind = "interleaved" if v > 1 else schedule
         p2p = _p2p(costs, m, p2p_bandwidth, p2p_latency) if stages > 1 else 0.0
         for cuts in itertools.combinations(range(1, n), stages - 1):
             bounds = (0, *cuts)
-            step, times, memory = evaluate_split(costs, bounds, m, schedule, p2p)
+            if min(b - a for a, b in zip(bounds, (*cuts, n), strict=True)) < v:
+                continue
+            step, times, memory = evaluate_split(costs, bounds, m, kind, p2p, v)
             if max(memory) > memory_limit:
                 continue
             if best is None or step < best.step_time - 1e-15:
-                best = StageAssignment(bounds, m, schedule, step, times, memory)
+                best = StageAssignment(bounds, m, kind, step, times, memory, v)
     return best
 
 

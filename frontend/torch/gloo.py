@@ -89,7 +89,7 @@ def run_on_gloo(parallel: Any, factory: str, world: int, **kwargs: Any) -> dict[
 
 
 def _pipeline_worker(rank: int, world: int, port: int, spec, factory, kwargs, out) -> None:  # type: ignore[no-untyped-def]
-    from .pipeline import build_pipeline_schedule, build_pipeline_stage
+    from .pipeline import build_pipeline_schedule, build_pipeline_stages
 
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=str(port))
     dist.init_process_group("gloo", rank=rank, world_size=world)
@@ -103,17 +103,18 @@ def _pipeline_worker(rank: int, world: int, port: int, spec, factory, kwargs, ou
         index = rank // spec.stage_size
         inner = mesh[names] if names else None
         group = mesh["pp"].get_group()
-        stage = build_pipeline_stage(spec, model, index, group=group, stage_mesh=inner)
-        schedule = build_pipeline_schedule(spec, stage)
+        stages = build_pipeline_stages(spec, model, index, group=group, stage_mesh=inner)
+        schedule = build_pipeline_schedule(spec, stages)
         losses: list[torch.Tensor] = []
-        if index == 0:
+        if index == 0:  # runs (virtual) stage 0
             schedule.step(ids)
-        elif index == spec.stages - 1:
+        elif index == spec.stages - 1:  # runs the last (virtual) stage
             schedule.step(target=labels, losses=losses)
         else:
             schedule.step()
         grads = {
             n: p.grad.full_tensor() if hasattr(p.grad, "full_tensor") else p.grad
+            for stage in stages
             for n, p in stage.submod.named_parameters()
             if p.grad is not None
         }

@@ -28,39 +28,58 @@ from torch import nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.pipelining import PipelineStage, SplitPoint
 from torch.distributed.pipelining.schedules import (
+    PipelineScheduleMulti,
     PipelineScheduleSingle,
     Schedule1F1B,
     ScheduleGPipe,
+    ScheduleInterleaved1F1B,
 )
 from torch.distributed.tensor import DTensor, Placement, Replicate, distribute_tensor
 
 from ...ir import FrontendError
 from ...solver.plan import PipelinePlan, Plan
 
-_SCHEDULES: dict[str, type[PipelineScheduleSingle]] = {"1f1b": Schedule1F1B, "gpipe": ScheduleGPipe}
+_SCHEDULES: dict[str, type[PipelineScheduleSingle] | type[PipelineScheduleMulti]] = {
+    "1f1b": Schedule1F1B,
+    "gpipe": ScheduleGPipe,
+    "interleaved": ScheduleInterleaved1F1B,
+}
 
 
 @dataclass(frozen=True, slots=True)
 class PipelineSpec:
     """What every pipeline rank needs, as plain data (picklable for spawned processes).
 
-    Invariants: ``len(split_points) == stages - 1``; ``microbatches >= stages`` for 1F1B.
+    Invariants: ``len(split_points) == stages * chunks - 1``; ``microbatches >= stages`` for
+    1F1B; interleaved: ``microbatches`` divisible by ``stages``.
     """
 
     split_points: tuple[str, ...]
-    """Module paths where a stage begins (``SplitPoint.BEGINNING``), in stage order."""
+    """Module paths where a (virtual) stage begins (``SplitPoint.BEGINNING``), in stage order."""
     schedule: str
-    """``1f1b`` or ``gpipe``."""
+    """``1f1b``, ``gpipe`` or ``interleaved``."""
     microbatches: int
     stages: int
+    """Pipeline ranks (the pp axis)."""
     stack: str = "model.layers"
     """Module path of the layer stack."""
     stage_layers: tuple[tuple[int, ...], ...] = ()
-    """Layer indices of each stage."""
+    """Layer indices of each virtual stage, in pipeline order: with ``chunks`` > 1, virtual
+    stage ``c * stages + r`` is model chunk ``c`` of pp rank ``r``."""
     stage_mesh: tuple[tuple[str, int], ...] = ()
     """Axes of the mesh inside one stage (``plan.stage_mesh``); empty or size 1: no parallelism."""
     placements: tuple[tuple[str, tuple[Placement, ...]], ...] = ()
     """Parameter FQN -> DTensor placements on the stage mesh (``plan.to_placements()``)."""
+    chunks: int = 1
+    """Model chunks per pp rank (interleaved 1F1B)."""
+
+    @property
+    def virtual_stages(self) -> int:
+        return self.stages * self.chunks
+
+    def rank_stages(self, rank: int) -> tuple[int, ...]:
+        """The virtual stage indices pp rank ``rank`` runs (one unless interleaved)."""
+        return tuple(c * self.stages + rank for c in range(self.chunks))
 
     @property
     def stage_size(self) -> int:
@@ -71,7 +90,7 @@ class PipelineSpec:
         return {path: SplitPoint.BEGINNING for path in self.split_points}
 
     @property
-    def schedule_class(self) -> type[PipelineScheduleSingle]:
+    def schedule_class(self) -> type[PipelineScheduleSingle] | type[PipelineScheduleMulti]:
         return _SCHEDULES[self.schedule]
 
 
@@ -89,17 +108,21 @@ def pipeline_spec(plan: Plan) -> PipelineSpec:
     pipe = _pipeline_of(plan)
     if pipe.schedule not in _SCHEDULES:
         raise FrontendError(
-            f"schedule {pipe.schedule!r} has no single-stage-per-rank torch schedule; "
+            f"schedule {pipe.schedule!r} has no torch pipelining schedule here; "
             f"re-plan with schedule= one of {sorted(_SCHEDULES)}"
         )
-    points = tuple(stage.first_module for stage in pipe.stages[1:])
-    layers = tuple(stage.layers for stage in pipe.stages)
+    chunks = pipe.chunks if pipe.schedule == "interleaved" else 1
+    if chunks > 1:
+        layers = tuple(s.chunk_layers[c] for c in range(chunks) for s in pipe.stages)
+    else:
+        layers = tuple(stage.layers for stage in pipe.stages)
     stack = pipe.stages[0].stack
+    points = tuple(f"{stack}.{chunk[0]}" for chunk in layers[1:])
     inner = tuple(plan.stage_mesh.axes) if plan.stage_mesh.size > 1 else ()
     placements = tuple(plan.to_placements().items()) if inner else ()
     return PipelineSpec(
         points, pipe.schedule, pipe.microbatches, len(pipe.stages), stack, layers, inner,
-        placements,
+        placements, chunks,
     )  # fmt: skip
 
 
@@ -108,7 +131,9 @@ def pipeline_split_spec(plan: Plan) -> dict[str, SplitPoint]:
     return pipeline_spec(plan).split_spec
 
 
-def pipeline_schedule(plan: Plan) -> tuple[type[PipelineScheduleSingle], int]:
+def pipeline_schedule(
+    plan: Plan,
+) -> tuple[type[PipelineScheduleSingle] | type[PipelineScheduleMulti], int]:
     """(schedule class, number of micro-batches), e.g. ``(Schedule1F1B, 8)``."""
     spec = pipeline_spec(plan)
     return spec.schedule_class, spec.microbatches
@@ -122,7 +147,8 @@ def build_pipeline_stage(
     group: Any = None,
     stage_mesh: DeviceMesh | None = None,
 ) -> PipelineStage:
-    """This rank's ``PipelineStage``: ``model`` cut down to stage ``stage_index`` (in place).
+    """The ``PipelineStage`` of (virtual) stage ``stage_index``: the part of ``model`` it runs,
+    under the model's own parameter names (the modules are shared with ``model``, not copied).
 
     Args:
       spec: a ``PipelineSpec`` or the plan itself.
@@ -142,7 +168,26 @@ def build_pipeline_stage(
                 "stage_mesh=device_mesh[<those axes>] for this rank's stage"
             )
         module = TensorParallelStage(module, dict(spec.placements), stage_mesh)
-    return PipelineStage(module, stage_index, spec.stages, torch.device(device), group=group)
+    return PipelineStage(
+        module, stage_index, spec.virtual_stages, torch.device(device), group=group
+    )
+
+
+def build_pipeline_stages(
+    spec: PipelineSpec | Plan,
+    model: nn.Module,
+    rank: int,
+    device: torch.device | str = "cpu",
+    group: Any = None,
+    stage_mesh: DeviceMesh | None = None,
+) -> list[PipelineStage]:
+    """Every ``PipelineStage`` pp rank ``rank`` runs: one, or with interleaved 1F1B one per
+    model chunk (virtual stages ``rank``, ``rank + p``, ...), each holding its own layers."""
+    spec = pipeline_spec(spec) if isinstance(spec, Plan) else spec
+    return [
+        build_pipeline_stage(spec, model, index, device, group, stage_mesh)
+        for index in spec.rank_stages(rank)
+    ]
 
 
 class TensorParallelStage(nn.Module):
@@ -211,15 +256,14 @@ class CausalLMStage(nn.Module):
                 f"manual stages are built for Hugging Face decoder-only LMs (model.layers, "
                 f"model.rotary_emb); got {type(causal_lm).__name__} with stack {spec.stack!r}"
             )
-        self.first, self.last = index == 0, index == spec.stages - 1
+        self.first, self.last = index == 0, index == spec.virtual_stages - 1
         if getattr(causal_lm.config, "tie_word_embeddings", False) and spec.stages > 1:
             raise FrontendError("tied embeddings across pipeline stages are not supported yet")
-        base.layers = _KeptLayers({i: base.layers[i] for i in spec.stage_layers[index]})
-        if not self.first:
-            base.embed_tokens = None
-        if not self.last:
-            base.norm = None
-        self.model = base
+        self.model = nn.Module()  # the parts this stage runs, under their original names
+        self.model.layers = _KeptLayers({i: base.layers[i] for i in spec.stage_layers[index]})
+        self.model.rotary_emb = base.rotary_emb
+        self.model.embed_tokens = base.embed_tokens if self.first else None
+        self.model.norm = base.norm if self.last else None
         self.lm_head = causal_lm.lm_head if self.last else None
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
@@ -238,13 +282,21 @@ class CausalLMStage(nn.Module):
 
 def build_pipeline_schedule(
     spec: PipelineSpec | Plan,
-    stage: PipelineStage,
+    stage: PipelineStage | list[PipelineStage],
     loss_fn: Callable[[Any, torch.Tensor], torch.Tensor] | None = None,
-) -> PipelineScheduleSingle:
-    """The planned schedule over ``stage``; gradients are averaged over micro-batches
-    (``scale_grads``), so a mean loss per micro-batch gives the full batch's mean gradient."""
+) -> PipelineScheduleSingle | PipelineScheduleMulti:
+    """The planned schedule over this rank's ``stage`` (a list of them for interleaved 1F1B:
+    ``build_pipeline_stages``); gradients are averaged over micro-batches (``scale_grads``),
+    so a mean loss per micro-batch gives the full batch's mean gradient."""
     spec = pipeline_spec(spec) if isinstance(spec, Plan) else spec
-    return spec.schedule_class(stage, spec.microbatches, loss_fn=loss_fn or causal_lm_loss)
+    stages = stage if isinstance(stage, list) else [stage]
+    if spec.chunks > 1:
+        return ScheduleInterleaved1F1B(stages, spec.microbatches, loss_fn=loss_fn or causal_lm_loss)
+    if len(stages) != 1:
+        raise FrontendError(
+            f"a {spec.schedule} pipeline runs one stage per rank, got {len(stages)}"
+        )
+    return spec.schedule_class(stages[0], spec.microbatches, loss_fn=loss_fn or causal_lm_loss)
 
 
 def causal_lm_loss(output: Any, labels: torch.Tensor) -> torch.Tensor:
