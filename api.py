@@ -194,7 +194,7 @@ def _plan(
         # lacks rejects that shape, with the reason in the candidate table)
         result = search_mesh(
             graph, devices, cluster, memory_limit, time_limit, pins=pins, semantics=semantics,
-            top_k=checked.get("mesh_top_k"),
+            top_k=checked.get("mesh_top_k"), schedule=schedule, microbatches=microbatches,
         )  # fmt: skip
     elif pipeline_axis in mesh.axis_names and mesh.axis_size(pipeline_axis) > 1:
         from .solver.pipeline import plan_pipeline

@@ -81,10 +81,12 @@ def search_mesh(
     time_limit: float = 30.0,
     max_stages: int | None = None,
     top_k: int | None = None,
+    schedule: str = "1f1b",
+    microbatches: int | None = None,
     **planner_options,
 ) -> Plan:
     """The best plan over all mesh shapes (or the predictor's ``top_k``); ``plan.candidates``
-    lists every one tried."""
+    lists every one tried. ``schedule`` and ``microbatches`` apply to shapes with ``pp > 1``."""
     from .pipeline import plan_pipeline
 
     spec = get_cluster(cluster)
@@ -115,8 +117,9 @@ def search_mesh(
         try:
             if shape["pp"] > 1:
                 plan = plan_pipeline(
-                    graph, mesh, memory_limit=memory_limit, time_limit=time_limit, **planner_options
-                )
+                    graph, mesh, memory_limit=memory_limit, time_limit=time_limit,
+                    schedule=schedule, microbatches=microbatches, **planner_options,
+                )  # fmt: skip
             else:
                 from .planner import plan_graph
 

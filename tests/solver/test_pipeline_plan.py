@@ -176,3 +176,16 @@ def test_interleaved_plan_runs_every_layer_once_in_megatrons_chunk_order() -> No
     auto = sp.plan(graph, mesh=sp.Mesh({"pp": 2, "tp": 2}, cluster="h100-sxm"), schedule="auto")
     plain = sp.plan(graph, mesh=sp.Mesh({"pp": 2, "tp": 2}, cluster="h100-sxm"))
     assert auto.step_time <= min(plan.step_time, plain.step_time) + 1e-12
+
+
+def test_mesh_search_plans_pipelined_shapes_with_the_schedule_asked_for() -> None:
+    # sp.plan(devices=N, schedule=...) passes the schedule to every shape with pp > 1
+    graph = training_step(GPT_125M, batch=8, layers=8, seq=512)
+    found = {}
+    for schedule in ("1f1b", "auto"):
+        plan = sp.plan(graph, devices=4, cluster="h100-sxm", schedule=schedule)
+        found[schedule] = {tuple(c.mesh.items()): c.step_time for c in plan.candidates
+                           if c.mesh.get("pp", 1) > 1 and c.step_time is not None}  # fmt: skip
+    assert found["auto"].keys() == found["1f1b"].keys()
+    assert all(found["auto"][k] <= found["1f1b"][k] + 1e-15 for k in found["auto"])
+    assert any(found["auto"][k] < found["1f1b"][k] * 0.99 for k in found["auto"])
