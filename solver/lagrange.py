@@ -21,6 +21,7 @@ minimiser. Deterministic: GLOP and fixed iteration counts.
 from __future__ import annotations
 
 import itertools
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import numpy as np
@@ -61,6 +62,7 @@ def memory_lower_bound(
     decisions: dict[str, str],
     free: Relaxation | None = None,
     incumbent: float | None = None,
+    enough: Callable[[float], bool] | None = None,
 ) -> float | None:
     """A lower bound on the optimum of ``problem`` under ``memory``'s peak rows (seconds): the
     best of the bounds priced at the time point where the unconstrained LP optimum peaks (the
@@ -70,30 +72,35 @@ def memory_lower_bound(
     on one problem are kept on ``memory`` and tried first on the next (the planner's variants
     of one solve share the memory model and differ little); a row no multiplier raised there
     is not priced again (Mixtral-8x7B: 8 s of LPs per variant for nothing). ``incumbent``: the
-    objective of a plan that fits, which steers the first multiplier."""
+    objective of a plan that fits, which steers the first multiplier. ``enough``: called with
+    the best bound so far after each multiplier; True stops there (every LB(lam) is a valid
+    bound, so stopping early only leaves it lower): a cut-off proven, or a gap closed (on
+    Llama-3-70B the first multiplier's bound already closes it, with the heuristic's point;
+    the rest were 9-15 of its LPs)."""
     if memory.limit is None:
         return None
     free = free if free is not None else solve_relaxation(problem)
     if free is None:
         return None
-    _remember(memory, free.choice)
+    memory.lagrange.remember(free.choice)
     points = [memory.peak(problem.expand(free.choice), memory.fixed_decisions())[1]]
     points.append(memory.peak(choice, decisions)[1])
     best, budget = None, [MAX_LPS]
-    known: dict[int, float] = getattr(memory, "_lagrange_multipliers", {})
+    known = memory.lagrange.multipliers
     for k in dict.fromkeys(points):
         if known.get(k) == 0.0:
             continue  # no multiplier raised this row's bound on a sibling problem
         priced = _Priced.at(problem, memory, k, free, budget)
         if priced is None:
             continue
-        found = priced.maximise(float(memory.limit), known.get(k), incumbent)
+        found = priced.maximise(float(memory.limit), known.get(k), incumbent, _with(enough, best))
         if found is None:
             continue
         known[k] = found[1]
         if best is None or found[0] > best:
             best = found[0]
-    memory._lagrange_multipliers = known  # type: ignore[attr-defined]
+        if found[2]:
+            break
     return best
 
 
@@ -187,7 +194,8 @@ class _Priced:
                     self.problem.node_costs[n] = v
             if relaxation is None:
                 return None
-            _remember(self.memory, relaxation.choice)  # a layout for ``solver/recompute.py``
+            if self.memory is not None:  # a layout for ``solver/recompute.py``
+                self.memory.lagrange.remember(relaxation.choice)
             scored = self._scored(relaxation, pattern)
             if best is None or scored[0] < best[0]:
                 best = scored
@@ -202,9 +210,14 @@ class _Priced:
         return value, used
 
     def maximise(
-        self, limit: float, known: float | None = None, incumbent: float | None = None
-    ) -> tuple[float, float] | None:
-        """(max over lam of LB(lam), the lam that gave it): lam = 0 (the LP bound), then a
+        self,
+        limit: float,
+        known: float | None = None,
+        incumbent: float | None = None,
+        enough: Callable[[float], bool] | None = None,
+    ) -> tuple[float, float, bool] | None:
+        """(max over lam of LB(lam), the lam that gave it, whether ``enough`` stopped it early:
+        it is asked after each multiplier): lam = 0 (the LP bound), then a
         first multiplier, growing x4 while the row is over, then bisection on its excess. The
         first: ``known`` (found on a sibling problem), else the slope from the LP optimum to
         the ``incumbent`` (seconds per byte over the limit: the price at which the two tie),
@@ -214,7 +227,9 @@ class _Priced:
             return None
         best = (first[0], 0.0)
         if first[1] <= limit:
-            return best  # the unconstrained minimiser's row fits: no multiplier raises it
+            return (*best, False)  # the unconstrained minimiser's row fits: no multiplier raises it
+        if enough is not None and enough(best[0]):
+            return (*best, True)
         lo, hi, growing = 0.0, max(abs(first[0]), 1e-12) / limit, True
         if incumbent is not None and incumbent > first[0]:
             hi = (incumbent - first[0]) / (first[1] - limit)
@@ -224,14 +239,24 @@ class _Priced:
             lam = hi if growing else (lo + hi) / 2
             found = self.value(lam)
             if found is None:
-                return best
+                return (*best, False)
             if found[0] - lam * limit > best[0]:
                 best = (found[0] - lam * limit, lam)
+            if enough is not None and enough(best[0]):
+                return (*best, True)
             if found[1] > limit:  # the row is still over: memory is worth more
                 lo, hi = lam, 4 * lam if growing else hi
             else:
                 hi, growing = lam, False
-        return best
+        return (*best, False)
+
+
+def _with(enough: Callable[[float], bool] | None, best: float | None):  # type: ignore[no-untyped-def]
+    """``enough`` asked about the better of a time point's bound and ``best`` (the other
+    points' so far)."""
+    if enough is None or best is None:
+        return enough
+    return lambda bound: enough(max(bound, best))
 
 
 def _frees(mode: str | None, cls: str) -> bool:
@@ -243,18 +268,3 @@ def _key(per_mode: dict) -> tuple:
         (mode, tuple(sorted((n, v.tobytes()) for n, v in nodes.items())))
         for mode, nodes in per_mode.items()
     )
-
-
-def _remember(memory: MemoryModel | None, choice: list[int]) -> None:
-    """Keep each distinct LP layout on ``memory`` (``_lagrange_points``, in the order found):
-    the primal heuristic (``solver/recompute.py``) gives them recomputation that fits."""
-    if memory is None:
-        return
-    seen: set = getattr(memory, "_lagrange_seen", set())
-    key = tuple(choice)
-    if key not in seen:
-        seen.add(key)
-        points: list = getattr(memory, "_lagrange_points", [])
-        points.append(list(choice))
-        memory._lagrange_points = points  # type: ignore[attr-defined]
-    memory._lagrange_seen = seen  # type: ignore[attr-defined]
