@@ -39,6 +39,13 @@ STEPS = 6
 MAX_LPS = 24
 """LPs one bound may solve over all its time points (each LB(lam) is a valid bound, so stopping
 early only leaves it lower). On the 2-layer test model 45 LPs cost 48 s under load."""
+RELAX_SHARE = 16
+"""A group of alike layers holding at most 1/this of the layers that choose a mode at a time
+point is priced without a mode (``_Group.relaxed``): a bound a little lower, but one LP per
+multiplier instead of three for it. On Llama-3-70B the 80 layers form groups of 79 and 1,
+whose 9 mode patterns per multiplier become 3."""
+RELAXED = "relaxed"
+"""The pattern entry of a relaxed group."""
 LP_SLACK = 1e-6
 """Relative slack taken off each LP value (GLOP's tolerances), so the bound stays below."""
 
@@ -53,6 +60,32 @@ class _Group:
     """Mode -> leader node -> recomputed seconds of one layer per strategy."""
     kept: dict[str | None, dict[int, np.ndarray]]
     """Mode -> leader node -> window bytes of one layer still live at ``k`` per strategy."""
+    relaxed: bool = False
+    """Priced without a mode: each node takes, per strategy, its smallest priced delta over
+    the modes (``RELAX_SHARE``)."""
+
+    def cheapest(self, lam: float, costs: list[np.ndarray]) -> dict[int, np.ndarray]:
+        """Per node, the smallest over the modes of one layer's seconds plus ``lam`` times its
+        kept bytes, per strategy (``relaxed``). The sum over nodes of per-node minima is at
+        most any one mode's sum, so LB(lam) computed with it stays a lower bound."""
+        nodes = sorted({n for m in self.modes for n in (*self.cost[m], *self.kept[m])})
+        out = {}
+        for n in nodes:
+            zero = np.zeros(len(costs[n]))
+            out[n] = np.min(
+                [self.cost[m].get(n, zero) + lam * self.kept[m].get(n, zero) for m in self.modes],
+                axis=0,
+            )
+        return out
+
+    def mode_at(self, lam: float, choice: list[int]) -> str | None:
+        """The mode a relaxed group's layers would take at ``choice`` (the cheapest priced)."""
+
+        def priced(m: str | None) -> float:
+            total = sum(float(v[choice[n]]) for n, v in self.cost[m].items())
+            return total + lam * sum(float(v[choice[n]]) for n, v in self.kept[m].items())
+
+        return min(self.modes, key=lambda m: (priced(m), self.modes.index(m)))
 
 
 def memory_lower_bound(
@@ -158,8 +191,12 @@ class _Priced:
                         add(kept[mode], t.node, t.nbytes)
             key = (modes, _key(cost), _key(kept))  # alike layers: the same terms, same nodes
             groups.setdefault(key, [cost, kept, 0])[2] += 1
-        built = [_Group(count, key[0], cost, kept) for key, (cost, kept, count) in groups.items()]
-        if np.prod([len(g.modes) for g in built], dtype=float) > MAX_PATTERNS:
+        choosing = sum(count for key, (_, _, count) in groups.items() if len(key[0]) > 1)
+        built = [
+            _Group(count, key[0], cost, kept, len(key[0]) > 1 and count * RELAX_SHARE <= choosing)
+            for key, (cost, kept, count) in groups.items()
+        ]
+        if np.prod([1 if g.relaxed else len(g.modes) for g in built], dtype=float) > MAX_PATTERNS:
             return None
         priced = cls(problem, base, built, free, budget)
         priced.memory = memory
@@ -171,19 +208,15 @@ class _Priced:
         (recomputation only adds seconds): the unconstrained LP, already solved."""
         if lam == 0.0 and all(None in g.modes for g in self.groups):
             return self._scored(self.free, (None,) * len(self.groups))
-        patterns = list(itertools.product(*(g.modes for g in self.groups)))
+        patterns = list(
+            itertools.product(*((RELAXED,) if g.relaxed else g.modes for g in self.groups))
+        )
         if self.budget[0] < len(patterns):
             return None
         self.budget[0] -= len(patterns)
         best: tuple[float, float] | None = None
         for pattern in patterns:
-            delta = {n: lam * v for n, v in self.base.items()}
-            for g, mode in zip(self.groups, pattern, strict=True):
-                for n, v in g.cost[mode].items():
-                    delta[n] = delta[n] + g.count * v if n in delta else g.count * v
-                for n, v in g.kept[mode].items():
-                    add = lam * g.count * v
-                    delta[n] = delta[n] + add if n in delta else add
+            delta = self._delta(pattern, lam)
             original = {n: self.problem.node_costs[n] for n in delta}
             for n, v in delta.items():
                 self.problem.node_costs[n] = original[n] + v
@@ -196,16 +229,36 @@ class _Priced:
                 return None
             if self.memory is not None:  # a layout for ``solver/recompute.py``
                 self.memory.lagrange.remember(relaxation.choice)
-            scored = self._scored(relaxation, pattern)
+            scored = self._scored(relaxation, pattern, lam)
             if best is None or scored[0] < best[0]:
                 best = scored
         return best
 
-    def _scored(self, relaxation: Relaxation, pattern: tuple) -> tuple[float, float]:
-        """(the LP value less its slack, the peak row's bytes at its choice under ``pattern``)."""
+    def _delta(self, pattern: tuple, lam: float) -> dict[int, np.ndarray]:
+        """Per node, what the multiplier and ``pattern`` add to its cost."""
+        delta = {n: lam * v for n, v in self.base.items()}
+        for g, mode in zip(self.groups, pattern, strict=True):
+            if mode == RELAXED:
+                for n, v in g.cheapest(lam, self.problem.node_costs).items():
+                    delta[n] = delta[n] + g.count * v if n in delta else g.count * v
+                continue
+            for n, v in g.cost[mode].items():
+                delta[n] = delta[n] + g.count * v if n in delta else g.count * v
+            for n, v in g.kept[mode].items():
+                add = lam * g.count * v
+                delta[n] = delta[n] + add if n in delta else add
+        return delta
+
+    def _scored(
+        self, relaxation: Relaxation, pattern: tuple, lam: float = 0.0
+    ) -> tuple[float, float]:
+        """(the LP value less its slack, the peak row's bytes at its choice under ``pattern``;
+        a relaxed group's layers count as the mode cheapest there)."""
         value = relaxation.bound - abs(relaxation.bound) * LP_SLACK
         used = sum(float(v[relaxation.choice[n]]) for n, v in self.base.items())
         for g, mode in zip(self.groups, pattern, strict=True):
+            if mode == RELAXED:
+                mode = g.mode_at(lam, relaxation.choice)
             used += g.count * sum(float(v[relaxation.choice[n]]) for n, v in g.kept[mode].items())
         return value, used
 
