@@ -51,15 +51,18 @@ def test_relaxed_groups_still_bound_from_below(solved, monkeypatch) -> None:  # 
     exact = lagrange._Priced.at(problem, memory, k, lp, [100])
     monkeypatch.setattr(lagrange, "RELAX_SHARE", 1)  # every group that chooses is relaxed
     relaxed = lagrange._Priced.at(problem, memory, k, lp, [100])
-    assert exact is not None and relaxed is not None
+    assert exact is not None
+    assert relaxed is not None
     assert all(g.relaxed for g in relaxed.groups if len(g.modes) > 1)
     assert any(len(g.modes) > 1 for g in relaxed.groups)
     for scale in (0.5, 2.0, 8.0):
         lam = scale * lp.bound / LIMIT
         low, high = relaxed.value(lam), exact.value(lam)
-        assert low is not None and high is not None
+        assert low is not None
+        assert high is not None
         assert low[0] <= high[0] * (1 + 1e-9)
     assert 100 - relaxed.budget[0] == 3  # one LP per multiplier
     fresh = build_memory_model(memory.space, get_cluster(MESH.cluster), LIMIT)
     bound = memory_lower_bound(problem, fresh, plan, decisions)
-    assert bound is not None and lp.bound * (1 - 1e-6) <= bound <= cost
+    assert bound is not None
+    assert lp.bound * (1 - 1e-6) <= bound <= cost
