@@ -23,7 +23,12 @@ reported peak 356 GiB: that was ``plan.peak_memory_bytes``, the sub-mesh solve's
 whole model under 8 x the budget; the row now reports the fullest stage's peak, as ``print(plan)``
 and ``sp.evaluate`` do (not re-run since). With the primal heuristic (``solver/recompute.py``,
 ``sp.plan`` with capture, back to back at load 2.4-3.8): 70B 107.3 -> 39.7 s, 3001.4 -> 2744.3
-ms, gap 9.5% -> 1.67%; 8B f32 19.0 -> 11.7 s, same plan (2647.0 ms, 1.05%).
+ms, gap 9.5% -> 1.67%; 8B f32 19.0 -> 11.7 s, same plan (2647.0 ms, 1.05%). With the seed's
+pricing and the Lagrangian bound made cheap (docs/design.md, "The 70B row's pricing and bound
+made cheap"; wall / CPU s with capture, back to back at load 2.4-6.5): 70B 64.4 / 31.3 -> 20.8 /
+16.6 s, the same 2744.3 ms plan at gap 1.78% (bound 2.9154 s, was 2.9187 s); 8B f32 18.5 / 13.8
+-> 15.1 / 10.0 s, the same plan. Each row also reports ``trade``, the plan summary's memory
+trade (recomputed layers, sharded states, headroom).
 """
 
 from __future__ import annotations
@@ -81,7 +86,7 @@ import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 import shardplan as sp
 from shardplan.evaluate import best_baseline
-from shardplan.solver.summary import strategy_words
+from shardplan.solver.summary import memory_trade, strategy_words
 shapes = {
     "70b-bf16": (dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
         num_attention_heads=64, num_key_value_heads=8), torch.bfloat16, {"dp": 8, "tp": 8}),
@@ -108,7 +113,7 @@ peak = max(s.memory_bytes for s in stages) if stages else plan.peak_memory_bytes
 print(json.dumps(dict(name=name, plan_s=wall, plan_cpu_s=cpu, status=s.status, gap=gap,
     seed=s.fallback or None, timings=plan.timings,
     step_ms=plan.step_time * 1e3, peak_gib=peak / 2**30,
-    strategy=strategy_words(plan),
+    strategy=strategy_words(plan), trade=memory_trade(plan),
     recompute={m: list(plan.recompute.values()).count(m) for m in set(plan.recompute.values())},
     baseline=base[0] if base else None, baseline_step_ms=base[1].step_time * 1e3 if base else None,
     rss_mb=resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024)))

@@ -21,10 +21,17 @@ PASSES = 2
 """Pruning a node tightens its neighbours' maxima (fewer columns): a second pass finds more."""
 
 
-def prune_dominated(problem: Problem, memory=None, keep: dict[int, int] | None = None) -> int:  # type: ignore[no-untyped-def]
+def prune_dominated(  # type: ignore[no-untyped-def]
+    problem: Problem,
+    memory=None,
+    keep: dict[int, int] | None = None,
+    usage: dict[int, np.ndarray] | None = None,
+) -> int:
     """Forbid dominated strategies in place; returns how many were forbidden. ``keep``: node ->
-    a strategy never forbidden (a warm start's, so the hint stays a feasible point)."""
-    usage = _memory_vectors(problem, memory)
+    a strategy never forbidden (a warm start's, so the hint stays a feasible point).
+    ``usage``: ``memory_vectors(problem, memory)`` when the caller has it (problems that differ
+    only in node costs share it: the seed's restricted copies)."""
+    usage = memory_vectors(problem, memory) if usage is None else usage
     keep = keep or {}
     total = 0
     visit = [n for n in problem.live_nodes() if len(problem.node_costs[n]) > 1]
@@ -125,8 +132,9 @@ def _covers(group: np.ndarray, count: int) -> bool:
     return bool(np.bincount(group, minlength=count).all())
 
 
-def _memory_vectors(problem: Problem, memory) -> dict[int, np.ndarray]:  # type: ignore[no-untyped-def]
-    """Per live node, every per-strategy memory (or recomputation) vector that lands on it."""
+def memory_vectors(problem: Problem, memory) -> dict[int, np.ndarray]:  # type: ignore[no-untyped-def]
+    """Per live node, every per-strategy memory (or recomputation) vector that lands on it
+    (depends on the problem's eliminations and memory rows, not on its costs)."""
     from .memory import _resolution
 
     resolve = _resolution(problem)

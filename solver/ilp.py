@@ -87,10 +87,13 @@ class Prepared:
         return self.reduced is not self.problem and not self.reduced.live_nodes()
 
 
-def prepare(problem: Problem, hints: dict[int, int] | None = None, memory=None) -> Prepared:
+def prepare(
+    problem: Problem, hints: dict[int, int] | None = None, memory=None, usage=None
+) -> Prepared:
     """Prune dominated strategies (exact), drop the memory rows when no choice can reach the
-    limit, and eliminate nodes of degree <= 2 (exact) unless peak rows name them."""
-    prune_dominated(problem, memory, hints)  # exact: forbids strategies another one beats
+    limit, and eliminate nodes of degree <= 2 (exact) unless peak rows name them. ``usage``:
+    ``dominance.memory_vectors`` of the problem, when the caller has it."""
+    prune_dominated(problem, memory, hints, usage)  # exact: forbids strategies another one beats
     if memory is not None and memory.cannot_bind(problem):
         memory.read(None)  # nothing recomputed: it would only add time
         memory = None  # no peak rows: no choice reaches the limit
@@ -270,8 +273,9 @@ def _cut_off(problem: Problem, memory, relaxation, cutoff: float | None) -> bool
     decisions = memory.decisions
     choice = problem.expand(relaxation.choice)
     bound = memory_lower_bound(
-        problem, memory, choice, memory.fixed_decisions(), relaxation, cutoff
-    )
+        problem, memory, choice, memory.fixed_decisions(), relaxation, cutoff,
+        enough=lambda b: b > cutoff,  # proven: the rest of the bound's LPs would not matter
+    )  # fmt: skip
     memory.decisions = decisions
     return bound is not None and bound > cutoff  # a tie may still win (the earlier strategy)
 
@@ -310,27 +314,43 @@ def _gap(solution: Solution) -> float:
     return 1 - solution.bound / solution.objective
 
 
-def _proven_seed(problem: Problem, hints: dict[int, int], memory, relaxation, start: float):  # type: ignore[no-untyped-def]
-    """The seed (a complete warm start that fits) with the best bound known before any search:
-    the LP's, raised by the Lagrangian bound when the LP alone leaves more than
-    ``MEMORY_GAP``. None when the seed does not fit (CP-SAT then starts from it anyway)."""
+def _seeded(problem: Problem, hints: dict[int, int], memory, relaxation, start: float):  # type: ignore[no-untyped-def]
+    """(the better of the seed and the heuristic's point, with the best bound known before any
+    search; (that point, its recomputation) when the heuristic found it, else None). (None,
+    None) when the seed (a complete warm start) does not fit: CP-SAT then starts from it anyway.
+
+    The bound is the LP's, raised by the Lagrangian bound when the LP alone leaves more than
+    ``MEMORY_GAP``; the bound and the primal heuristic (``solver/recompute.py``) take turns:
+    after each Lagrangian multiplier the heuristic tries the LP layouts it found, and both stop
+    once the best point is proven within ``MEMORY_GAP`` (Llama-3-70B: after the first
+    multiplier; the bound alone then ran 9-15 more LPs, 3-6 s)."""
     seed = _warm_start(problem, hints, memory, start)
     if seed is None:
-        return None
+        return None, None
     seed = dataclasses.replace(seed, bound=min(relaxation.bound, seed.objective))
-    return _priced_memory_bound(problem, memory, seed, relaxation)
+    if _gap(seed) <= MEMORY_GAP:
+        return seed, None  # close enough: the bound's LPs are not worth their seconds
+    best: list = [seed, dict(memory.decisions)]
+    tried = [0]
 
+    def enough(bound: float) -> bool:
+        points = memory.lagrange.points[tried[0] :]  # the heuristic tried the earlier ones
+        tried[0] = len(memory.lagrange.points)
+        better = improve(problem, memory, best[0].objective, points)
+        if better is not None:
+            objective, choice, decisions = better
+            elapsed = time.perf_counter() - start
+            best[:] = [Solution(choice, objective, 0.0, "FEASIBLE", elapsed, 0), decisions]
+        return 1 - bound / best[0].objective <= MEMORY_GAP
 
-def _seeded(problem: Problem, hints: dict[int, int], memory, relaxation, start: float):  # type: ignore[no-untyped-def]
-    """(the seed with its bound, or the heuristic's better point; (that point, its
-    recomputation) when the heuristic found it, else None)."""
-    found = _proven_seed(problem, hints, memory, relaxation, start)
-    if found is None or _gap(found) <= MEMORY_GAP:
-        return found, None
-    better = _improved(problem, memory, found, start)
-    if better is found:
-        return found, None
-    return better, (better, dict(memory.decisions))
+    bound = memory_lower_bound(
+        problem, memory, seed.choice, best[1], relaxation, seed.objective, enough
+    )
+    found, decisions = best
+    lower = seed.bound if bound is None else max(seed.bound, bound)
+    bounded = dataclasses.replace(found, bound=min(lower, found.objective))
+    memory.decisions = decisions
+    return bounded, (None if found is seed else (bounded, decisions))
 
 
 def _search(problem, time_limit, hints, workers, start, memory, work_limit, heuristic) -> Solution:  # type: ignore[no-untyped-def]
@@ -357,21 +377,6 @@ def _search(problem, time_limit, hints, workers, start, memory, work_limit, heur
     ):
         solution, memory.decisions = heuristic[0], heuristic[1]
     return solution
-
-
-def _improved(problem: Problem, memory, found: Solution, start: float) -> Solution:  # type: ignore[no-untyped-def]
-    """``found`` (the seed, bounded), or a better plan from the Lagrangian LPs' layouts with
-    their cheapest recomputation that fits (``solver/recompute.py``), under the same bound.
-    Its recomputation becomes the memory model's decisions (what the plan is built with)."""
-    seed_decisions = dict(memory.decisions)
-    better = improve(problem, memory, found.objective)
-    if better is None:
-        memory.decisions = seed_decisions
-        return found
-    objective, choice, decisions = better
-    memory.decisions = decisions
-    bound = min(found.bound, objective)
-    return Solution(choice, objective, bound, "FEASIBLE", time.perf_counter() - start, 0)
 
 
 def _priced_memory_bound(problem: Problem, memory, solution: Solution, relaxation) -> Solution:  # type: ignore[no-untyped-def]

@@ -161,29 +161,35 @@ def _plan_space(
     memory = clock(
         "memory", build_memory_model, space, cluster, limit, o.recompute, o.activation_scale
     )
-    objectives = [problem]
-    if o.overlap and not quick:
-        weighted = clock("overlap", problem.copy)
-        clock("overlap", weight_edges, weighted, space)
-        objectives.append(weighted)
     binds = not memory.cannot_bind(problem)
     merges = _merge_variants(o, space, quick, binds)
-    last = len(merges) - 1  # shrinking changes a problem: earlier merge choices take copies
-    variants = [(p if n == last else p.copy(), m) for n, m in enumerate(merges) for p in objectives]
-    plans: list[tuple[Plan, list[int], float]] = []
-    chosen: list[list[int]] = []
     warm = {**_hints(space), **(hints or {})}
     seeded = o.baseline is not None and not quick and o.recompute is True
     shrunk: list[Problem] = []  # the seed's shrunk copy of ``problem``
     if seeded and binds:  # the limit binds: start from a baseline
         warm = {**_seed_warm(o, space, problem, memory, shrunk), **warm}
+    objectives: list = [problem]
+    if o.overlap and not quick:
+        weighted = partial(_weighted, clock, problem, space)
+        # a seeded memory-bound solve often ends at the plain variant (proven within the gap):
+        # the weighted copy is then made only if reached (70B: 1 s), from ``problem``, which
+        # the plain variant leaves unshrunk when it takes the seed's shrunk copy
+        lazy = bool(shrunk) and merges == [True]
+        objectives.append(weighted if lazy else weighted())
+    last = len(merges) - 1  # shrinking changes a problem: earlier merge choices take copies
+    variants = [
+        (p if n == last or callable(p) else p.copy(), m) for n, m in enumerate(merges)
+        for p in objectives
+    ]  # fmt: skip
     if shrunk and variants[0] == (problem, True):  # the same shrink: reuse it (70B: 2.7 s)
         variants[0] = (shrunk[0], True)
+    plans: list[tuple[Plan, list[int], float]] = []
+    chosen: list[list[int]] = []
     left = share * o.time_limit  # spent in CP-SAT's deterministic time, not wall time (ilp.py)
     with ThreadPoolExecutor(max_workers=LP_THREADS) as pool:
         ahead = _prepare_ahead(variants, space, o, warm, memory, pool, left, seeded and binds,
                                frozenset(map(id, shrunk)))  # fmt: skip
-        for index, ((candidate, merge), (prepared, relaxation)) in enumerate(
+        for index, ((_, merge), (candidate, prepared, relaxation)) in enumerate(
             zip(variants, ahead, strict=True)
         ):
             budget = max(1.0, left) / (len(variants) - index)  # the limit covers every variant
@@ -253,10 +259,20 @@ def _prepare_ahead(variants, space: Space, o: _Options, warm, memory, pool, left
 
 
 def _prepare_one(candidate, merge, space, o, warm, memory, pool, left, shrunk):  # type: ignore[no-untyped-def]
+    """(the variant's problem, prepared, its LP's future); a callable ``candidate`` makes it."""
+    if callable(candidate):
+        candidate = candidate()
     if id(candidate) not in shrunk:
         o.clock("shrink", shrink, candidate, space, o.share_layers, merge)
     prepared = o.clock("prune", prepare, candidate, warm, memory)
-    return prepared, pool.submit(relax, prepared, max(1.0, left))
+    return candidate, prepared, pool.submit(relax, prepared, max(1.0, left))
+
+
+def _weighted(clock, problem: Problem, space: Space) -> Problem:  # type: ignore[no-untyped-def]
+    """A copy of ``problem`` with overlap-weighted edge prices (``weight_edges``)."""
+    weighted = clock("overlap", problem.copy)
+    clock("overlap", weight_edges, weighted, space)
+    return weighted
 
 
 class NoPlanInTime(InfeasiblePlanError):
@@ -518,12 +534,12 @@ def build_plan(
     operand_shardings = {}
     reshards: list[Reshard] = []
     compute = 0.0
-    costs = space.tables  # the op costs ``build_problem`` priced for this space
+    vectors = _op_vectors(space, cluster)
     paths: dict = {}
     for i, op in enumerate(graph.ops):
         options = space.strategies[space.op_node(i)]
         strategy = options[choice[space.op_node(i)]]
-        compute += float(op_costs(op, options, space, cluster, costs)[choice[space.op_node(i)]])
+        compute += float(vectors[i][choice[space.op_node(i)]])
         for k, result in enumerate(op.results):
             if pinned_result(result) is not None or result in space.reduce_once:
                 produced = strategy.results[k]
@@ -586,6 +602,27 @@ def build_plan(
     )  # fmt: skip
     return Plan(graph, mesh, shardings, operand_shardings, reshards, compute, comm,
                 sum(memory.values()), memory, stats, outputs)  # fmt: skip
+
+
+def _op_vectors(space: Space, cluster: Cluster) -> list[np.ndarray]:
+    """Per op, its seconds per strategy: the vectors ``build_problem`` priced (in
+    ``space.tables``), looked up once per space and cluster (the op signature keys cost more
+    than the lookups; a memory-bound plan builds two plans: the seed's and the solver's)."""
+    key = ("op_vectors", id(space), id(cluster))
+    found = space.tables.get(key)
+    lists = space.strategies
+    if (
+        found is None
+        or found[1] is not cluster
+        or len(found[0]) != len(lists)
+        or any(a is not b for a, b in zip(found[0], lists, strict=True))
+    ):  # a new space or cluster, or lists replaced since (``cap_batch_split``)
+        vectors = [
+            op_costs(op, lists[space.op_node(i)], space, cluster, space.tables)
+            for i, op in enumerate(space.graph.ops)
+        ]
+        found = space.tables[key] = (list(lists), cluster, vectors)
+    return found[2]
 
 
 def _with_memory(space, solution, problem, memory, parts) -> Plan:

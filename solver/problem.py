@@ -68,14 +68,21 @@ class Problem:
         return [n for n, a in enumerate(self.alive) if a]
 
     def copy(self) -> Problem:
-        """An independent copy (``copy.deepcopy`` is ~10x slower on 10k-node problems)."""
+        """An independent copy (``copy.deepcopy`` is ~10x slower on 10k-node problems). An
+        eliminated node's arrays are shared, not copied: nothing writes them again (a node
+        never comes back, and costs are replaced, never written in place), and a shrunk
+        Llama-3-70B keeps 195 of 32,136 nodes (the seed copies it per strategy)."""
         edges = {
             k: Edge(e.u, e.v, e.u_group.copy(), e.v_group.copy(), e.cost.copy())
             for k, e in self.edge_table.items()
         }
+        alive = self.alive
+        costs = [c.copy() if a else c for c, a in zip(self.node_costs, alive, strict=True)]
+        memory = None
+        if self.memory is not None:
+            memory = [m.copy() if a else m for m, a in zip(self.memory, alive, strict=True)]
         return Problem(
-            list(self.names), [c.copy() for c in self.node_costs], edges,
-            None if self.memory is None else [m.copy() for m in self.memory],
+            list(self.names), costs, edges, memory,
             self.memory_limit, list(self.eliminated), list(self.chains), list(self.alive),
             {n: set(ids) for n, ids in self.adjacency.items()}, self._next_edge,
         )  # fmt: skip

@@ -66,11 +66,15 @@ def cheapest_fit(
 
 
 def improve(
-    problem: Problem, memory: MemoryModel, objective: float
+    problem: Problem,
+    memory: MemoryModel,
+    objective: float,
+    points: list[list[int]] | None = None,
 ) -> tuple[float, list[int], dict[str, str]] | None:
     """(objective, full choice, decisions) of the best Lagrangian LP layout that fits with its
-    cheapest recomputation and is below ``objective``; None when none is."""
-    points: list[list[int]] = getattr(memory, "_lagrange_points", [])
+    cheapest recomputation and is below ``objective``; None when none is. ``points``: the
+    layouts to try (default: every one the bound found, ``memory.lagrange.points``)."""
+    points = memory.lagrange.points if points is None else points
     scored = []
     for choice in points:
         if not _persistent_fits(problem, choice):

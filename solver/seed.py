@@ -18,13 +18,15 @@ the fastest fitting one is built into a ``Plan`` and simulated.
 from __future__ import annotations
 
 import dataclasses
+from concurrent.futures import Future
 
 import numpy as np
 
 from ..costmodel.cluster import Cluster
 from ..ir import ShardplanError
 from .costs import Space
-from .ilp import Solution, solve
+from .dominance import memory_vectors
+from .ilp import Solution, prepare, relax, solve
 from .memory import MemoryModel, _resolution
 from .problem import Problem
 
@@ -63,22 +65,28 @@ def price_baselines(
     base = problem.copy()
     shrink(base)
     resolve = _resolution(base)
+    usage = memory_vectors(base, memory)  # the restricted copies differ from base in costs only
     persistent = _persistent_minimum(space, memory)
     priced: list[Priced] = []
     settled: dict[str, int] = {}  # family -> the position whose LP optimum fits
-    deferred: list[tuple[int, object, Problem, MemoryModel]] = []
+    deferred: list[tuple] = []
+    layouts: dict = {}  # strategy less its recomputation -> allowed strategies per node
     for index, strategy in enumerate(for_graph(graph, mesh)):  # per family: none, sel., full
         family = strategy.name.split("+")[0]
         if family in settled:
             continue
-        built = _restricted(space, base, resolve, persistent, memory, strategy)
+        built = _restricted(space, base, resolve, persistent, memory, strategy, layouts)
         if built is None:
             continue
         restricted, forced = built
         # first pass: what the LP solves alone; those that need a search wait for a cutoff
-        solution = solve(restricted, time_limit, memory=forced, cutoff=float("-inf"))
+        # (pruned and relaxed once: the second pass reuses both)
+        prepared = prepare(restricted, None, forced, usage)
+        relaxation = _done(relax(prepared, time_limit))
+        solution = solve(restricted, time_limit, memory=forced, cutoff=float("-inf"),
+                         prepared=prepared, relaxation=relaxation)  # fmt: skip
         if solution.status == "CUTOFF":
-            deferred.append((index, strategy, restricted, forced))
+            deferred.append((index, strategy, restricted, forced, prepared, relaxation))
             continue
         _add(priced, index, problem, memory, strategy, solution, forced)
         if solution.status == "OPTIMAL" and solution.num_variables == 0:
@@ -87,11 +95,12 @@ def price_baselines(
             # from no recomputation; from selective, the LP ignores the recomputed ops' price,
             # so full could recompute cheaper layouts (by at most that price's spread)
             settled[family] = index
-    for index, strategy, restricted, forced in deferred:  # memory binds: a search each, unless
-        if settled.get(strategy.name.split("+")[0], index) < index:  # a bound rules it out
-            continue
+    for index, strategy, restricted, forced, prepared, relaxation in deferred:  # memory binds:
+        if settled.get(strategy.name.split("+")[0], index) < index:  # a search each, unless a
+            continue  # bound rules it out
         cutoff = min((p.score for p in priced), default=None)
-        solution = solve(restricted, time_limit, memory=forced, work_limit=SEED_WORK, cutoff=cutoff)
+        solution = solve(restricted, time_limit, memory=forced, work_limit=SEED_WORK,
+                         cutoff=cutoff, prepared=prepared, relaxation=relaxation)  # fmt: skip
         _add(priced, index, problem, memory, strategy, solution, forced)
     if not priced:
         return None
@@ -102,19 +111,26 @@ def price_baselines(
     return best.name, plan
 
 
-def _restricted(space, base, resolve, persistent, memory, strategy):  # type: ignore[no-untyped-def]
+def _done(value: object) -> Future:
+    """A future already holding ``value`` (``solve`` takes the LP as a future)."""
+    future: Future = Future()
+    future.set_result(value)
+    return future
+
+
+def _restricted(space, base, resolve, persistent, memory, strategy, layouts: dict):  # type: ignore[no-untyped-def]
     """(the free problem restricted to ``strategy``'s pins, the memory model with its
-    recomputation forced), or None when its pins are no layouts here or cannot fit."""
-    graph, mesh = space.graph, space.mesh
-    try:
-        pins = strategy.pins(graph, mesh)
-    except (ValueError, ShardplanError):
-        return None  # e.g. a sequence not divisible by a cp axis
-    allowed = _allowed(space, base, resolve, pins)
-    if allowed is None or _cannot_fit(allowed[1], persistent, memory.limit):
+    recomputation forced), or None when its pins are no layouts here or cannot fit.
+    ``layouts``: the allowed strategies per pinned node, by the strategy less its
+    recomputation (the pins do not depend on it: a family's three are worked out once)."""
+    key = dataclasses.replace(strategy, name="", recompute=None)
+    if key not in layouts:
+        layouts[key] = _layouts(space, base, resolve, persistent, memory, strategy)
+    allowed = layouts[key]
+    if allowed is None:
         return None
     restricted = base.copy()
-    for node, ok in allowed[0].items():
+    for node, ok in allowed.items():
         restricted.node_costs[node] = np.where(ok, restricted.node_costs[node], np.inf)
     forced = dataclasses.replace(
         memory,
@@ -123,6 +139,19 @@ def _restricted(space, base, resolve, persistent, memory, strategy):  # type: ig
         hint_decisions=dict.fromkeys(memory.live.layers, strategy.recompute),
     )
     return restricted, forced
+
+
+def _layouts(space, base, resolve, persistent, memory, strategy):  # type: ignore[no-untyped-def]
+    """Per live pinned node, the strategies ``strategy``'s pins allow; None when its pins are
+    no layouts here or its persistent state cannot fit even at its smallest."""
+    try:
+        pins = strategy.pins(space.graph, space.mesh)
+    except (ValueError, ShardplanError):
+        return None  # e.g. a sequence not divisible by a cp axis
+    allowed = _allowed(space, base, resolve, pins)
+    if allowed is None or _cannot_fit(allowed[1], persistent, memory.limit):
+        return None
+    return allowed[0]
 
 
 def _add(priced, index, problem, memory, strategy, solution, forced) -> None:  # type: ignore[no-untyped-def]

@@ -37,3 +37,32 @@ def test_the_bound_lies_between_the_lp_bound_and_every_fitting_plan(solved) -> N
     full = dict.fromkeys(memory.live.layers, "full")  # another plan that fits
     if memory.profile(plan, full).peak <= LIMIT:
         assert bound <= problem.evaluate(plan) + memory.recompute_cost(plan, full)
+
+
+def test_relaxed_groups_still_bound_from_below(solved, monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    """A group priced without a mode (``RELAX_SHARE``: per node the cheapest mode's delta)
+    lowers LB(lam) at every multiplier (so it stays a lower bound), with one LP per multiplier
+    instead of one per mode pattern; the bound stays above the LP bound and below the plan."""
+    from shardplan.costmodel import get_cluster
+    from shardplan.solver import lagrange
+
+    problem, memory, lp, plan, decisions, cost = solved
+    k = memory.peak(problem.expand(lp.choice), {})[1]  # the row the LP optimum breaks
+    exact = lagrange._Priced.at(problem, memory, k, lp, [100])
+    monkeypatch.setattr(lagrange, "RELAX_SHARE", 1)  # every group that chooses is relaxed
+    relaxed = lagrange._Priced.at(problem, memory, k, lp, [100])
+    assert exact is not None
+    assert relaxed is not None
+    assert all(g.relaxed for g in relaxed.groups if len(g.modes) > 1)
+    assert any(len(g.modes) > 1 for g in relaxed.groups)
+    for scale in (0.5, 2.0, 8.0):
+        lam = scale * lp.bound / LIMIT
+        low, high = relaxed.value(lam), exact.value(lam)
+        assert low is not None
+        assert high is not None
+        assert low[0] <= high[0] * (1 + 1e-9)
+    assert 100 - relaxed.budget[0] == 3  # one LP per multiplier
+    fresh = build_memory_model(memory.space, get_cluster(MESH.cluster), LIMIT)
+    bound = memory_lower_bound(problem, fresh, plan, decisions)
+    assert bound is not None
+    assert lp.bound * (1 - 1e-6) <= bound <= cost
