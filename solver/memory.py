@@ -539,6 +539,9 @@ def build_memory_model(
         category = INPUT_CATEGORY.get(value.role, "inputs")
         terms.append(Term(f"%{value.name}", category, 0, live.end, n, vec))
     freed = _freed_classes(live)
+    graph = space.graph  # asked per result: once per graph, not a scan of its outputs each
+    kept = {id(v) for j, v in enumerate(graph.outputs) if j not in graph.output_aliases}
+    cache["outputs"], cache["serving"] = kept, _serving(graph)
     for i, op in enumerate(space.graph.ops):
         for k, value in enumerate(op.results):
             term = _result_term(space, live, i, k, value, cache)
@@ -570,7 +573,7 @@ def _result_term(space: Space, live: Liveness, i: int, k: int, value: Value, cac
     if cache_write(value):
         return None
     category = _category(value, live, i)
-    if category == "parameter_copies" and _serving(space.graph):
+    if category == "parameter_copies" and cache["serving"]:
         # a serving step has no backward to keep weights for: a view of a weight aliases it,
         # any other copy (a gathered weight) lives until its last reader, like an activation
         if value.producer is not None and value.producer.kind in VIEW_KINDS:
@@ -582,7 +585,7 @@ def _result_term(space: Space, live: Liveness, i: int, k: int, value: Value, cac
         node = space.op_node(reader)
         return Term(f"%{value.name}", category, start, stop, node,
                     _bytes(space, node, "operands", slot, value, cache))  # fmt: skip
-    if category == "parameter_copies" or _is_output(space, value):
+    if category == "parameter_copies" or id(value) in cache["outputs"]:
         node = space.op_node(i)
         return Term(f"%{value.name}", category, start, live.end, node,
                     _bytes(space, node, "results", k, value, cache))  # fmt: skip
@@ -591,11 +594,6 @@ def _result_term(space: Space, live: Liveness, i: int, k: int, value: Value, cac
 
 def _serving(graph) -> bool:  # type: ignore[no-untyped-def]
     return any(v.role is Role.KV_CACHE for v in graph.inputs)
-
-
-def _is_output(space: Space, value: Value) -> bool:
-    graph = space.graph
-    return any(v is value and j not in graph.output_aliases for j, v in enumerate(graph.outputs))
 
 
 def _category(value: Value, live: Liveness, i: int) -> str:

@@ -29,7 +29,7 @@ from ..ir import (
 )
 from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
-from .batch import batch_inputs, plan_batch_split
+from .batch import batch_inputs, plan_batch_split, remembered
 from .costs import op_cost
 from .plan import PipelinePlan, Plan, StageSpec
 from .stages import LayerCosts, StageAssignment, assign_stages, evaluate_split
@@ -110,18 +110,20 @@ def _plan_stages(
     floor = _compute_floor(graph, sub_mesh, get_cluster(mesh.cluster))
     best: tuple[Plan, LayerSplit, StageAssignment] | None = None
     error: ShardplanError | None = None
-    for cap in _batch_caps(sub_mesh, batch, microbatches):
-        m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
-        if best is not None and _bubble_bound(floor, stages, m_max) >= best[2].step_time:
-            continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
-        try:
-            found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches,
-                              time_limit, stage_bounds, planner_options, cap, extra)  # fmt: skip
-        except InfeasiblePlanError as exc:
-            error = exc
-            continue
-        if best is None or found[2].step_time < best[2].step_time - 1e-12:
-            best = found
+    with remembered(graph):  # every cap's spaces cap the batch split of the same graph
+        for cap in _batch_caps(sub_mesh, batch, microbatches):
+            m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
+            if best is not None and _bubble_bound(floor, stages, m_max) >= best[2].step_time:
+                continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
+            try:
+                found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule,
+                                  microbatches, time_limit, stage_bounds, planner_options, cap,
+                                  extra)  # fmt: skip
+            except InfeasiblePlanError as exc:
+                error = exc
+                continue
+            if best is None or found[2].step_time < best[2].step_time - 1e-12:
+                best = found
     if best is None:
         raise error or InfeasiblePlanError("no pipeline plan")
     inner, split, assignment = best
@@ -188,7 +190,8 @@ def _plan_cap(
     m_max = microbatches or min(_batch_bound(graph) // cap, MAX_MICROBATCHES)
     inner = plan_graph(
         graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit,
-        activation_scale=min(1.0, stages / m_max), batch_split_limit=cap, **planner_options,
+        activation_scale=min(1.0, stages / m_max), batch_split_limit=cap,
+        **_seeded(planner_options),
     )  # fmt: skip
     split = attribute_layer_costs(inner, get_cluster(mesh.cluster), tp_overlap_axes)
     if split.costs.num_layers < stages:
@@ -213,6 +216,21 @@ def _plan_cap(
             f"{cap}); add devices or allow recomputation"
         )
     return inner, split, best
+
+
+def _seeded(planner_options: dict) -> dict:
+    """The sub-mesh solve seeded from its LP: when its memory limit binds, the LP's layouts
+    with every layer fully recomputed are the warm start (``plan_graph``'s ``lp_seed``), which
+    lets the memory-bound solve use the primal heuristic, the Lagrangian bound and its stop
+    within ``ilp.MEMORY_GAP``, and skip the overlap-weighted variant once proven within it
+    (``planner._plan_space``). Unseeded, each cap of the 405B-shaped row was a full
+    memory-bound search; the hand-written strategies (``sp.plan``'s seed without ``pp``) were
+    no help: none splits the batch as little as a 1-sample micro-batch allows, and pricing
+    them cost 10-48 s per cap (docs/design.md, "Pipelines"). Not when recomputation is fixed
+    (a hand-written configuration priced by ``sp.evaluate``)."""
+    if planner_options.get("recompute", True) is not True:
+        return planner_options
+    return {**planner_options, "lp_seed": True}
 
 
 def _fixed_split(costs, bounds, options, limit, schedule, link, chunks=1):  # type: ignore[no-untyped-def]
