@@ -29,6 +29,7 @@ from ..ir import (
 )
 from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
+from .axis_search import shared_start
 from .batch import batch_inputs, plan_batch_split, remembered
 from .costs import op_cost
 from .plan import PipelinePlan, Plan, StageSpec
@@ -110,7 +111,7 @@ def _plan_stages(
     floor = _compute_floor(graph, sub_mesh, get_cluster(mesh.cluster))
     best: tuple[Plan, LayerSplit, StageAssignment] | None = None
     error: ShardplanError | None = None
-    with remembered(graph):  # every cap's spaces cap the batch split of the same graph
+    with remembered(graph), shared_start(graph):  # every cap plans the same graph and mesh
         for cap in _batch_caps(sub_mesh, batch, microbatches):
             m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
             if best is not None and _bubble_bound(floor, stages, m_max) >= best[2].step_time:
