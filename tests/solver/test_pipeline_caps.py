@@ -1,0 +1,35 @@
+"""A pipeline solves its stage mesh once per batch cap; on a mesh of three axes each cap is an
+axis search, and the caps after the first start from the previous cap's best centre
+(``axis_search.shared_start``) instead of solving the merged two-axis mesh again."""
+
+from __future__ import annotations
+
+import shardplan as sp
+from shardplan.models import TransformerConfig, training_step
+from shardplan.solver import axis_search
+
+
+def test_later_caps_start_from_the_previous_caps_centre(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    searches, merged = [], []
+    search, start = axis_search.axis_search, axis_search._merged_start
+    monkeypatch.setattr(
+        axis_search, "axis_search", lambda *a, **k: searches.append(1) or search(*a, **k)
+    )
+    monkeypatch.setattr(
+        axis_search, "_merged_start", lambda *a, **k: merged.append(1) or start(*a, **k)
+    )
+    from shardplan.solver import planner
+
+    monkeypatch.setattr(planner, "axis_search", axis_search.axis_search)
+    config = TransformerConfig("tiny", 2, 64, 4, 128, 256, 32)
+    mesh = sp.Mesh({"pp": 2, "dp": 2, "fsdp": 2, "tp": 2}, cluster="h100-sxm")
+    plan = sp.plan(training_step(config, batch=8), mesh=mesh)
+    assert len(searches) >= 2  # more than one cap was solved ...
+    assert merged == [1]  # ... and only the first solved the merged mesh
+    stages = plan.pipeline.stages
+    assert [layer for s in stages for layer in s.layers] == list(range(2))
+    assert all(s.memory_bytes <= plan.memory_limit / len(stages) for s in stages)
+    # scoped to the call: a second plan of the same graph starts afresh, and plans the same
+    again = sp.plan(training_step(config, batch=8), mesh=mesh)
+    assert merged == [1, 1]
+    assert again.step_time == plan.step_time
