@@ -13,7 +13,6 @@ loss gradient's broadcast is reached from its consumers).
 
 from __future__ import annotations
 
-import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -105,26 +104,15 @@ def _visit(graph: Graph, i: int, dims: dict[Value, set[int]], factors: dict) -> 
 
 
 def cap_batch_split(space: Space, cap: int) -> None:
-    """Keep only strategies whose batch split divides ``cap`` (shared lists stay shared).
-
-    A factor of ``k`` entries per sample (a flattened ``(b s)`` token dimension: ``k = s``)
-    has ``cap * k`` entries in a micro-batch of ``cap`` samples, so any split dividing that
-    is one a stage can run (it splits the micro-batch's tokens); a batch-only factor
-    (``k = 1``) splits over a divisor of ``cap``. Without this, a loss over flattened tokens
-    (HF's ``view(-1, vocab)``) could not be split at all under cap 1: Llama-3-70B at 16 x
-    128K on ``pp=4`` x (2, 4, 8) needed three 250 GiB f32 logit buffers per device and was
-    ``INFEASIBLE`` on every cap (docs/design.md, "Pipelines")."""
+    """Keep only strategies whose batch split divides ``cap`` (shared lists stay shared)."""
     graph, mesh = space.graph, space.mesh
-    inputs = batch_inputs(graph)
-    batch = inputs[0].type.shape[0] if inputs else 1
-    filtered: dict[tuple[int, frozenset[str], tuple], list] = {}
+    filtered: dict[tuple[int, frozenset[str]], list] = {}
     for i, found in sorted(batch_marks(graph).factors.items()):
         node = space.op_node(i)
-        sizes = graph.ops[i].rule.size_of
-        per = tuple(sorted((f, _per_sample(sizes.get(f, batch), batch)) for f in found))
-        key = (id(space.strategies[node]), found, per)
+        key = (id(space.strategies[node]), found)
         if key not in filtered:
-            kept = [s for s in space.strategies[node] if _runs(s, dict(per), mesh, cap)]
+            kept = [s for s in space.strategies[node] if _op_split(s, found, mesh) <= cap]
+            kept = [s for s in kept if cap % _op_split(s, found, mesh) == 0]
             filtered[key] = kept or space.strategies[node]
         space.strategies[node] = filtered[key]
     for value in batch_inputs(graph):
@@ -135,22 +123,14 @@ def cap_batch_split(space: Space, cap: int) -> None:
         space.strategies[node] = kept or space.strategies[node]
 
 
-def _per_sample(size: int, batch: int) -> int:
-    """Entries per sample of a batch factor of ``size`` entries (1 unless a multiple)."""
-    return size // batch if size > batch and size % batch == 0 else 1
-
-
-def _runs(strategy, per: dict[str, int], mesh: Mesh, cap: int) -> bool:
-    """Whether every batch factor's split divides its entries in a ``cap``-sample micro-batch."""
-    return all(
-        (cap * per[f]) % mesh.group_size(axes) == 0 for f, axes in strategy.assignment if f in per
-    )
+def _op_split(strategy, found: frozenset[str], mesh: Mesh) -> int:
+    """Devices the batch is divided over by a strategy (the largest over its batch factors)."""
+    sizes = [mesh.group_size(axes) for f, axes in strategy.assignment if f in found]
+    return max(sizes, default=1)
 
 
 def plan_batch_split(plan) -> int:
-    """The most devices any op of a solved plan splits the batch over (as its operands show):
-    the fewest samples a micro-batch may have. A dimension of ``k`` entries per sample split
-    ``n`` ways needs ``n / gcd(n, k)`` samples (``cap_batch_split``)."""
+    """The most devices any op of a solved plan splits the batch over (as its operands show)."""
     graph, mesh = plan.graph, plan.mesh
     dims = batch_marks(graph).dims
     inputs = batch_inputs(graph)
@@ -159,9 +139,8 @@ def plan_batch_split(plan) -> int:
     for i, op in enumerate(graph.ops):
         for j, value in enumerate(op.operands):
             for d in dims.get(value, ()):
-                n = mesh.group_size(plan.operand_shardings[(i, j)].dims[d])
-                k = _per_sample(value.type.shape[d], batch)
-                out = max(out, min(n // math.gcd(n, k), batch))
+                axes = plan.operand_shardings[(i, j)].dims[d]
+                out = max(out, min(mesh.group_size(axes), batch))
     return out
 
 

@@ -29,7 +29,4 @@ def test_later_caps_start_from_the_previous_caps_centre(monkeypatch) -> None:  #
     stages = plan.pipeline.stages
     assert [layer for s in stages for layer in s.layers] == list(range(2))
     assert all(s.memory_bytes <= plan.memory_limit / len(stages) for s in stages)
-    # scoped to the call: a second plan of the same graph starts afresh, and plans the same
-    again = sp.plan(training_step(config, batch=8), mesh=mesh)
-    assert merged == [1, 1]
-    assert again.step_time == plan.step_time
+    assert not axis_search._STARTS  # scoped to the call: a later plan starts afresh
