@@ -114,7 +114,8 @@ def _plan_stages(
     with remembered(graph), shared_start(graph):  # every cap plans the same graph and mesh
         for cap in _batch_caps(sub_mesh, batch, microbatches):
             m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
-            if best is not None and _bubble_bound(floor, stages, m_max) >= best[2].step_time:
+            v = extra[0] if schedule == "interleaved" else 1
+            if best is not None and _bubble_bound(floor, stages, m_max, v) >= best[2].step_time:
                 continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
             try:
                 found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule,
@@ -160,10 +161,11 @@ def _compute_floor(graph: Graph, sub_mesh: Mesh, cluster: Cluster) -> float:
     return total / sub_mesh.size
 
 
-def _bubble_bound(floor: float, stages: int, m: int) -> float:
+def _bubble_bound(floor: float, stages: int, m: int, chunks: int = 1) -> float:
     """Lower bound on a pipeline step with at most ``m`` micro-batches: perfectly balanced
-    stages, ``(sum + (m - 1) max) / m >= sum (p + m - 1) / (p m)``, no hand-off cost."""
-    return floor * (stages + m - 1) / (stages * m)
+    stages, ``(sum/v + (m - 1/v) max) / m >= sum (p + v m - 1) / (p v m)`` with ``v = chunks``
+    (interleaved 1F1B; 1 otherwise), no hand-off cost."""
+    return floor * (stages + chunks * m - 1) / (stages * chunks * m)
 
 
 def _batch_caps(sub_mesh: Mesh, batch: int, microbatches: int | None) -> list[int]:
