@@ -25,7 +25,7 @@ and ``sp.evaluate`` do (not re-run since). With the primal heuristic (``solver/r
 ``sp.plan`` with capture, back to back at load 2.4-3.8): 70B 107.3 -> 39.7 s, 3001.4 -> 2744.3
 ms, gap 9.5% -> 1.67%; 8B f32 19.0 -> 11.7 s, same plan (2647.0 ms, 1.05%). 405B with
 each cap's sub-mesh solve seeded from its LP (``solver/pipeline.py``, back to back at load
-3-8): 580.5 s wall / 306.1 CPU s -> 301.3 / 151.8 s, gap 8.7% -> 3.4%, 11922.6 -> 11134.2 ms
+3-8): 580.5 s wall / 306.1 CPU s -> 213-301 / 152-171 s, gap 8.7% -> 3.4%, 11922.6 -> 11134.2 ms
 (87 layers full, 39 selective); the 60 s target is not met (docs/design.md "Pipelines").
 """
 
