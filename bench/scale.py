@@ -28,7 +28,10 @@ pricing and the Lagrangian bound made cheap (docs/design.md, "The 70B row's pric
 made cheap"; wall / CPU s with capture, back to back at load 2.4-6.5): 70B 64.4 / 31.3 -> 20.8 /
 16.6 s, the same 2744.3 ms plan at gap 1.78% (bound 2.9154 s, was 2.9187 s); 8B f32 18.5 / 13.8
 -> 15.1 / 10.0 s, the same plan. Each row also reports ``trade``, the plan summary's memory
-trade (recomputed layers, sharded states, headroom).
+trade (recomputed layers, sharded states, headroom). The 405B-shaped row with each cap's
+sub-mesh solve seeded from its LP (``solver/pipeline.py``, back to back at load
+3-8): 580.5 s wall / 306.1 CPU s -> 213-301 / 152-171 s, gap 8.7% -> 3.4%, 11922.6 -> 11134.2 ms
+(87 layers full, 39 selective); the 60 s target is not met (docs/design.md "Pipelines").
 """
 
 from __future__ import annotations

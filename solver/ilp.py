@@ -122,6 +122,7 @@ def solve(
     prepared: Prepared | None = None,
     relaxation: Future | None = None,
     cutoff: float | None = None,
+    lp_seed: bool = False,
 ) -> Solution:
     """Solve exactly: the LP relaxation when it is integral, else CP-SAT warm-started by it.
 
@@ -139,7 +140,11 @@ def solve(
     ``cutoff``; ``-inf`` returns at once, without a bound (the pricing's first pass).
     ``prepared`` (``prepare`` of this problem, hints and memory) and ``relaxation``
     (a future of ``relax(prepared)``) let a caller run those steps ahead, e.g. the LP of one
-    variant while it prepares the next.
+    variant while it prepares the next. ``lp_seed`` (a seeded memory-bound solve whose
+    hand-written strategies gave no warm start, ``planner._plan_space``): a large
+    (``MEMORY_BOUND_LAYERS``) binding solve without a complete warm start takes the LP's
+    layouts with every layer fully recomputed as its seed when that fits, so the primal
+    heuristic, the Lagrangian bound and the ``MEMORY_GAP`` stop apply as after a seed.
     """
     start = time.perf_counter()
     if prepared is None:
@@ -147,7 +152,7 @@ def solve(
     memory = prepared.memory
     if prepared.reduced is problem:  # peak rows name nodes: every one kept
         return _solve(problem, time_limit, hints, workers, use_lp, memory, work_limit, start,
-                      relaxation, cutoff)  # fmt: skip
+                      relaxation, cutoff, lp_seed)  # fmt: skip
     if prepared.solved_by_elimination:  # a forest: elimination alone solved it
         choice = prepared.reduced.expand([0] * len(problem.node_costs))
         objective = problem.evaluate(choice)
@@ -193,6 +198,7 @@ def _solve(
     start: float,
     ahead: Future | None = None,
     cutoff: float | None = None,
+    lp_seed: bool = False,
 ) -> Solution:
     """The LP (``ahead``: its future, solved elsewhere), then CP-SAT if the LP is not
     integral, then the fallbacks."""
@@ -213,6 +219,7 @@ def _solve(
     if _cut_off(problem, memory, relaxation, cutoff):
         return Solution([], float("inf"), float("inf"), "CUTOFF", time.perf_counter() - start, 0)
     seeded = all(n in (hints or {}) for n in problem.live_nodes())  # an incumbent (the seed)
+    hints, seeded = _lp_seed(problem, hints, seeded, lp_seed, relaxation, memory, start)
     if relaxation is not None and not seeded:
         hints = {n: relaxation.choice[n] for n in problem.live_nodes()}
     lagrangian, heuristic = None, None
@@ -427,6 +434,20 @@ def _recompute_everything(problem: Problem, choice: list[int], memory, start: fl
     memory.decisions = decisions
     objective = problem.evaluate(choice) + memory.recompute_cost(full, decisions)
     return Solution(full, objective, 0.0, "FEASIBLE", time.perf_counter() - start, 0)
+
+
+def _lp_seed(problem: Problem, hints, seeded: bool, wanted: bool, relaxation, memory, start):  # type: ignore[no-untyped-def]
+    """(hints, seeded): when ``wanted`` (``solve``'s ``lp_seed``) for a large binding solve
+    that has no complete warm start, the LP's layouts with every layer fully recomputed as
+    its seed if that fits. Measured on the 405B-shaped pipeline row (126 layers, 1-sample
+    micro-batches: no hand-written strategy splits the batch that little), whose unseeded
+    sub-mesh solve ran CP-SAT for 90-140 s per objective variant (docs/design.md)."""
+    if seeded or not wanted or relaxation is None or not _bounded(memory):
+        return hints, seeded
+    if _recompute_everything(problem, relaxation.choice, memory, start) is None:
+        return hints, seeded
+    memory.hint_decisions = dict(memory.decisions)
+    return {n: relaxation.choice[n] for n in problem.live_nodes()}, True
 
 
 def _feasible(problem: Problem, choice: list[int]) -> bool:

@@ -29,7 +29,8 @@ from ..ir import (
 )
 from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
-from .batch import batch_inputs, plan_batch_split
+from .axis_search import shared_start
+from .batch import batch_inputs, plan_batch_split, remembered
 from .costs import op_cost
 from .plan import PipelinePlan, Plan, StageSpec
 from .stages import LayerCosts, StageAssignment, assign_stages, evaluate_split
@@ -112,18 +113,21 @@ def _plan_stages(
     floor = _compute_floor(graph, sub_mesh, get_cluster(mesh.cluster))
     best: tuple[Plan, LayerSplit, StageAssignment] | None = None
     error: ShardplanError | None = None
-    for cap in _batch_caps(sub_mesh, batch, microbatches):
-        m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
-        if best is not None and _bubble_bound(floor, stages, m_max) >= best[2].step_time:
-            continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
-        try:
-            found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches,
-                              time_limit, stage_bounds, planner_options, cap, extra)  # fmt: skip
-        except InfeasiblePlanError as exc:
-            error = exc
-            continue
-        if best is None or found[2].step_time < best[2].step_time - 1e-12:
-            best = found
+    v = _most_chunks(graph, schedule, extra[0], stages)  # the smallest bubble any plan has
+    with remembered(graph), shared_start(graph):  # every cap plans the same graph and mesh
+        for cap in _batch_caps(sub_mesh, batch, microbatches):
+            m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
+            if best is not None and _bubble_bound(floor, stages, m_max, v) >= best[2].step_time:
+                continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
+            try:
+                found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule,
+                                  microbatches, time_limit, stage_bounds, planner_options, cap,
+                                  extra)  # fmt: skip
+            except InfeasiblePlanError as exc:
+                error = exc
+                continue
+            if best is None or found[2].step_time < best[2].step_time - 1e-12:
+                best = found
     if best is None:
         raise error or InfeasiblePlanError("no pipeline plan")
     inner, split, assignment = best
@@ -159,10 +163,21 @@ def _compute_floor(graph: Graph, sub_mesh: Mesh, cluster: Cluster) -> float:
     return total / sub_mesh.size
 
 
-def _bubble_bound(floor: float, stages: int, m: int) -> float:
+def _most_chunks(graph: Graph, schedule: str, chunks: int | None, stages: int) -> int:
+    """The most model chunks per device a plan may use (``_chunk_options``): the chunk count
+    asked for, else with interleaving allowed as many as there are layers per stage."""
+    if schedule not in ("interleaved", "auto"):
+        return 1
+    if chunks is not None:
+        return chunks
+    return max(1, len(_stack(graph)[1]) // stages)
+
+
+def _bubble_bound(floor: float, stages: int, m: int, chunks: int = 1) -> float:
     """Lower bound on a pipeline step with at most ``m`` micro-batches: perfectly balanced
-    stages, ``(sum + (m - 1) max) / m >= sum (p + m - 1) / (p m)``, no hand-off cost."""
-    return floor * (stages + m - 1) / (stages * m)
+    stages, ``(sum/v + (m - 1/v) max) / m >= sum (p + v m - 1) / (p v m)`` with ``v = chunks``
+    (interleaved 1F1B; 1 otherwise), no hand-off cost."""
+    return floor * (stages + chunks * m - 1) / (stages * chunks * m)
 
 
 def _batch_caps(sub_mesh: Mesh, batch: int, microbatches: int | None) -> list[int]:
@@ -190,7 +205,8 @@ def _plan_cap(
     m_max = microbatches or min(_batch_bound(graph) // cap, MAX_MICROBATCHES)
     inner = plan_graph(
         graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit,
-        activation_scale=min(1.0, stages / m_max), batch_split_limit=cap, **planner_options,
+        activation_scale=min(1.0, stages / m_max), batch_split_limit=cap,
+        **_seeded(planner_options),
     )  # fmt: skip
     split = attribute_layer_costs(inner, get_cluster(mesh.cluster), tp_overlap_axes)
     if split.costs.num_layers < stages:
@@ -217,6 +233,21 @@ def _plan_cap(
             f"{cap}); add devices or allow recomputation"
         )
     return inner, split, best
+
+
+def _seeded(planner_options: dict) -> dict:
+    """The sub-mesh solve seeded from its LP: when its memory limit binds, the LP's layouts
+    with every layer fully recomputed are the warm start (``plan_graph``'s ``lp_seed``), which
+    lets the memory-bound solve use the primal heuristic, the Lagrangian bound and its stop
+    within ``ilp.MEMORY_GAP``, and skip the overlap-weighted variant once proven within it
+    (``planner._plan_space``). Unseeded, each cap of the 405B-shaped row was a full
+    memory-bound search; the hand-written strategies (``sp.plan``'s seed without ``pp``) were
+    no help: none splits the batch as little as a 1-sample micro-batch allows, and pricing
+    them cost 10-48 s per cap (docs/design.md, "Pipelines"). Not when recomputation is fixed
+    (a hand-written configuration priced by ``sp.evaluate``)."""
+    if planner_options.get("recompute", True) is not True:
+        return planner_options
+    return {**planner_options, "lp_seed": True}
 
 
 def _chunk_options(

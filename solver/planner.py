@@ -72,6 +72,7 @@ def plan_graph(
     activation_scale: float = 1.0,
     batch_split_limit: int | None = None,
     fallback: Callable[[], tuple[str, Plan] | None] | None = None,
+    lp_seed: bool = False,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
@@ -90,6 +91,9 @@ def plan_graph(
     ``fallback``: called when the solver finds no plan in time (not when none fits); it
     returns ``(name, plan)`` of the best fitting hand-written strategy (``sp.plan`` passes
     ``evaluate.best_baseline``), which is returned with a warning and status ``FALLBACK``.
+    ``lp_seed``: when the limit binds and no hand-written strategy seeds the solve (or none is
+    priced: a pipeline's sub-mesh solve, ``solver/pipeline.py``), the LP's layouts with every
+    layer fully recomputed are the seed (``ilp.solve``'s ``lp_seed``).
     """
     graph.mesh = mesh
     if pins:
@@ -103,6 +107,7 @@ def plan_graph(
     options = _Options(
         cluster, limit, time.perf_counter() + time_limit, time_limit, merge_followers,
         share_layers, recompute, overlap, activation_scale, batch_split_limit, clock, baseline,
+        lp_seed,
     )  # fmt: skip
     try:
         if len(live_axes(mesh)) >= AXIS_SEARCH_FROM:
@@ -139,6 +144,8 @@ class _Options:
     baseline: _Once | None = None
     """The best fitting hand-written strategy, priced once when the memory limit binds: the
     solver's warm start, and the plan returned if the solver's is slower."""
+    lp_seed: bool = False
+    """Seed a binding solve from the LP when no baseline does (``plan_graph``'s ``lp_seed``)."""
 
 
 def _plan_space(
@@ -164,9 +171,9 @@ def _plan_space(
     binds = not memory.cannot_bind(problem)
     merges = _merge_variants(o, space, quick, binds)
     warm = {**_hints(space), **(hints or {})}
-    seeded = o.baseline is not None and not quick and o.recompute is True
+    seeded = (o.baseline is not None or o.lp_seed) and not quick and o.recompute is True
     shrunk: list[Problem] = []  # the seed's shrunk copy of ``problem``
-    if seeded and binds:  # the limit binds: start from a baseline
+    if seeded and binds and o.baseline is not None:  # the limit binds: start from a baseline
         warm = {**_seed_warm(o, space, problem, memory, shrunk), **warm}
     objectives: list = [problem]
     if o.overlap and not quick:
@@ -195,7 +202,8 @@ def _plan_space(
             budget = max(1.0, left) / (len(variants) - index)  # the limit covers every variant
             work = STEP_WORK if share < 1 else None  # a step cut short is still deterministic
             solution = clock("solve", solve, candidate, budget, warm, memory=memory,
-                             work_limit=work, prepared=prepared, relaxation=relaxation)  # fmt: skip
+                             work_limit=work, prepared=prepared, relaxation=relaxation,
+                             lp_seed=seeded and binds)  # fmt: skip
             left = max(0.0, left - solution.seconds_of_budget)  # what one leaves, the next gets
             if not solution.choice and plans and not merge:
                 continue  # the exact variant is extra: a merged plan stands

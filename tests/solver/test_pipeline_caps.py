@@ -1,0 +1,57 @@
+"""A pipeline solves its stage mesh once per batch cap; on a mesh of three axes each cap is an
+axis search, and the caps after the first start from the previous cap's best centre
+(``axis_search.shared_start``) instead of solving the merged two-axis mesh again."""
+
+from __future__ import annotations
+
+import shardplan as sp
+from shardplan.models import TransformerConfig, training_step
+from shardplan.solver import axis_search
+
+
+def test_later_caps_start_from_the_previous_caps_centre(monkeypatch) -> None:  # type: ignore[no-untyped-def]
+    searches, merged = [], []
+    search, start = axis_search.axis_search, axis_search._merged_start
+    monkeypatch.setattr(
+        axis_search, "axis_search", lambda *a, **k: searches.append(1) or search(*a, **k)
+    )
+    monkeypatch.setattr(
+        axis_search, "_merged_start", lambda *a, **k: merged.append(1) or start(*a, **k)
+    )
+    from shardplan.solver import planner
+
+    monkeypatch.setattr(planner, "axis_search", axis_search.axis_search)
+    config = TransformerConfig("tiny", 2, 64, 4, 128, 256, 32)
+    mesh = sp.Mesh({"pp": 2, "dp": 2, "fsdp": 2, "tp": 2}, cluster="h100-sxm")
+    plan = sp.plan(training_step(config, batch=8), mesh=mesh)
+    assert len(searches) >= 2  # more than one cap was solved ...
+    assert merged == [1]  # ... and only the first solved the merged mesh
+    stages = plan.pipeline.stages
+    assert [layer for s in stages for layer in s.layers] == list(range(2))
+    assert all(s.memory_bytes <= plan.memory_limit / len(stages) for s in stages)
+    assert not axis_search._STARTS  # scoped to the call: a later plan starts afresh
+
+
+def test_the_bubble_bound_never_exceeds_a_split_it_bounds() -> None:
+    # A cap is skipped when this bound reaches the best step so far: it must not exceed the
+    # step of any split with at most m micro-batches, interleaved 1F1B (v chunks) included.
+    import random
+
+    from shardplan.solver.pipeline import _bubble_bound
+    from shardplan.solver.stages import LayerCosts, evaluate_split
+
+    rng = random.Random(0)
+    for _ in range(300):
+        n, p = rng.randint(2, 12), rng.randint(2, 4)
+        p = min(p, n)
+        costs = LayerCosts(
+            tuple(rng.uniform(0.1, 2.0) for _ in range(n)), (0.0,) * n, (0.0,) * n,
+            rng.uniform(0, 1), rng.uniform(0, 1), step_time=rng.uniform(0, 0.5),
+        )  # fmt: skip
+        floor = sum(costs.time) + costs.pre_time + costs.post_time + costs.step_time
+        bounds = (0, *sorted(rng.sample(range(1, n), p - 1)))
+        v, m_max = rng.choice([1, 2, 3]), rng.randint(1, 16)
+        schedule = "interleaved" if v > 1 else "1f1b"
+        for m in range(1, m_max + 1):
+            step, _, _ = evaluate_split(costs, bounds, m, schedule, 0.0, v)
+            assert _bubble_bound(floor, p, m_max, v) <= step * (1 + 1e-12)
