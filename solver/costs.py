@@ -86,6 +86,9 @@ class Space:
     tables: dict = field(default_factory=dict)
     """Op-cost vectors and edge tables keyed by strategy-list identity (``build_problem``);
     spaces whose lists come from one ``build_space`` cache may share it."""
+    solved: tuple | None = None
+    """(merged?, problem, solution, memory) of an axis-search step's solve of this space, for
+    the finish on the same space to reuse (``planner._reusable_step``)."""
 
     @property
     def num_inputs(self) -> int:

@@ -150,8 +150,9 @@ def _plan_space(
 ) -> tuple[Plan | None, list[int], float]:
     """Price, shrink and solve one space: the best plan (by the simulator), its choice and its
     solver objective. ``share``: the fraction of the user's time limit it may take at most.
-    ``quick``: only the plain objective with followers merged, and no plan built (the choice
-    and objective steer the axis search)."""
+    ``quick``: only the plain objective, merged as the finish will solve it, and no plan built
+    (the choice and objective steer the axis search); the solve is kept on the space
+    (``Space.solved``) so that a finish on the same space reuses it when it was optimal."""
     o, clock, cluster, limit = options, options.clock, options.cluster, options.limit
     space.graph.mesh = space.mesh
     if o.batch_split_limit is not None:
@@ -179,6 +180,7 @@ def _plan_space(
         warm = {**_seed_warm(o, space, problem, memory, shrunk), **warm}
     if shrunk and variants[0] == (problem, True):  # the same shrink: reuse it (70B: 2.7 s)
         variants[0] = (shrunk[0], True)
+    variants = _reuse_step(space, variants, seeded and binds, o, plans, chosen)
     left = share * o.time_limit  # spent in CP-SAT's deterministic time, not wall time (ilp.py)
     with ThreadPoolExecutor(max_workers=LP_THREADS) as pool:
         ahead = _prepare_ahead(variants, space, o, warm, memory, pool, left, seeded and binds,
@@ -201,14 +203,12 @@ def _plan_space(
                     "raise time_limit or the memory limit"
                 )
             if quick:
+                space.solved = (merge, candidate, solution, memory)
                 return None, solution.choice, solution.objective
             if solution.choice in chosen:
                 continue  # the same layouts: the plan is already built and simulated
             chosen.append(solution.choice)
-            built = clock("build", build_plan, space, cluster, solution, candidate, memory)
-            plans.append(
-                (clock("simulate", _simulated, built), solution.choice, solution.objective)
-            )
+            plans.append(_built(clock, space, cluster, candidate, solution, memory))
             if (
                 seeded
                 and binds
@@ -250,6 +250,30 @@ def _prepare_ahead(variants, space: Space, o: _Options, warm, memory, pool, left
         return (_prepare_one(c, m, space, o, warm, memory, pool, left, shrunk)
                 for c, m in variants)  # fmt: skip
     return [_prepare_one(c, m, space, o, warm, memory, pool, left, shrunk) for c, m in variants]
+
+
+def _built(clock, space: Space, cluster: Cluster, problem: Problem, solution: Solution, memory):  # type: ignore[no-untyped-def]
+    """(the simulated plan, its choice, its solver objective)."""
+    plan = clock("build", build_plan, space, cluster, solution, problem, memory)
+    return clock("simulate", _simulated, plan), solution.choice, solution.objective
+
+
+def _reuse_step(space: Space, variants: list, seeded: bool, o: _Options, plans: list,
+                chosen: list) -> list:  # fmt: skip
+    """The variants left to solve once the axis-search step that solved ``space``'s plain
+    objective is reused: its plan built into ``plans`` when the finish's first variant is that
+    same problem (same follower merging, no seed, no batch cap re-indexing the lists) and the
+    step proved its optimum, so solving it again gives the same objective (docs/design.md,
+    "Meshes of three and four axes")."""
+    found, space.solved = space.solved, None
+    if found is None or seeded or o.batch_split_limit is not None:
+        return variants
+    merge, problem, solution, memory = found
+    if variants[0][1] != merge or solution.status != "OPTIMAL":
+        return variants
+    plans.append(_built(o.clock, space, o.cluster, problem, solution, memory))
+    chosen.append(solution.choice)
+    return variants[1:]
 
 
 def _prepare_one(candidate, merge, space, o, warm, memory, pool, left, shrunk):  # type: ignore[no-untyped-def]
@@ -453,11 +477,12 @@ def tie_loop_carries(problem: Problem, space: Space) -> None:
 
 def _merge_variants(o: _Options, space: Space, quick: bool, binds: bool) -> list[bool]:
     """Which of follower-merged (True) and exact (False) to solve (``MERGE_FOLLOWERS_ABOVE``,
-    ``EXACT_UP_TO``); an axis-search step (``quick``) merges."""
+    ``EXACT_UP_TO``); an axis-search step (``quick``) solves one: exact when the finish also
+    solves exactly (merged steps steered the tiny HF Llama's search to 1.5-5x slower plans)."""
     if o.merge_followers is not None:
         return [o.merge_followers]
     if quick:
-        return [True]
+        return [False] if False in _merge_variants(o, space, False, binds) else [True]
     if len(space.graph.ops) <= MERGE_FOLLOWERS_ABOVE:
         return [True, False]  # small enough to also solve exactly
     looped = any(op.repeat != 1 for op in space.graph.ops)
