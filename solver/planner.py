@@ -262,15 +262,16 @@ def _reuse_step(space: Space, variants: list, seeded: bool, o: _Options, plans: 
                 chosen: list) -> list:  # fmt: skip
     """The variants left to solve once the axis-search step that solved ``space``'s plain
     objective is reused: its plan built into ``plans`` when the finish's first variant is that
-    same problem (same follower merging, no seed, no batch cap re-indexing the lists) and the
-    step proved its optimum, so solving it again gives the same objective (docs/design.md,
+    same exact problem (no follower merging, no seed, no batch cap re-indexing the lists) and
+    the step proved its optimum, so solving it again gives the same objective (docs/design.md,
     "Meshes of three and four axes")."""
     found, space.solved = space.solved, None
     if found is None or seeded or o.batch_split_limit is not None:
         return variants
     merge, problem, solution, memory = found
-    if variants[0][1] != merge or solution.status != "OPTIMAL":
-        return variants
+    if merge or variants[0][1] != merge or solution.status != "OPTIMAL":
+        return variants  # merged steps (pinned runs, large graphs) are re-solved as they were:
+        # hinted by the best result, a solve may pick another plan of the same objective
     plans.append(_built(o.clock, space, o.cluster, problem, solution, memory))
     chosen.append(solution.choice)
     return variants[1:]
