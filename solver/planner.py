@@ -479,11 +479,14 @@ def tie_loop_carries(problem: Problem, space: Space) -> None:
 def _merge_variants(o: _Options, space: Space, quick: bool, binds: bool) -> list[bool]:
     """Which of follower-merged (True) and exact (False) to solve (``MERGE_FOLLOWERS_ABOVE``,
     ``EXACT_UP_TO``); an axis-search step (``quick``) solves one: exact when the finish also
-    solves exactly (merged steps steered the tiny HF Llama's search to 1.5-5x slower plans)."""
+    solves exactly and nothing is pinned (merged steps steered the tiny HF Llama's free search
+    to 1.5-5x slower plans; pinned runs keep merged steps and their plans: exact steps changed
+    the pinned 1-layer JAX GPT's (2,2,2) plan to one whose collectives XLA runs otherwise)."""
     if o.merge_followers is not None:
         return [o.merge_followers]
     if quick:
-        return [False] if False in _merge_variants(o, space, False, binds) else [True]
+        exact = False in _merge_variants(o, space, False, binds)
+        return [False] if exact and not any(v.pinned for v in space.graph.values()) else [True]
     if len(space.graph.ops) <= MERGE_FOLLOWERS_ABOVE:
         return [True, False]  # small enough to also solve exactly
     looped = any(op.repeat != 1 for op in space.graph.ops)
