@@ -322,31 +322,9 @@ def reshard_steps(src: Sharding, dst: Sharding, mesh: Mesh) -> tuple[Step, ...]:
 
 
 @lru_cache(maxsize=1 << 16)
-def _check(sharding: Sharding, type_: TensorType, mesh: Mesh) -> None:
-    sharding.check(type_, mesh)  # raises on a layout that does not fit (errors are not cached)
-
-
-@lru_cache(maxsize=1 << 16)
 def _local_bytes(type_: TensorType, layout: tuple[tuple[str, ...], ...], mesh: Mesh) -> int:
     sizes = (size // mesh.group_size(axes) for size, axes in zip(type_.shape, layout, strict=True))
     return math.prod(sizes) * type_.itemsize
-
-
-@lru_cache(maxsize=1 << 17)
-def _plan(
-    src: Sharding, dst: Sharding, type_: TensorType, mesh: Mesh, cluster: Cluster
-) -> tuple[Collective, ...] | None:
-    """The priced collective sequence, or None when the target is unreachable (cached)."""
-    _check(src, type_, mesh)
-    _check(dst, type_, mesh)
-    if not dst.partial <= src.partial:
-        return None
-    if src == dst:
-        return ()
-    return tuple(
-        _collective(kind, _local_bytes(type_, layout, mesh), axes, mesh, cluster)
-        for kind, axes, layout in _steps(src, dst, mesh)
-    )
 
 
 @lru_cache(maxsize=1 << 16)
@@ -356,6 +334,77 @@ def _collective(
     """``make_collective``, cached: tensors of many types move the same bytes over the same
     axes (a 3-D or 4-D mesh prices ~10^5 reshards from a few thousand distinct collectives)."""
     return make_collective(kind, nbytes, axes, mesh, cluster)
+
+
+class ReshardPricer:
+    """Reshards on one mesh and cluster: the one implementation behind ``reshard``,
+    ``reshard_time`` and the planner's edge tables (which price many thousands of pairs). Its
+    caches are keyed without the mesh and cluster (hashing those per lookup was a third of
+    pricing on 3-D and 4-D meshes)."""
+
+    def __init__(self, mesh: Mesh, cluster: Cluster) -> None:
+        self.mesh, self.cluster = mesh, cluster
+        self._fits: set[tuple[Sharding, TensorType]] = set()
+        self._steps: dict[tuple[Sharding, Sharding], tuple[Step, ...]] = {}
+        self._bytes: dict[tuple[TensorType, tuple[tuple[str, ...], ...]], int] = {}
+        self._times: dict[tuple[str, int, tuple[str, ...]], float] = {}
+
+    def __call__(self, src: Sharding, dst: Sharding, type_: TensorType) -> float:
+        """Seconds to reshard ``src`` into ``dst``; ``math.inf`` when it is impossible."""
+        moves = self._moves(src, dst, type_)
+        if moves is None:
+            return math.inf
+        total = 0
+        times = self._times
+        for move in moves:
+            seconds = times.get(move)
+            if seconds is None:
+                seconds = times[move] = _collective(*move, self.mesh, self.cluster).time
+            total += seconds
+        return total
+
+    def collectives(
+        self, src: Sharding, dst: Sharding, type_: TensorType
+    ) -> tuple[Collective, ...] | None:
+        """The priced collectives in execution order; None when ``dst`` is unreachable."""
+        moves = self._moves(src, dst, type_)
+        if moves is None:
+            return None
+        return tuple(_collective(*move, self.mesh, self.cluster) for move in moves)
+
+    def _moves(
+        self, src: Sharding, dst: Sharding, type_: TensorType
+    ) -> list[tuple[str, int, tuple[str, ...]]] | None:
+        """Per collective (kind, local bytes after it, axes); None when a target partial axis
+        is not pending in the source (a sum cannot be split back into addends). Raises
+        ``ShardingError`` when either layout does not fit ``type_`` (errors are not cached)."""
+        mesh, fits = self.mesh, self._fits
+        for layout in (src, dst):
+            if (layout, type_) not in fits:
+                layout.check(type_, mesh)
+                fits.add((layout, type_))
+        if not dst.partial <= src.partial:
+            return None
+        if src == dst:
+            return []
+        steps = self._steps.get((src, dst))
+        if steps is None:
+            steps = self._steps[(src, dst)] = _steps(src, dst, mesh)
+        sizes = self._bytes
+        out = []
+        for kind, axes, layout in steps:
+            nbytes = sizes.get((type_, layout))
+            if nbytes is None:
+                nbytes = sizes[(type_, layout)] = _local_bytes(type_, layout, mesh)
+            out.append((kind, nbytes, axes))
+        return out
+
+
+@lru_cache(maxsize=16)
+def pricer(mesh: Mesh, cluster: Cluster) -> ReshardPricer:
+    """The shared ``ReshardPricer`` of a mesh and cluster (a few are kept: a process plans on
+    few meshes, and each pricer's caches grow with the pairs it priced)."""
+    return ReshardPricer(mesh, cluster)
 
 
 def reshard(
@@ -377,7 +426,7 @@ def reshard(
     Raises:
         ShardingError: when ``dst`` is partial over an axis ``src`` is not (unreachable).
     """
-    plan = _plan(src, dst, type_, mesh, resolve_cluster(cluster, mesh))
+    plan = pricer(mesh, resolve_cluster(cluster, mesh)).collectives(src, dst, type_)
     if plan is None:
         extra = sorted(dst.partial - src.partial)
         raise ShardingError(
@@ -396,46 +445,4 @@ def reshard_time(
     cluster: Cluster | str | None = None,
 ) -> float:
     """Seconds to reshard ``src`` into ``dst``; ``math.inf`` when it is impossible."""
-    plan = _plan(src, dst, type_, mesh, resolve_cluster(cluster, mesh))
-    if plan is None:
-        return math.inf
-    return sum(op.time for op in plan)
-
-
-class ReshardPricer:
-    """``reshard_time`` on one mesh and cluster, for callers that price many thousands of pairs
-    (the planner's edge tables): the same seconds, summed in the same order, with its caches
-    keyed without the mesh and cluster (hashing those per lookup was a third of pricing)."""
-
-    def __init__(self, mesh: Mesh, cluster: Cluster) -> None:
-        self.mesh, self.cluster = mesh, cluster
-        self._fits: set[tuple[Sharding, TensorType]] = set()
-        self._steps: dict[tuple[Sharding, Sharding], tuple[Step, ...]] = {}
-        self._bytes: dict[tuple[TensorType, tuple[tuple[str, ...], ...]], int] = {}
-        self._times: dict[tuple[str, int, tuple[str, ...]], float] = {}
-
-    def __call__(self, src: Sharding, dst: Sharding, type_: TensorType) -> float:
-        """Seconds to reshard ``src`` into ``dst``; ``math.inf`` when it is impossible."""
-        mesh, fits = self.mesh, self._fits
-        for layout in (src, dst):
-            if (layout, type_) not in fits:
-                layout.check(type_, mesh)  # raises on a layout that does not fit
-                fits.add((layout, type_))
-        if not dst.partial <= src.partial:
-            return math.inf
-        if src == dst:
-            return 0
-        steps = self._steps.get((src, dst))
-        if steps is None:
-            steps = self._steps[(src, dst)] = _steps(src, dst, mesh)
-        total = 0
-        for kind, axes, layout in steps:
-            nbytes = self._bytes.get((type_, layout))
-            if nbytes is None:
-                nbytes = self._bytes[(type_, layout)] = _local_bytes(type_, layout, mesh)
-            seconds = self._times.get((kind, nbytes, axes))
-            if seconds is None:
-                seconds = _collective(kind, nbytes, axes, mesh, self.cluster).time
-                self._times[(kind, nbytes, axes)] = seconds
-            total += seconds
-        return total
+    return pricer(mesh, resolve_cluster(cluster, mesh))(src, dst, type_)

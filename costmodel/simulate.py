@@ -531,13 +531,19 @@ def weight_edges(problem, space) -> None:
     """
     graph = space.graph
     n_in = len(graph.inputs)
+    weighted: dict = {}  # alike edges share one matrix, and so one weighted matrix (pruning
+    # caches its maxima per matrix object: per-edge copies made it re-derive them per edge)
     for edge in problem.edges:
         consumer = graph.ops[edge.v - n_in] if edge.v >= n_in else None
         if edge.u < n_in:
             values = [graph.inputs[edge.u]]
         else:
             values = list(graph.ops[edge.u - n_in].results)
-        edge.cost = edge.cost * max(edge_exposure(v, consumer, graph) for v in values)
+        factor = max(edge_exposure(v, consumer, graph) for v in values)
+        key = (id(edge.cost), factor)
+        if key not in weighted:
+            weighted[key] = (edge.cost, edge.cost * factor)  # the original kept: ids stay unique
+        edge.cost = weighted[key][1]
 
 
 _PHASES: PerGraph[dict[Op, Phase]] = PerGraph(op_phases)

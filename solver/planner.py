@@ -157,8 +157,9 @@ def _plan_space(
 ) -> tuple[Plan | None, list[int], float]:
     """Price, shrink and solve one space: the best plan (by the simulator), its choice and its
     solver objective. ``share``: the fraction of the user's time limit it may take at most.
-    ``quick``: only the plain objective with followers merged, and no plan built (the choice
-    and objective steer the axis search)."""
+    ``quick``: only the plain objective, merged as the finish will solve it, and no plan built
+    (the choice and objective steer the axis search); the solve is kept on the space
+    (``Space.solved``) so that a finish on the same space reuses it when it was optimal."""
     o, clock, cluster, limit = options, options.clock, options.cluster, options.limit
     space.graph.mesh = space.mesh
     if o.batch_split_limit is not None:
@@ -192,6 +193,7 @@ def _plan_space(
         variants[0] = (shrunk[0], True)
     plans: list[tuple[Plan, list[int], float]] = []
     chosen: list[list[int]] = []
+    variants = _reuse_step(space, variants, seeded and binds, o, plans, chosen)
     left = share * o.time_limit  # spent in CP-SAT's deterministic time, not wall time (ilp.py)
     with ThreadPoolExecutor(max_workers=LP_THREADS) as pool:
         ahead = _prepare_ahead(variants, space, o, warm, memory, pool, left, seeded and binds,
@@ -215,14 +217,12 @@ def _plan_space(
                     "raise time_limit or the memory limit"
                 )
             if quick:
+                space.solved = (merge, candidate, solution, memory)
                 return None, solution.choice, solution.objective
             if solution.choice in chosen:
                 continue  # the same layouts: the plan is already built and simulated
             chosen.append(solution.choice)
-            built = clock("build", build_plan, space, cluster, solution, candidate, memory)
-            plans.append(
-                (clock("simulate", _simulated, built), solution.choice, solution.objective)
-            )
+            plans.append(_built(clock, space, cluster, candidate, solution, memory))
             if (
                 seeded
                 and binds
@@ -264,6 +264,31 @@ def _prepare_ahead(variants, space: Space, o: _Options, warm, memory, pool, left
         return (_prepare_one(c, m, space, o, warm, memory, pool, left, shrunk)
                 for c, m in variants)  # fmt: skip
     return [_prepare_one(c, m, space, o, warm, memory, pool, left, shrunk) for c, m in variants]
+
+
+def _built(clock, space: Space, cluster: Cluster, problem: Problem, solution: Solution, memory):  # type: ignore[no-untyped-def]
+    """(the simulated plan, its choice, its solver objective)."""
+    plan = clock("build", build_plan, space, cluster, solution, problem, memory)
+    return clock("simulate", _simulated, plan), solution.choice, solution.objective
+
+
+def _reuse_step(space: Space, variants: list, seeded: bool, o: _Options, plans: list,
+                chosen: list) -> list:  # fmt: skip
+    """The variants left to solve once the axis-search step that solved ``space``'s plain
+    objective is reused: its plan built into ``plans`` when the finish's first variant is that
+    same exact problem (no follower merging, no seed, no batch cap re-indexing the lists) and
+    the step proved its optimum, so solving it again gives the same objective (docs/design.md,
+    "Meshes of three and four axes")."""
+    found, space.solved = space.solved, None
+    if found is None or seeded or o.batch_split_limit is not None:
+        return variants
+    merge, problem, solution, memory = found
+    if merge or variants[0][1] != merge or solution.status != "OPTIMAL":
+        return variants  # merged steps (pinned runs, large graphs) are re-solved as they were:
+        # hinted by the best result, a solve may pick another plan of the same objective
+    plans.append(_built(o.clock, space, o.cluster, problem, solution, memory))
+    chosen.append(solution.choice)
+    return variants[1:]
 
 
 def _prepare_one(candidate, merge, space, o, warm, memory, pool, left, shrunk):  # type: ignore[no-untyped-def]
@@ -477,11 +502,15 @@ def tie_loop_carries(problem: Problem, space: Space) -> None:
 
 def _merge_variants(o: _Options, space: Space, quick: bool, binds: bool) -> list[bool]:
     """Which of follower-merged (True) and exact (False) to solve (``MERGE_FOLLOWERS_ABOVE``,
-    ``EXACT_UP_TO``); an axis-search step (``quick``) merges."""
+    ``EXACT_UP_TO``); an axis-search step (``quick``) solves one: exact when the finish also
+    solves exactly and nothing is pinned (merged steps steered the tiny HF Llama's free search
+    to 1.5-5x slower plans; pinned runs keep merged steps and their plans: exact steps changed
+    the pinned 1-layer JAX GPT's (2,2,2) plan to one whose collectives XLA runs otherwise)."""
     if o.merge_followers is not None:
         return [o.merge_followers]
     if quick:
-        return [True]
+        exact = False in _merge_variants(o, space, False, binds)
+        return [False] if exact and not any(v.pinned for v in space.graph.values()) else [True]
     if len(space.graph.ops) <= MERGE_FOLLOWERS_ABOVE:
         return [True, False]  # small enough to also solve exactly
     looped = any(op.repeat != 1 for op in space.graph.ops)

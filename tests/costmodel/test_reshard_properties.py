@@ -9,6 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from shardplan.costmodel import get_cluster, reshard, reshard_time
+from shardplan.costmodel.reshard import ReshardPricer
 from shardplan.ir.mesh import Mesh
 from shardplan.ir.sharding import Sharding
 from shardplan.ir.types import TensorType
@@ -161,3 +162,25 @@ S = Sharding.of
 )
 def test_reshard_time_by_hand_on_a_3d_mesh(src, dst, expected: float) -> None:
     assert reshard_time(src, dst, F32, MESH_3D, ONE_NODE) == pytest.approx(expected, rel=1e-12)
+
+
+_PRICERS: dict[Mesh, ReshardPricer] = {}
+
+
+@settings(max_examples=200, deadline=None)
+@given(reshard_case(), st.sampled_from([(64,), (128, 64), (64, 128, 64)]))
+def test_a_warm_pricer_prices_as_reshard_does(case, other_shape) -> None:
+    """One pricer per mesh kept across examples (its caches warm, keyed without the mesh and
+    cluster, and shared by tensor types): the same seconds as ``reshard_time`` and the same
+    collectives as ``reshard``, also for a second tensor type of the same layouts."""
+    src, dst, type_, mesh = case
+    price = _PRICERS.setdefault(mesh, ReshardPricer(mesh, CPU))
+    other = TensorType(other_shape[: type_.rank] + (64,) * (type_.rank - len(other_shape)), "f32")
+    for t in (type_, other):
+        assert price(src, dst, t) == reshard_time(src, dst, t, mesh, CPU)
+        if dst.partial <= src.partial:
+            assert price.collectives(src, dst, t) == reshard(src, dst, t, mesh, CPU)
+            assert price(src, dst, t) == sum(c.time for c in reshard(src, dst, t, mesh, CPU))
+        else:
+            assert price.collectives(src, dst, t) is None
+            assert math.isinf(price(src, dst, t))

@@ -28,3 +28,30 @@ def test_tiny_llama_plans_on_nd_mesh(examples, name: str) -> None:
         used |= {a for dim in layout.dims for a in dim}
     assert used == set(mesh.axis_names)  # the plan is not data parallel on one axis only
     assert plan.peak_memory_bytes <= plan.memory_limit
+
+
+@pytest.mark.slow
+def test_finish_reuses_the_exact_steps_solve_without_changing_the_plan(
+    examples, monkeypatch
+) -> None:
+    """The finish takes the best exact step's optimal plain solve instead of solving it again
+    (solver/planner.py ``_reuse_step``): the plan is the one a re-solve gives."""
+    from shardplan.solver import planner
+
+    model, inputs = examples["hf_llama"].make(layers=1)
+    mesh = sp.Mesh(MESHES["2x2x2"])
+    reuse, reused = planner._reuse_step, []
+
+    def spy(space, variants, *args):  # type: ignore[no-untyped-def]
+        left = reuse(space, variants, *args)
+        reused.append(len(left) < len(variants))
+        return left
+
+    monkeypatch.setattr(planner, "_reuse_step", spy)
+    plan = sp.plan(model, *inputs, mesh=mesh)
+    assert reused[-1]  # the finish (the last solve) reused a step
+    monkeypatch.setattr(planner, "_reuse_step", lambda space, variants, *args: variants)
+    again = sp.plan(model, *inputs, mesh=mesh)
+    assert plan.step_time == again.step_time
+    assert plan.solver.objective == again.solver.objective
+    assert plan.shardings == again.shardings
