@@ -112,8 +112,7 @@ def axis_search(
 
 def _merged_start(graph: Graph, mesh: Mesh, semantics, plan_space: PlanSpace):  # type: ignore[no-untyped-def]
     """(the start centre, the layers found, its objective): the graph solved on the two-axis mesh
-    whose outer
-    axes are merged into one, each outer axis given the merged axis's coordinate."""
+    whose outer axes are merged into one, each outer axis given the merged axis's coordinate."""
     axes = live_axes(mesh)
     outer, inner = axes[:-1], axes[-1]
     name = "_".join(outer)
