@@ -20,6 +20,19 @@ FACTORY = str(Path(__file__).resolve().parents[3] / "examples" / "hf_llama.py") 
 SHAPES = {"batch": 4, "seq": 8, "hidden": 32, "layers": 2, "heads": 4, "kv_heads": 2, "vocab": 64}
 
 
+def assert_pipelined_step_matches(spec, model, inputs, shapes) -> None:  # type: ignore[no-untyped-def]
+    """One pipelined step of ``spec`` on gloo gives the plain model's loss and every gradient
+    (micro-batch means, averaged by ``scale_grads``), rtol 1e-4."""
+    reference = copy.deepcopy(model)
+    ref_loss = reference(**inputs).loss
+    ref_loss.backward()
+    result = run_pipeline_on_gloo(spec, FACTORY, **shapes)
+    torch.testing.assert_close(result["loss"], ref_loss.detach(), rtol=1e-4, atol=1e-6)
+    assert set(result["grads"]) == {n for n, _ in reference.named_parameters()}
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(result["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
 @pytest.fixture(scope="module")
 def pp_plan():  # type: ignore[no-untyped-def]
     model, inputs = load_factory(FACTORY)(**SHAPES)
@@ -46,15 +59,7 @@ def test_two_stage_pipeline_on_gloo_matches_plain_model(pp_plan) -> None:  # typ
     """Schedule1F1B over 2 gloo ranks: mean micro-batch loss and gradients (averaged over
     micro-batches by scale_grads) equal the unpipelined model's loss and gradients."""
     plan, model, (inputs,) = pp_plan
-    reference = copy.deepcopy(model)
-    ref_loss = reference(**inputs).loss
-    ref_loss.backward()
-    result = run_pipeline_on_gloo(pipeline_spec(plan), FACTORY, **SHAPES)
-    torch.testing.assert_close(result["loss"], ref_loss.detach(), rtol=1e-4, atol=1e-6)
-    names = {n for n, p in reference.named_parameters()}
-    assert set(result["grads"]) == names
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(result["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_pipelined_step_matches(pipeline_spec(plan), model, inputs, SHAPES)
 
 
 @pytest.mark.slow
@@ -74,14 +79,7 @@ def test_tensor_parallel_stages_on_gloo_match_plain_model() -> None:
     assert spec.stage_mesh == (("tp", 2),)
     split = [fqn for fqn, placements in spec.placements if placements != (Replicate(),)]
     assert any(".layers." in fqn for fqn in split), spec.placements  # TP inside the stages
-    reference = copy.deepcopy(model)
-    ref_loss = reference(**inputs).loss
-    ref_loss.backward()
-    result = run_pipeline_on_gloo(spec, FACTORY, **SHAPES)
-    torch.testing.assert_close(result["loss"], ref_loss.detach(), rtol=1e-4, atol=1e-6)
-    assert set(result["grads"]) == {n for n, _ in reference.named_parameters()}
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(result["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_pipelined_step_matches(spec, model, inputs, SHAPES)
 
 
 @pytest.mark.slow
@@ -99,11 +97,4 @@ def test_interleaved_pipeline_on_gloo_matches_plain_model() -> None:
     assert spec.stage_layers == ((0,), (1,), (2,), (3,))
     assert [spec.rank_stages(rank) for rank in (0, 1)] == [(0, 2), (1, 3)]
     assert pipeline_schedule(plan) == (ScheduleInterleaved1F1B, 2)
-    reference = copy.deepcopy(model)
-    ref_loss = reference(**inputs).loss
-    ref_loss.backward()
-    result = run_pipeline_on_gloo(spec, FACTORY, **shapes)
-    torch.testing.assert_close(result["loss"], ref_loss.detach(), rtol=1e-4, atol=1e-6)
-    assert set(result["grads"]) == {n for n, _ in reference.named_parameters()}
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(result["grads"][name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    assert_pipelined_step_matches(spec, model, inputs, shapes)
