@@ -330,7 +330,7 @@ def check_options(model: Any, options: Mapping[str, Any], where: str, own: Itera
 
 def check_plan_call(model: Any, args: Mapping[str, Any], options: Mapping[str, Any]) -> dict:
     """``sp.plan``'s arguments checked and normalised (sizes parsed, a dict mesh built)."""
-    from .costmodel.pipeline import SCHEDULES
+    from .solver.pipeline import SCHEDULE_CHOICES
 
     check_model(model, "sp.plan()")
     check_options(model, options, "sp.plan()", PLAN_KEYWORDS)
@@ -346,7 +346,7 @@ def check_plan_call(model: Any, args: Mapping[str, Any], options: Mapping[str, A
     if not isinstance(args["pipeline_axis"], str):
         raise ArgumentError(f"pipeline_axis={args['pipeline_axis']!r} must be an axis name")
     out["microbatches"] = check_count(args["microbatches"], "microbatches", allow_none=True)
-    out["schedule"] = check_choice(args["schedule"], "schedule", (*SCHEDULES, "auto"))
+    out["schedule"] = check_choice(args["schedule"], "schedule", SCHEDULE_CHOICES)
     if args["pins"] is not None and not isinstance(args["pins"], Mapping):
         raise ArgumentError(
             f"pins= must map value names to shardings, got {type(args['pins']).__name__}"

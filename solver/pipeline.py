@@ -170,7 +170,12 @@ def _most_chunks(graph: Graph, schedule: str, chunks: int | None, stages: int) -
         return 1
     if chunks is not None:
         return chunks
-    return max(1, len(_stack(graph)[1]) // stages)
+    return max(1, _layers_per_stage(len(_stack(graph)[1]), stages))
+
+
+def _layers_per_stage(layers: int, stages: int) -> int:
+    """The most chunks per device interleaving may use: one layer per chunk at the most."""
+    return layers // stages
 
 
 def _bubble_bound(floor: float, stages: int, m: int, chunks: int = 1) -> float:
@@ -265,7 +270,7 @@ def _chunk_options(
         return "1f1b", (chunks,)
     alike = all(len(set(column[1:-1])) <= 1 for column in
                 (costs.time, costs.state_bytes, costs.activation_bytes))  # fmt: skip
-    many = tuple(range(2, costs.num_layers // stages + 1)) if alike else ()
+    many = tuple(range(2, _layers_per_stage(costs.num_layers, stages) + 1)) if alike else ()
     if schedule == "interleaved" and not many:
         raise ShardplanError(
             f"interleaved 1F1B needs at least 2 alike layers per stage ({costs.num_layers} "

@@ -141,7 +141,7 @@ def test_unknown_cluster_suggests_the_near_miss() -> None:
 def test_unknown_schedule_is_refused_not_modelled_as_1f1b(bad, hint) -> None:
     with pytest.raises(ArgumentError) as exc:
         sp.plan(tiny_graph(), mesh=MESH, schedule=bad)
-    assert f"schedule={bad!r} is not one of 'gpipe', '1f1b', 'interleaved'" in one_line(exc)
+    assert f"schedule={bad!r} is not one of '1f1b', 'gpipe', 'interleaved', 'auto'" in one_line(exc)
     assert hint in str(exc.value)
 
 
