@@ -305,8 +305,10 @@ def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
     and heads into one dim, which it cannot express when heads are split over two mesh dims
     (``_StridedShard``), and its strategy search on a 3-D mesh with q, k and v split unlike
     takes minutes. Operands split otherwise are first moved to the batch/head splits all
-    three share (``shared_head_layout``). None: not such a call (a mask, a pending sum), left
-    to DTensor."""
+    three share (``shared_head_layout``), or all replicated when they share none: DTensor's
+    own path then still redistributes each operand, which fails for a ``_StridedShard`` one
+    (HF Cohere on (2, 2, 2): q and k gathered by its interleaved rotary, v split over two
+    mesh dims). None: not such a call (a mask, a pending sum), left to DTensor."""
     qkv = args[:3]
     if len(qkv) < 3 or not all(isinstance(t, DTensor) for t in qkv):
         return None
@@ -327,8 +329,9 @@ def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
 
 def shared_head_layout(qkv: tuple) -> Placements | None:
     """Per mesh dim: the batch (0) or head (1) split that q, k and v all have there, else
-    replicated; each split must divide every operand's dim evenly. None when an operand is
-    a pending sum or nothing would stay split (DTensor's own rule is fine then)."""
+    replicated; each split must divide every operand's dim evenly (else all replicated).
+    None when an operand is a pending sum, or when all three are replicated already (DTensor's
+    own rule is fine then)."""
     if any(isinstance(p, Partial) for t in qkv for p in t.placements):
         return None
     out: list[Placement] = []
@@ -340,8 +343,10 @@ def shared_head_layout(qkv: tuple) -> Placements | None:
         for d in (0, 1):
             n = math.prod(mesh.size(i) for i, p in enumerate(out) if p == Shard(d))
             if t.shape[d] % n:
-                return None
-    if not any(isinstance(p, Shard) for p in out):
+                return (Replicate(),) * len(out)
+    if not any(isinstance(p, Shard) for p in out) and all(
+        not isinstance(p, Shard) for t in qkv for p in t.placements
+    ):
         return None
     return tuple(out)
 
