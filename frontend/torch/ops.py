@@ -210,6 +210,17 @@ def cat(low: Lowering, node: fx.Node) -> Value:
     return _single(low, "concat", parts, node, dim=dim)
 
 
+def stack(low: Lowering, node: fx.Node) -> Value:
+    """stack = each operand with a size-1 dim inserted at ``dim``, concatenated there."""
+    out = low.result_types(node)[0]
+    dim = (node.args[1] if len(node.args) > 1 else node.kwargs.get("dim", 0)) % out.rank
+    parts = []
+    for v in low.tensors(node.args[0]):
+        shape = (*v.type.shape[:dim], 1, *v.type.shape[dim:])
+        parts.append(low.emit("reshape", [v], [TensorType(shape, v.type.dtype)])[0])
+    return _single(low, "concat", parts, node, dim=dim)
+
+
 def slice_(low: Lowering, node: fx.Node) -> Value:
     dim = (node.args[1] if len(node.args) > 1 else 0) % _rank(low, node)
     return _single(low, "slice", [low.value(node.args[0])], node, dim=dim)
@@ -367,7 +378,7 @@ def _table() -> dict[str, Row]:
     table["_fused_rms_norm_backward"] = rms_norm("rms_norm_backward", 3)
     table.update(nll_loss_forward=nll_loss, nll_loss_backward=nll_loss_backward)
     table.update(embedding=embedding, embedding_dense_backward=embedding_backward)
-    table.update(cat=cat, slice=slice_, select=select, slice_backward=slice_backward)
+    table.update(cat=cat, stack=stack, slice=slice_, select=select, slice_backward=slice_backward)
     table.update(select_backward=select_backward, constant_pad_nd=pad)
     table.update(split=split, split_with_sizes=split, unbind=split)
     table.update(index=gather, index_select=gather, gather=gather, index_copy=index_copy)
