@@ -244,10 +244,16 @@ def _seeded(planner_options: dict) -> dict:
     memory-bound search; the hand-written strategies (``sp.plan``'s seed without ``pp``) were
     no help: none splits the batch as little as a 1-sample micro-batch allows, and pricing
     them cost 10-48 s per cap (docs/design.md, "Pipelines"). Not when recomputation is fixed
-    (a hand-written configuration priced by ``sp.evaluate``)."""
+    (a hand-written configuration priced by ``sp.evaluate``).
+
+    Nor CP-SAT's capped search after the seed (``memory_search=False``): on the 405B-shaped
+    row it found no plan in either objective variant of the cap it ran on, and building its
+    memory rows over 46,869 ops cost about half of each solve; the seed's or the primal
+    heuristic's point stands, with its bound (the stage ILP checks every stage's memory
+    after)."""
     if planner_options.get("recompute", True) is not True:
         return planner_options
-    return {**planner_options, "lp_seed": True}
+    return {"memory_search": False, **planner_options, "lp_seed": True}
 
 
 def _chunk_options(
