@@ -31,7 +31,9 @@ made cheap"; wall / CPU s with capture, back to back at load 2.4-6.5): 70B 64.4 
 trade (recomputed layers, sharded states, headroom). The 405B-shaped row with each cap's
 sub-mesh solve seeded from its LP (``solver/pipeline.py``, back to back at load
 3-8): 580.5 s wall / 306.1 CPU s -> 213-301 / 152-171 s, gap 8.7% -> 3.4%, 11922.6 -> 11134.2 ms
-(87 layers full, 39 selective); the 60 s target is not met (docs/design.md "Pipelines").
+(87 layers full, 39 selective); without CP-SAT's capped search after each cap's seed (it found
+no plan there), back to back with main at load ~5.5: 291.0 / 122.7 s -> 143.1 / 73.5 s, the same
+plan; the 60 s target is not met (docs/design.md "Pipelines").
 """
 
 from __future__ import annotations

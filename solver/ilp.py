@@ -123,6 +123,7 @@ def solve(
     relaxation: Future | None = None,
     cutoff: float | None = None,
     lp_seed: bool = False,
+    search: bool = True,
 ) -> Solution:
     """Solve exactly: the LP relaxation when it is integral, else CP-SAT warm-started by it.
 
@@ -145,6 +146,10 @@ def solve(
     (``MEMORY_BOUND_LAYERS``) binding solve without a complete warm start takes the LP's
     layouts with every layer fully recomputed as its seed when that fits, so the primal
     heuristic, the Lagrangian bound and the ``MEMORY_GAP`` stop apply as after a seed.
+    ``search=False``: such a seeded memory-bound solve returns its best point (the seed's or
+    the primal heuristic's, with the LP / Lagrangian bound) without CP-SAT's capped search
+    (``MEMORY_SEARCH_WORK``), which on the 405B-shaped pipeline caps found no plan at all
+    while building its memory rows cost more than the rest of the solve (docs/design.md).
     """
     start = time.perf_counter()
     if prepared is None:
@@ -152,7 +157,7 @@ def solve(
     memory = prepared.memory
     if prepared.reduced is problem:  # peak rows name nodes: every one kept
         return _solve(problem, time_limit, hints, workers, use_lp, memory, work_limit, start,
-                      relaxation, cutoff, lp_seed)  # fmt: skip
+                      relaxation, cutoff, lp_seed, search)  # fmt: skip
     if prepared.solved_by_elimination:  # a forest: elimination alone solved it
         choice = prepared.reduced.expand([0] * len(problem.node_costs))
         objective = problem.evaluate(choice)
@@ -199,6 +204,7 @@ def _solve(
     ahead: Future | None = None,
     cutoff: float | None = None,
     lp_seed: bool = False,
+    search: bool = True,
 ) -> Solution:
     """The LP (``ahead``: its future, solved elsewhere), then CP-SAT if the LP is not
     integral, then the fallbacks."""
@@ -225,8 +231,8 @@ def _solve(
     lagrangian, heuristic = None, None
     if seeded and relaxation is not None and _bounded(memory):
         found, heuristic = _seeded(problem, hints, memory, relaxation, start)
-        if found is not None and _gap(found) <= MEMORY_GAP:
-            return found  # the seed is proven within MEMORY_GAP: CP-SAT is not run
+        if found is not None and (_gap(found) <= MEMORY_GAP or not search):
+            return found  # proven within MEMORY_GAP, or no search asked: CP-SAT is not run
         lagrangian = found.bound if found is not None else None
         budget = time_limit * DETERMINISTIC_PER_SECOND if work_limit is None else work_limit
         work_limit = min(budget, MEMORY_SEARCH_WORK)

@@ -249,10 +249,16 @@ def _seeded(planner_options: dict) -> dict:
     memory-bound search; the hand-written strategies (``sp.plan``'s seed without ``pp``) were
     no help: none splits the batch as little as a 1-sample micro-batch allows, and pricing
     them cost 10-48 s per cap (docs/design.md, "Pipelines"). Not when recomputation is fixed
-    (a hand-written configuration priced by ``sp.evaluate``)."""
+    (a hand-written configuration priced by ``sp.evaluate``).
+
+    Nor CP-SAT's capped search after the seed (``memory_search=False``): on the 405B-shaped
+    row it found no plan in either objective variant of the cap it ran on, and building its
+    memory rows over 46,869 ops cost about half of each solve; the seed's or the primal
+    heuristic's point stands, with its bound (the stage ILP checks every stage's memory
+    after)."""
     if planner_options.get("recompute", True) is not True:
         return planner_options
-    return {**planner_options, "lp_seed": True}
+    return {"memory_search": False, **planner_options, "lp_seed": True}
 
 
 def _chunk_options(
@@ -464,17 +470,27 @@ def _local(value: Value, plan: Plan) -> int:
 
 
 def _op_times(plan: Plan, cluster: Cluster, tp_overlap_axes: tuple[str, ...] = ()) -> list[float]:
-    """Per op: roofline time under its planned layouts plus the reshards feeding it."""
+    """Per op: roofline time under its planned layouts plus the reshards feeding it. The
+    roofline is priced once per op signature and layouts (``solver.costs.op_costs``' key):
+    the layers of a stack repeat the same ops at the same layouts (405B-shaped row: 46,869
+    ops priced one by one, 7.8 s per batch cap under cProfile; its unprofiled CPU time moved
+    within the noise of the loaded box)."""
     from ..passes.enumerate_strategies import Strategy
 
     graph = plan.graph
     fused = fusion(graph)
     times = []
+    seen: dict[tuple, float] = {}
     for i, op in enumerate(plan.graph.ops):
         operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
         results = tuple(plan.sharding_of(v.name) for v in op.results)
-        strategy = Strategy(operands, results, (), _split(op, operands, results, plan))
-        times.append(op_cost(op, strategy, plan.mesh, cluster, fused.of(op)))
+        types = tuple(v.type for v in op.operands), tuple(v.type for v in op.results)
+        key = (op.kind, op.rule, types, operands, results, fused.of(op),
+               op.attrs.get("causal"), op.attrs.get("load_balance"))  # fmt: skip
+        if key not in seen:
+            strategy = Strategy(operands, results, (), _split(op, operands, results, plan))
+            seen[key] = op_cost(op, strategy, plan.mesh, cluster, fused.of(op))
+        times.append(seen[key])
     by_name = {v.name: v for v in graph.values()}
     index_of = {op: i for i, op in enumerate(graph.ops)}
     incoming = [0.0] * len(graph.ops)

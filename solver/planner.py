@@ -73,6 +73,7 @@ def plan_graph(
     batch_split_limit: int | None = None,
     fallback: Callable[[], tuple[str, Plan] | None] | None = None,
     lp_seed: bool = False,
+    memory_search: bool = True,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
@@ -94,6 +95,9 @@ def plan_graph(
     ``lp_seed``: when the limit binds and no hand-written strategy seeds the solve (or none is
     priced: a pipeline's sub-mesh solve, ``solver/pipeline.py``), the LP's layouts with every
     layer fully recomputed are the seed (``ilp.solve``'s ``lp_seed``).
+    ``memory_search=False``: a seeded memory-bound solve keeps its seed's or the primal
+    heuristic's point instead of running CP-SAT's capped search (``ilp.solve``'s ``search``;
+    a pipeline's sub-mesh solves).
     """
     graph.mesh = mesh
     if pins:
@@ -107,7 +111,7 @@ def plan_graph(
     options = _Options(
         cluster, limit, time.perf_counter() + time_limit, time_limit, merge_followers,
         share_layers, recompute, overlap, activation_scale, batch_split_limit, clock, baseline,
-        lp_seed,
+        lp_seed, memory_search,
     )  # fmt: skip
     try:
         if len(live_axes(mesh)) >= AXIS_SEARCH_FROM:
@@ -146,6 +150,8 @@ class _Options:
     solver's warm start, and the plan returned if the solver's is slower."""
     lp_seed: bool = False
     """Seed a binding solve from the LP when no baseline does (``plan_graph``'s ``lp_seed``)."""
+    memory_search: bool = True
+    """CP-SAT's capped search after a seeded memory-bound solve (``plan_graph``'s)."""
 
 
 def _plan_space(
@@ -205,7 +211,7 @@ def _plan_space(
             work = STEP_WORK if share < 1 else None  # a step cut short is still deterministic
             solution = clock("solve", solve, candidate, budget, warm, memory=memory,
                              work_limit=work, prepared=prepared, relaxation=relaxation,
-                             lp_seed=seeded and binds)  # fmt: skip
+                             lp_seed=seeded and binds, search=o.memory_search)  # fmt: skip
             left = max(0.0, left - solution.seconds_of_budget)  # what one leaves, the next gets
             if not solution.choice and plans and not merge:
                 continue  # the exact variant is extra: a merged plan stands

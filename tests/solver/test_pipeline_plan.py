@@ -27,6 +27,31 @@ def test_pipeline_plan_covers_every_layer_once_in_order() -> None:
     assert stages[0].first_stage_extras
     assert plan.step_time == plan.pipeline.step_time
     assert all(s.memory_bytes <= 80e9 for s in stages)
+    # the per-op times priced once per signature and layouts equal pricing every op
+    from shardplan.costmodel import get_cluster
+    from shardplan.costmodel.fusion import fusion
+    from shardplan.passes.enumerate_strategies import Strategy
+    from shardplan.solver import pipeline
+    from shardplan.solver.costs import op_cost
+
+    plan.mesh = sp.Mesh({"tp": 2}, cluster="h100-sxm")  # the stage mesh the layouts use
+    cluster, fused = get_cluster("h100-sxm"), fusion(plan.graph)
+    priced: list[int] = []
+    real = pipeline.op_cost
+    try:
+        pipeline.op_cost = lambda *a: priced.append(1) or real(*a)
+        times = pipeline._op_times(plan, cluster)
+        pipeline.op_cost = lambda *a: 0.0
+        incoming = pipeline._op_times(plan, cluster)  # the reshards feeding each op alone
+    finally:
+        pipeline.op_cost = real
+    assert len(priced) < len(plan.graph.ops) / 2  # the layers repeat their ops and layouts
+    for i, op in enumerate(plan.graph.ops):
+        ins = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
+        outs = tuple(plan.sharding_of(v.name) for v in op.results)
+        own = op_cost(op, Strategy(ins, outs, (), pipeline._split(op, ins, outs, plan)),
+                      plan.mesh, cluster, fused.of(op))  # fmt: skip
+        assert times[i] == pytest.approx(own + incoming[i], rel=1e-12, abs=1e-18)
 
 
 def test_micro_batches_are_never_split_over_more_devices_than_they_hold() -> None:

@@ -60,3 +60,47 @@ def test_the_seeded_bound_is_honest_against_another_seed(seeded_and_other) -> No
     assert seeded.solver.bound <= other.solver.objective * (1 + 1e-9)
     assert other.solver.bound <= seeded.solver.objective * (1 + 1e-9)
     assert other.peak_memory_bytes <= LIMIT
+
+
+@pytest.fixture(scope="module")
+def without_search(seeded_and_other):  # type: ignore[no-untyped-def]
+    """The LP-seeded solve with ``memory_search=False`` (a pipeline's sub-mesh solves), and
+    how many times CP-SAT's capped search ran in it."""
+    searches: list[int] = []
+    real = ilp._search
+
+    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
+        searches.append(1)
+        return real(*args, **kwargs)
+
+    ilp._search = spy
+    try:
+        plan = plan_graph(
+            training_step(CONFIG, batch=8), MESH, memory_limit=LIMIT, overlap=False,
+            lp_seed=True, memory_search=False,
+        )  # fmt: skip
+    finally:
+        ilp._search = real
+    return plan, searches
+
+
+def test_without_the_search_the_seeded_point_stands_with_an_honest_bound(
+    seeded_and_other, without_search
+) -> None:  # type: ignore[no-untyped-def]
+    seeded, other, seeds = seeded_and_other
+    plan, searches = without_search
+    s = plan.solver
+    assert seeded.solver.objective > seeded.solver.bound * (1 + ilp.MEMORY_GAP)  # not proven
+    assert not searches  # so the search would have run: it did not
+    assert plan.peak_memory_bytes <= LIMIT
+    assert 0 <= s.bound <= s.objective <= max(seeds) * (1 + 1e-9)  # no slower than its seed
+    # the same bound as with the search (it comes before it), below every plan of the problem
+    assert s.bound == pytest.approx(seeded.solver.bound, rel=1e-9)
+    assert s.bound <= min(seeded.solver.objective, other.solver.objective) * (1 + 1e-9)
+
+
+def test_a_pipelines_sub_mesh_solves_skip_the_search_unless_recomputation_is_fixed() -> None:
+    from shardplan.solver.pipeline import _seeded
+
+    assert _seeded({}) == {"memory_search": False, "lp_seed": True}
+    assert _seeded({"recompute": False}) == {"recompute": False}
