@@ -154,12 +154,15 @@ def _plan_space(
     hints: dict[int, int] | None = None,
     share: float = 1.0,
     quick: bool = False,
+    work: float = STEP_WORK,
 ) -> tuple[Plan | None, list[int], float]:
     """Price, shrink and solve one space: the best plan (by the simulator), its choice and its
     solver objective. ``share``: the fraction of the user's time limit it may take at most.
     ``quick``: only the plain objective, merged as the finish will solve it, and no plan built
     (the choice and objective steer the axis search); the solve is kept on the space
-    (``Space.solved``) so that a finish on the same space reuses it when it was optimal."""
+    (``Space.solved``) so that a finish on the same space reuses it when it was optimal.
+    ``work``: CP-SAT's deterministic-time cap when ``share < 1`` (the axis search's steps and,
+    lower, its start)."""
     o, clock, cluster, limit = options, options.clock, options.cluster, options.limit
     space.graph.mesh = space.mesh
     if o.batch_split_limit is not None:
@@ -202,9 +205,9 @@ def _plan_space(
             zip(variants, ahead, strict=True)
         ):
             budget = max(1.0, left) / (len(variants) - index)  # the limit covers every variant
-            work = STEP_WORK if share < 1 else None  # a step cut short is still deterministic
+            capped = work if share < 1 else None  # a step cut short is still deterministic
             solution = clock("solve", solve, candidate, budget, warm, memory=memory,
-                             work_limit=work, prepared=prepared, relaxation=relaxation,
+                             work_limit=capped, prepared=prepared, relaxation=relaxation,
                              lp_seed=seeded and binds)  # fmt: skip
             left = max(0.0, left - solution.seconds_of_budget)  # what one leaves, the next gets
             if not solution.choice and plans and not merge:
