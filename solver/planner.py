@@ -22,6 +22,7 @@ from ..passes.merge_followers import follower_pairs
 from ..passes.repeated_layers import find_repeated_layers
 from .axis_search import AXIS_SEARCH_FROM, axis_search, live_axes
 from .batch import cap_batch_split
+from .cap_bound import CapCannotWin, op_time_bound
 from .costs import (
     PERSISTENT_ROLES,
     PartialSemantics,
@@ -73,6 +74,7 @@ def plan_graph(
     batch_split_limit: int | None = None,
     fallback: Callable[[], tuple[str, Plan] | None] | None = None,
     lp_seed: bool = False,
+    cutoff: Callable[[float], bool] | None = None,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
@@ -94,6 +96,9 @@ def plan_graph(
     ``lp_seed``: when the limit binds and no hand-written strategy seeds the solve (or none is
     priced: a pipeline's sub-mesh solve, ``solver/pipeline.py``), the LP's layouts with every
     layer fully recomputed are the seed (``ilp.solve``'s ``lp_seed``).
+    ``cutoff``: given a lower bound on the op time of every plan a space can return
+    (``solver/cap_bound.py``), True raises ``CapCannotWin`` before that space is solved (a
+    pipeline's batch cap that cannot beat an earlier one).
     """
     graph.mesh = mesh
     if pins:
@@ -107,7 +112,7 @@ def plan_graph(
     options = _Options(
         cluster, limit, time.perf_counter() + time_limit, time_limit, merge_followers,
         share_layers, recompute, overlap, activation_scale, batch_split_limit, clock, baseline,
-        lp_seed,
+        lp_seed, cutoff,
     )  # fmt: skip
     try:
         if len(live_axes(mesh)) >= AXIS_SEARCH_FROM:
@@ -146,6 +151,8 @@ class _Options:
     solver's warm start, and the plan returned if the solver's is slower."""
     lp_seed: bool = False
     """Seed a binding solve from the LP when no baseline does (``plan_graph``'s ``lp_seed``)."""
+    cutoff: Callable[[float], bool] | None = None
+    """``plan_graph``'s ``cutoff``: checked before a space's plans are solved."""
 
 
 def _plan_space(
@@ -168,6 +175,7 @@ def _plan_space(
     if o.batch_split_limit is not None:
         hints = _capped_hints(space, hints, o.batch_split_limit, clock)
     problem = clock("price", build_problem, space, cluster, limit)
+    _check_cutoff(o, space, problem, quick)
     _check_memory_feasible(space, problem, limit)
     memory = clock(
         "memory", build_memory_model, space, cluster, limit, o.recompute, o.activation_scale
@@ -235,6 +243,18 @@ def _plan_space(
                 break  # the other objective is not solved (an OPTIMAL one's is cheap: the
                 # README demo's 16-layer Llama, 20 of 74 GiB, keeps its 0.1% better plan)
     return min(plans, key=lambda p: p[0].step_time)  # ties keep the plain objective's plan
+
+
+def _check_cutoff(o: _Options, space: Space, problem: Problem, quick: bool) -> None:
+    """Raise ``CapCannotWin`` when ``o.cutoff`` finds the space's op-time bound too high (not
+    in an axis-search step: its plan only steers the search)."""
+    if o.cutoff is not None and not quick:
+        bound = o.clock(
+            "cutoff", op_time_bound, problem, space, o.cluster, o.time_limit, o.share_layers
+        )
+        progress.report("cutoff", "the plans here spend >= %.2f s in ops", bound)
+        if o.cutoff(bound):
+            raise CapCannotWin(bound)
 
 
 def _seed_warm(o: _Options, space: Space, problem: Problem, memory, shrunk: list) -> dict:  # type: ignore[no-untyped-def]
