@@ -3,16 +3,18 @@
 A pipeline solves its stage mesh once per batch cap (``solver/pipeline.py``) and keeps the cap
 whose stages model fastest. The stage times of a sub-mesh plan (``attribute_layer_costs``) add
 up each op's roofline time under its layouts plus the reshards into it, weighted by
-``edge_exposure``, plus extras (recomputation, unfused round trips, tensor-parallel overlap
-not subtracted here). So the LP relaxation of that sum alone, over the space the cap solves,
-bounds the sum of the stage times of any plan the cap can return, and through
-``pipeline._bubble_bound`` its pipeline step. Left out of the sum, so the bound stays below
-what the stages are charged: graph inputs' memory tie-break, a producer's pinned or reduce-once
-reductions, aliased round trips and graph outputs (node costs and edges the stage times do not
-necessarily count), recomputation and the memory rows (a relaxation may drop constraints).
+``edge_exposure``, plus extras (recomputed ops, unfused round trips). So the LP relaxation of
+that sum alone, over the space the cap solves, bounds the summed stage times of any plan the
+cap can return, and through ``pipeline._bubble_bound`` its pipeline step. Left out, so the bound
+stays below what the stages are charged: graph inputs' memory tie-break, a producer's pinned or
+reduce-once reductions, aliased round trips and graph outputs, recomputation and the memory
+rows (a relaxation may drop constraints). Exact steps only: layers shared as every variant
+shares them, dominance pruning (keeps the optimum), chain elimination. Not used with
+tensor-parallel overlap, which charges a reshard less than its price.
 
-On Llama-3-70B at 16 x 128K tokens (``pp=4`` x (2, 4, 8)) the second cap's space bounds its
-op time by ~62 s where the roofline floor of the whole step gave 48.2 s; 54.6 s skips the cap.
+On Llama-3-70B at 16 x 128K tokens (``pp=4`` x (2, 4, 8)) the second cap's space bounds its op
+time at 59.4 s (2 s to find), where the roofline floor gave 48.2 s; 54.6 s cuts the cap (its
+plan, solved, was charged 81.0 s).
 """
 
 from __future__ import annotations

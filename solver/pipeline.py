@@ -121,7 +121,8 @@ def _plan_stages(
             m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
             if best is not None and _bubble_bound(floor, stages, m_max, v) >= best[2].step_time:
                 continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
-            options = planner_options if best is None else {
+            options = planner_options if best is None or extra[1] else {  # (TP overlap
+                # shortens the stage times below what the bound counts)
                 **planner_options, "cutoff": partial(_loses, stages, m_max, v, best[2].step_time)
             }  # fmt: skip
             try:
