@@ -9,7 +9,7 @@ Rows (each the ``sp.plan`` call, capture included, on this machine):
   under the same cost model (``sp.evaluate``: HSDP x TP, TP x FSDP, Megatron with ZeRO-1 with
   and without sequence parallelism; each without and with full recomputation);
 - Llama-3-70B shapes (IR builder, bf16, 80 layers), 16 x 131,072 tokens on ``pp=4, dp=2,
-  cp=4, tp=8`` (256 H100s; minutes on this VM: ``--skip-70b`` leaves it out);
+  cp=4, tp=8`` (256 H100s; ~20 CPU s on this VM: ``--skip-70b`` leaves it out);
 - the README's JAX GPT (2 layers, ``dp=2, tp=4``), unrolled and under ``lax.scan``.
 
     .venv/bin/python bench/ndmesh.py            # table + bench/results/ndmesh.json
@@ -124,8 +124,10 @@ def llama_70b_256() -> dict:
     """Llama-3-70B shapes (bf16, 80 layers), 16 sequences of 131,072 tokens on 256 H100s:
     ``pp=4`` pipelined, ``dp=2, cp=4, tp=8`` planned per stage. The IR builder's graph
     (``models.training_step``): the HF capture is ``INFEASIBLE`` through the batch cap, which
-    counts its flattened loss tokens as batch. Measured 2026-11-26: 61 CPU s (119.6 s wall at
-    load 5-8; was 123 CPU s), 18774.3 ms, 16 micro-batches (docs/design.md "Pipelines")."""
+    counts its flattened loss tokens as batch. Measured 2026-11-26: 18.6 CPU s (42.2 s wall at
+    load ~6; before, back to back: 66.1 CPU s, 162.7 s; earlier 123 CPU s), 18774.3 ms, 16
+    micro-batches; one cap solved, the second cut off by its op-time bound (docs/design.md
+    "Pipelines")."""
     from shardplan.models import LLAMA3_70B, training_step
 
     graph = training_step(LLAMA3_70B, batch=16, seq=131072)

@@ -43,6 +43,18 @@ STEP_SHARE = 0.25
 """Wall-clock safety net of one step, as a share of the time limit; what normally ends a step's
 CP-SAT search is its deterministic work cap (``planner.STEP_WORK``): the step is warm-started by
 the incumbent, so a step cut short still returns a plan at least as good."""
+START_WORK = 0.1
+"""CP-SAT deterministic-time cap of the merged-mesh start (the steps take ``planner.STEP_WORK``,
+1.0): the start only has to be a good centre, and the steps are exact on their
+neighbourhoods. On Llama-3-70B's stage mesh (2, 4, 8) under a batch cap the start is
+memory-bound and CP-SAT spent its whole budget proving (``FEASIBLE`` at a 15.9% gap) after
+finding the LP-hinted plan at once: 12.4 CPU s at 1.0, 6.3 at 0.1, the same start and plan."""
+SHARED_START_STEPS = 0
+"""Steps of a search that starts from the previous search's best (``shared_start``: a
+pipeline's later batch caps): none, the finish solves that centre's neighbourhood with every
+objective variant. On Llama-3-70B (``pp=4`` x (2, 4, 8), 16 x 128K) the second cap's two steps
+(~9 CPU s of capped CP-SAT each) left the centre where it was and the cap lost by 50%; a later
+cap's plan is the best within one axis of the earlier cap's, not a local optimum of its own."""
 IMPROVEMENT = 2e-3
 """Relative objective improvement below which the search stops (measured from a flat start on
 Llama-3-8B, 2x4x8: the last three steps gained 0.4% in all, at ~2 s each)."""
@@ -67,8 +79,10 @@ def axis_search(
     objective (``quick``); the last neighbourhood is then solved with every objective variant
     and the simulator picks the plan, as for one- and two-axis meshes."""
     shared = _STARTS.get(id(graph))
+    steps = MAX_STEPS
     if shared is not None and shared[0] is graph and shared[1] == mesh and shared[2]:
         center, repeated, start = list(shared[2]), None, math.inf  # the previous search's best
+        steps = SHARED_START_STEPS
     else:
         center, repeated, start = _merged_start(graph, mesh, semantics, plan_space)
     for n, value in enumerate(graph.inputs):  # a pinned input sits on its pin
@@ -88,7 +102,7 @@ def axis_search(
         return space
 
     best, best_space = math.inf, None
-    for step in range(MAX_STEPS):
+    for step in range(steps):
         space = neighbourhood(center)
         _, choice, objective = plan_space(space, _index(space, center), STEP_SHARE, True)
         repeated = space.repeated
@@ -101,8 +115,7 @@ def axis_search(
     # The best step's own neighbourhood again, with every objective variant: with followers
     # merged (greedily) the next one need not reproduce its plan, this one does (the same
     # problem; the step's optimal plain solve is reused, ``planner._reusable_step``).
-    assert best_space is not None  # the first step always improves on infinity
-    space = best_space
+    space = best_space if best_space is not None else neighbourhood(center)  # no steps taken
     plan, _, _ = plan_space(space, _index(space, center), 1.0, False)
     assert plan is not None
     if shared is not None and shared[0] is graph:
@@ -122,7 +135,7 @@ def _merged_start(graph: Graph, mesh: Mesh, semantics, plan_space: PlanSpace):  
     )
     with _merged_pins(graph, outer, name):  # pins the merged mesh cannot express are left out
         start_space = build_space(graph, merged, semantics)
-        _, choice, start = plan_space(start_space, None, STEP_SHARE, True)
+        _, choice, start = plan_space(start_space, None, STEP_SHARE, True, START_WORK)
     start_space.solved = None  # another mesh: nothing to reuse
     center = [c[:1] * len(outer) + c[1:] for c in coordinates(start_space, choice)]
     return center, start_space.repeated, start

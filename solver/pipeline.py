@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import itertools
 from dataclasses import dataclass, field
+from functools import partial
 
 from ..costmodel import get_cluster, group_link
 from ..costmodel.cluster import Cluster
@@ -31,6 +32,7 @@ from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
 from .axis_search import shared_start
 from .batch import batch_inputs, plan_batch_split, remembered
+from .cap_bound import CapCannotWin
 from .costs import op_cost
 from .plan import PipelinePlan, Plan, StageSpec
 from .stages import LayerCosts, StageAssignment, assign_stages, evaluate_split
@@ -119,10 +121,16 @@ def _plan_stages(
             m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
             if best is not None and _bubble_bound(floor, stages, m_max, v) >= best[2].step_time:
                 continue  # even perfect stages at peak speed lose: skip the sub-mesh solve
+            options = planner_options if best is None or extra[1] else {  # (TP overlap
+                # shortens the stage times below what the bound counts)
+                **planner_options, "cutoff": partial(_loses, stages, m_max, v, best[2].step_time)
+            }  # fmt: skip
             try:
                 found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule,
-                                  microbatches, time_limit, stage_bounds, planner_options, cap,
+                                  microbatches, time_limit, stage_bounds, options, cap,
                                   extra)  # fmt: skip
+            except CapCannotWin:
+                continue  # the cap's own space bounds its step above the best: not solved
             except InfeasiblePlanError as exc:
                 error = exc
                 continue
@@ -176,6 +184,12 @@ def _most_chunks(graph: Graph, schedule: str, chunks: int | None, stages: int) -
 def _layers_per_stage(layers: int, stages: int) -> int:
     """The most chunks per device interleaving may use: one layer per chunk at the most."""
     return layers // stages
+
+
+def _loses(stages: int, m: int, chunks: int, best: float, op_time: float) -> bool:
+    """Whether a sub-mesh plan whose ops take at least ``op_time`` seconds (stage times summed,
+    ``solver/cap_bound.py``) pipelines no faster than ``best``."""
+    return _bubble_bound(op_time, stages, m, chunks) >= best
 
 
 def _bubble_bound(floor: float, stages: int, m: int, chunks: int = 1) -> float:

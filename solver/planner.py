@@ -22,6 +22,7 @@ from ..passes.merge_followers import follower_pairs
 from ..passes.repeated_layers import find_repeated_layers
 from .axis_search import AXIS_SEARCH_FROM, axis_search, live_axes
 from .batch import cap_batch_split
+from .cap_bound import CapCannotWin, op_time_bound
 from .costs import (
     PERSISTENT_ROLES,
     PartialSemantics,
@@ -74,6 +75,7 @@ def plan_graph(
     fallback: Callable[[], tuple[str, Plan] | None] | None = None,
     lp_seed: bool = False,
     memory_search: bool = True,
+    cutoff: Callable[[float], bool] | None = None,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
@@ -98,6 +100,9 @@ def plan_graph(
     ``memory_search=False``: a seeded memory-bound solve keeps its seed's or the primal
     heuristic's point instead of running CP-SAT's capped search (``ilp.solve``'s ``search``;
     a pipeline's sub-mesh solves).
+    ``cutoff``: given a lower bound on the op time of every plan a space can return
+    (``solver/cap_bound.py``), True raises ``CapCannotWin`` before that space is solved (a
+    pipeline's batch cap that cannot beat an earlier one).
     """
     graph.mesh = mesh
     if pins:
@@ -111,7 +116,7 @@ def plan_graph(
     options = _Options(
         cluster, limit, time.perf_counter() + time_limit, time_limit, merge_followers,
         share_layers, recompute, overlap, activation_scale, batch_split_limit, clock, baseline,
-        lp_seed, memory_search,
+        lp_seed, memory_search, cutoff,
     )  # fmt: skip
     try:
         if len(live_axes(mesh)) >= AXIS_SEARCH_FROM:
@@ -152,6 +157,8 @@ class _Options:
     """Seed a binding solve from the LP when no baseline does (``plan_graph``'s ``lp_seed``)."""
     memory_search: bool = True
     """CP-SAT's capped search after a seeded memory-bound solve (``plan_graph``'s)."""
+    cutoff: Callable[[float], bool] | None = None
+    """``plan_graph``'s ``cutoff``: checked before a space's plans are solved."""
 
 
 def _plan_space(
@@ -160,17 +167,21 @@ def _plan_space(
     hints: dict[int, int] | None = None,
     share: float = 1.0,
     quick: bool = False,
+    work: float = STEP_WORK,
 ) -> tuple[Plan | None, list[int], float]:
     """Price, shrink and solve one space: the best plan (by the simulator), its choice and its
     solver objective. ``share``: the fraction of the user's time limit it may take at most.
     ``quick``: only the plain objective, merged as the finish will solve it, and no plan built
     (the choice and objective steer the axis search); the solve is kept on the space
-    (``Space.solved``) so that a finish on the same space reuses it when it was optimal."""
+    (``Space.solved``) so that a finish on the same space reuses it when it was optimal.
+    ``work``: CP-SAT's deterministic-time cap when ``share < 1`` (the axis search's steps and,
+    lower, its start)."""
     o, clock, cluster, limit = options, options.clock, options.cluster, options.limit
     space.graph.mesh = space.mesh
     if o.batch_split_limit is not None:
         hints = _capped_hints(space, hints, o.batch_split_limit, clock)
     problem = clock("price", build_problem, space, cluster, limit)
+    _check_cutoff(o, space, problem, quick)
     _check_memory_feasible(space, problem, limit)
     memory = clock(
         "memory", build_memory_model, space, cluster, limit, o.recompute, o.activation_scale
@@ -208,9 +219,9 @@ def _plan_space(
             zip(variants, ahead, strict=True)
         ):
             budget = max(1.0, left) / (len(variants) - index)  # the limit covers every variant
-            work = STEP_WORK if share < 1 else None  # a step cut short is still deterministic
+            capped = work if share < 1 else None  # a step cut short is still deterministic
             solution = clock("solve", solve, candidate, budget, warm, memory=memory,
-                             work_limit=work, prepared=prepared, relaxation=relaxation,
+                             work_limit=capped, prepared=prepared, relaxation=relaxation,
                              lp_seed=seeded and binds, search=o.memory_search)  # fmt: skip
             left = max(0.0, left - solution.seconds_of_budget)  # what one leaves, the next gets
             if not solution.choice and plans and not merge:
@@ -238,6 +249,18 @@ def _plan_space(
                 break  # the other objective is not solved (an OPTIMAL one's is cheap: the
                 # README demo's 16-layer Llama, 20 of 74 GiB, keeps its 0.1% better plan)
     return min(plans, key=lambda p: p[0].step_time)  # ties keep the plain objective's plan
+
+
+def _check_cutoff(o: _Options, space: Space, problem: Problem, quick: bool) -> None:
+    """Raise ``CapCannotWin`` when ``o.cutoff`` finds the space's op-time bound too high (not
+    in an axis-search step: its plan only steers the search)."""
+    if o.cutoff is not None and not quick:
+        bound = o.clock(
+            "cutoff", op_time_bound, problem, space, o.cluster, o.time_limit, o.share_layers
+        )
+        progress.report("cutoff", "the plans here spend >= %.2f s in ops", bound)
+        if o.cutoff(bound):
+            raise CapCannotWin(bound)
 
 
 def _seed_warm(o: _Options, space: Space, problem: Problem, memory, shrunk: list) -> dict:  # type: ignore[no-untyped-def]

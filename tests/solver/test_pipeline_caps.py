@@ -4,6 +4,8 @@ axis search, and the caps after the first start from the previous cap's best cen
 
 from __future__ import annotations
 
+from functools import partial
+
 import shardplan as sp
 from shardplan.models import TransformerConfig, training_step
 from shardplan.solver import axis_search
@@ -55,3 +57,29 @@ def test_the_bubble_bound_never_exceeds_a_split_it_bounds() -> None:
         for m in range(1, m_max + 1):
             step, _, _ = evaluate_split(costs, bounds, m, schedule, 0.0, v)
             assert _bubble_bound(floor, p, m_max, v) <= step * (1 + 1e-12)
+
+
+def test_the_cap_bound_lies_between_the_roofline_floor_and_the_plans_stage_times() -> None:
+    # A later cap is cut off when this bound, through the bubble bound, reaches the best step
+    # so far (``solver/cap_bound.py``): it must not exceed the stage times the plan it bounds
+    # is charged, and it is at least the roofline floor the older skip used.
+    from shardplan.costmodel import get_cluster
+    from shardplan.solver.pipeline import _compute_floor, attribute_layer_costs
+    from shardplan.solver.planner import plan_graph
+
+    config = TransformerConfig("tiny", 2, 64, 4, 128, 256, 32)
+    graph = training_step(config, batch=8)
+    cluster = get_cluster("h100-sxm")
+    for axes, cap in (({"dp": 2, "tp": 2}, 1), ({"dp": 2, "fsdp": 2, "tp": 2}, 2)):
+        mesh = sp.Mesh(axes, cluster="h100-sxm")
+        bounds: list[float] = []
+        plan = plan_graph(graph, mesh, batch_split_limit=cap, cutoff=partial(_keep, bounds))
+        costs = attribute_layer_costs(plan, cluster).costs
+        charged = sum(costs.time) + costs.pre_time + costs.post_time + costs.step_time
+        assert len(bounds) == 1  # the finish's space, the one the plan comes from
+        assert _compute_floor(graph, mesh, cluster) <= bounds[0] <= charged * (1 + 1e-9)
+
+
+def _keep(bounds: list[float], bound: float) -> bool:
+    bounds.append(bound)
+    return False  # never cut: the plan is solved and its stage times compared
