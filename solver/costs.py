@@ -332,21 +332,28 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     for i, op in enumerate(graph.ops):
         v = space.op_node(i)
         _add_producer_costs(problem, space, op, v, price)
-        for j, value in enumerate(op.operands):
-            u, k = space.producer[value]
-            pin = pinned_result(value)
-            once = value in space.reduce_once
-            fused = (i, j) in space.fusion.edges
-            key = ("edge", id(space.strategies[u]), k, pin, once, id(space.strategies[v]), j)
-            key += (value.type, fused)
-            layouts = partial(_operand_layouts, space, u, k, pin, once, v, j)
-            u_group, v_group, matrix = _edge(cache, key, layouts, price(value.type, fused))
-            if op.repeat != 1:  # an edge into a scan body's op reshards every iteration
-                matrix = matrix * op.repeat
-            problem.add_grouped_edge(u, v, u_group, v_group, matrix)
+        _add_operand_edges(problem, space, i, op, v, price, cache)
     for j, value in enumerate(graph.outputs):
         _add_output_edge(problem, space, j, value, price(value.type), cache)
     return problem
+
+
+def _add_operand_edges(problem: Problem, space: Space, i: int, op: Op, v: int, price, cache):  # type: ignore[no-untyped-def]
+    """One edge per operand of op ``i`` (node ``v``) from its producer, priced per table."""
+    for j, value in enumerate(op.operands):
+        u, k = space.producer[value]
+        pin = pinned_result(value)
+        once = value in space.reduce_once
+        fused = (i, j) in space.fusion.edges
+        key = ("edge", id(space.strategies[u]), k, pin, once, id(space.strategies[v]), j)
+        key += (value.type, fused)
+        layouts = partial(_operand_layouts, space, u, k, pin, once, v, j)
+        u_group, v_group, matrix = _edge(cache, key, layouts, price(value.type, fused))
+        if matrix is None:  # no layout pair reshards: no edge
+            continue
+        if op.repeat != 1:  # an edge into a scan body's op reshards every iteration
+            matrix = matrix * op.repeat
+        problem.add_grouped_edge(u, v, u_group, v_group, matrix, nonzero=True)
 
 
 def _pricer(prices: dict, mesh: Mesh, cluster: Cluster) -> ReshardPricer:
@@ -386,7 +393,9 @@ def _add_output_edge(
         key = ("alias", id(space.strategies[u]), k, pin, once, id(space.strategies[alias]))
         key += (value.type,)  # every layer's updated parameters ask the same question
         layouts = partial(_operand_layouts, space, u, k, pin, once, alias, None)
-        problem.add_grouped_edge(u, alias, *_edge(cache, key, layouts, price))
+        u_group, v_group, matrix = _edge(cache, key, layouts, price)
+        if matrix is not None:
+            problem.add_grouped_edge(u, alias, u_group, v_group, matrix, nonzero=True)
         return
     produced = [seen_layout(s, k, pin, once) for s in space.strategies[u]]
     if value.pinned and value.sharding is not None:
@@ -410,14 +419,16 @@ def _operand_layouts(space: Space, u: int, k: int, pin, once: bool, v: int, j: i
 
 def _edge(cache: dict, key: tuple, layouts, price) -> tuple:  # type: ignore[no-untyped-def]
     """(producer groups, consumer groups, cost matrix) of an edge, priced once per ``key``:
-    ``layouts()`` gives both ends' layouts per strategy; ``price(a, b)`` a reshard time."""
-    if key not in cache:
+    ``layouts()`` gives both ends' layouts per strategy; ``price(a, b)`` a reshard time. The
+    matrix is None when every entry is zero (no edge; checked once, not per alike edge)."""
+    found = cache.get(key)
+    if found is None:
         produced, wanted = layouts()
         u_keys, u_group = group_layouts(produced)
         v_keys, v_group = group_layouts(wanted)
         matrix = np.array([[price(a, b) for b in v_keys] for a in u_keys], dtype=float)
-        cache[key] = (u_group, v_group, matrix)
-    return cache[key]
+        found = cache[key] = (u_group, v_group, matrix if np.any(matrix != 0) else None)
+    return found
 
 
 def seen_layout(

@@ -87,8 +87,11 @@ class Problem:
             {n: set(ids) for n, ids in self.adjacency.items()}, self._next_edge,
         )  # fmt: skip
 
-    def add_grouped_edge(self, u: int, v: int, u_group, v_group, cost: np.ndarray) -> None:
-        if not np.any(cost != 0):
+    def add_grouped_edge(
+        self, u: int, v: int, u_group, v_group, cost: np.ndarray, nonzero: bool = False
+    ) -> None:
+        """Add an edge unless every cost is zero (``nonzero``: the caller checked that)."""
+        if not nonzero and not np.any(cost != 0):
             return
         if u == v:  # a self-edge is a node cost
             idx = np.arange(len(u_group))

@@ -35,22 +35,26 @@ def test_finish_reuses_the_exact_steps_solve_without_changing_the_plan(
     examples, monkeypatch
 ) -> None:
     """The finish takes the best exact step's optimal plain solve instead of solving it again
-    (solver/planner.py ``_reuse_step``): the plan is the one a re-solve gives."""
+    (solver/planner.py ``_reusable_step``): the plan is the one a re-solve gives."""
     from shardplan.solver import planner
 
     model, inputs = examples["hf_llama"].make(layers=1)
     mesh = sp.Mesh(MESHES["2x2x2"])
-    reuse, reused = planner._reuse_step, []
+    reuse, reused = planner._reusable_step, []
 
-    def spy(space, variants, *args):  # type: ignore[no-untyped-def]
-        left = reuse(space, variants, *args)
-        reused.append(len(left) < len(variants))
-        return left
+    def spy(space, *args):  # type: ignore[no-untyped-def]
+        found = reuse(space, *args)
+        reused.append(found is not None)
+        return found
 
-    monkeypatch.setattr(planner, "_reuse_step", spy)
+    def never(space, *args):  # type: ignore[no-untyped-def]
+        space.solved = None
+        return None
+
+    monkeypatch.setattr(planner, "_reusable_step", spy)
     plan = sp.plan(model, *inputs, mesh=mesh)
     assert reused[-1]  # the finish (the last solve) reused a step
-    monkeypatch.setattr(planner, "_reuse_step", lambda space, variants, *args: variants)
+    monkeypatch.setattr(planner, "_reusable_step", never)
     again = sp.plan(model, *inputs, mesh=mesh)
     assert plan.step_time == again.step_time
     assert plan.solver.objective == again.solver.objective
