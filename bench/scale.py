@@ -32,6 +32,9 @@ trade (recomputed layers, sharded states, headroom). The 405B-shaped row with ea
 sub-mesh solve seeded from its LP (``solver/pipeline.py``, back to back at load
 3-8): 580.5 s wall / 306.1 CPU s -> 213-301 / 152-171 s, gap 8.7% -> 3.4%, 11922.6 -> 11134.2 ms
 (87 layers full, 39 selective); the 60 s target is not met (docs/design.md "Pipelines").
+Re-measured from an export of main at 077d57c (load 5-6): 70B 48.3 s wall / 19.9 s CPU, 8B f32
+23.6 / 9.4 s, the same plans; the seed-plan reuse since is within noise (docs/design.md, "Where
+the 70B call's seconds go").
 """
 
 from __future__ import annotations

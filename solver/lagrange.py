@@ -20,10 +20,8 @@ minimiser. Deterministic: GLOP and fixed iteration counts.
 
 from __future__ import annotations
 
-import dataclasses
 import itertools
 from collections.abc import Callable
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 
 import numpy as np
@@ -217,8 +215,16 @@ class _Priced:
             return None
         self.budget[0] -= len(patterns)
         best: tuple[float, float] | None = None
-        views = [self._priced_copy(pattern, lam) for pattern in patterns]
-        for pattern, relaxation in zip(patterns, _relax_all(views), strict=True):
+        for pattern in patterns:
+            delta = self._delta(pattern, lam)
+            original = {n: self.problem.node_costs[n] for n in delta}
+            for n, v in delta.items():
+                self.problem.node_costs[n] = original[n] + v
+            try:
+                relaxation = solve_relaxation(self.problem)
+            finally:
+                for n, v in original.items():
+                    self.problem.node_costs[n] = v
             if relaxation is None:
                 return None
             if self.memory is not None:  # a layout for ``solver/recompute.py``
@@ -227,15 +233,6 @@ class _Priced:
             if best is None or scored[0] < best[0]:
                 best = scored
         return best
-
-    def _priced_copy(self, pattern: tuple, lam: float) -> Problem:
-        """``problem`` with the multiplier's and ``pattern``'s node costs added: a new cost
-        list (the edges and the other nodes' arrays shared), so the patterns' LPs can run at
-        once and ``problem`` is never written."""
-        costs = list(self.problem.node_costs)
-        for n, v in self._delta(pattern, lam).items():
-            costs[n] = costs[n] + v
-        return dataclasses.replace(self.problem, node_costs=costs)
 
     def _delta(self, pattern: tuple, lam: float) -> dict[int, np.ndarray]:
         """Per node, what the multiplier and ``pattern`` add to its cost."""
@@ -305,21 +302,6 @@ class _Priced:
             else:
                 hi, growing = lam, False
         return (*best, False)
-
-
-LP_THREADS = 2
-"""The mode patterns of one multiplier are independent LPs; GLOP releases the GIL, so two run
-at once on the 2-core box (``planner.LP_THREADS`` does the same for objective variants). Their
-results are read in pattern order: the bound and the remembered layouts are those of solving
-them one after the other."""
-
-
-def _relax_all(problems: list[Problem]) -> list[Relaxation | None]:
-    """``solve_relaxation`` of each problem, in order (side by side when there are several)."""
-    if len(problems) == 1:
-        return [solve_relaxation(problems[0])]
-    with ThreadPoolExecutor(max_workers=LP_THREADS) as pool:
-        return list(pool.map(solve_relaxation, problems))
 
 
 def _with(enough: Callable[[float], bool] | None, best: float | None):  # type: ignore[no-untyped-def]

@@ -18,7 +18,7 @@ the fastest fitting one is built into a ``Plan`` and simulated.
 from __future__ import annotations
 
 import dataclasses
-from concurrent.futures import ThreadPoolExecutor
+from concurrent.futures import Future
 
 import numpy as np
 
@@ -29,12 +29,6 @@ from .dominance import memory_vectors
 from .ilp import Solution, prepare, relax, solve
 from .memory import MemoryModel, _resolution
 from .problem import Problem
-
-LP_THREADS = 2
-"""The strategies' LPs run in threads while the next family's copy is made and pruned (GLOP
-releases the GIL). Families are independent: each one's next recomputation level waits only
-for its own previous level's result, so the strategies priced and their results are those of
-one pass in order; only which LP overlaps which pruning changes."""
 
 SEED_WORK = 2.0
 """CP-SAT deterministic-time cap per strategy (most are proven optimal by the LP, all inputs
@@ -77,41 +71,30 @@ def price_baselines(
     settled: dict[str, int] = {}  # family -> the position whose LP optimum fits
     deferred: list[tuple] = []
     layouts: dict = {}  # strategy less its recomputation -> allowed strategies per node
-    families: dict[str, list] = {}  # family -> its strategies in order: none, sel., full
-    for index, strategy in enumerate(for_graph(graph, mesh)):
-        families.setdefault(strategy.name.split("+")[0], []).append((index, strategy))
-    rounds = max((len(members) for members in families.values()), default=0)
-    with ThreadPoolExecutor(max_workers=LP_THREADS) as pool:
-        for level in range(rounds):  # each family's next strategy, unless the family settled:
-            ahead = []  # their LPs run while the next family's copy is made and pruned
-            for family, members in families.items():
-                if family in settled or level >= len(members):
-                    continue
-                index, strategy = members[level]
-                built = _restricted(space, base, resolve, persistent, memory, strategy, layouts)
-                if built is None:
-                    continue
-                restricted, forced = built
-                # first pass: what the LP solves alone; those that need a search wait for a
-                # cutoff (pruned and relaxed once: the second pass reuses both)
-                prepared = prepare(restricted, None, forced, usage)
-                relaxation = pool.submit(relax, prepared, time_limit)
-                ahead.append((index, strategy, restricted, forced, prepared, relaxation))
-            for index, strategy, restricted, forced, prepared, relaxation in ahead:
-                solution = solve(restricted, time_limit, memory=forced, cutoff=float("-inf"),
-                                 prepared=prepared, relaxation=relaxation)  # fmt: skip
-                if solution.status == "CUTOFF":
-                    deferred.append((index, strategy, restricted, forced, prepared, relaxation))
-                    continue
-                _add(priced, index, problem, memory, strategy, solution, forced)
-                if solution.status == "OPTIMAL" and solution.num_variables == 0:
-                    # the LP's optimum fits without the memory rows: the family's cheapest
-                    # layouts, and more recomputation (full re-runs a superset of selective)
-                    # only adds time. Exact from no recomputation; from selective, the LP
-                    # ignores the recomputed ops' price, so full could recompute cheaper
-                    # layouts (by at most that price's spread)
-                    settled[strategy.name.split("+")[0]] = index
-    deferred.sort(key=lambda d: d[0])  # as one pass in order would have deferred them
+    for index, strategy in enumerate(for_graph(graph, mesh)):  # per family: none, sel., full
+        family = strategy.name.split("+")[0]
+        if family in settled:
+            continue
+        built = _restricted(space, base, resolve, persistent, memory, strategy, layouts)
+        if built is None:
+            continue
+        restricted, forced = built
+        # first pass: what the LP solves alone; those that need a search wait for a cutoff
+        # (pruned and relaxed once: the second pass reuses both)
+        prepared = prepare(restricted, None, forced, usage)
+        relaxation = _done(relax(prepared, time_limit))
+        solution = solve(restricted, time_limit, memory=forced, cutoff=float("-inf"),
+                         prepared=prepared, relaxation=relaxation)  # fmt: skip
+        if solution.status == "CUTOFF":
+            deferred.append((index, strategy, restricted, forced, prepared, relaxation))
+            continue
+        _add(priced, index, problem, memory, strategy, solution, forced)
+        if solution.status == "OPTIMAL" and solution.num_variables == 0:
+            # the LP's optimum fits without the memory rows: the family's cheapest layouts, and
+            # more recomputation (full re-runs a superset of selective) only adds time. Exact
+            # from no recomputation; from selective, the LP ignores the recomputed ops' price,
+            # so full could recompute cheaper layouts (by at most that price's spread)
+            settled[family] = index
     for index, strategy, restricted, forced, prepared, relaxation in deferred:  # memory binds:
         if settled.get(strategy.name.split("+")[0], index) < index:  # a search each, unless a
             continue  # bound rules it out
@@ -127,6 +110,13 @@ def price_baselines(
     plan = _simulated(build_plan(space, cluster, best.solution, base, best.memory))
     space.tables[SEED_PLAN] = (best.solution.choice, dict(best.memory.decisions), plan)
     return best.name, plan
+
+
+def _done(value: object) -> Future:
+    """A future already holding ``value`` (``solve`` takes the LP as a future)."""
+    future: Future = Future()
+    future.set_result(value)
+    return future
 
 
 def _restricted(space, base, resolve, persistent, memory, strategy, layouts: dict):  # type: ignore[no-untyped-def]
