@@ -292,6 +292,12 @@ def op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster,
     return cache[key] * repeat if repeat != 1 else cache[key]
 
 
+def op_vectors_key(space: Space, cluster: Cluster) -> tuple:
+    """Key in ``Space.tables`` of (the strategy lists, the cluster, per op its seconds per
+    strategy): what ``build_problem`` priced, which ``planner.build_plan`` looks up again."""
+    return ("op_vectors", id(space), id(cluster))
+
+
 def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) -> Problem:
     graph, mesh = space.graph, space.mesh
     memory = [_input_memory(v, space.strategies[n], mesh) for n, v in enumerate(graph.inputs)]
@@ -306,6 +312,8 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
         memory.append(np.zeros(len(strategies)))
     names = [f"%{v.name}" for v in graph.inputs] + [repr(op) for op in graph.ops]
     problem = Problem(names, costs, memory=memory, memory_limit=memory_limit)
+    key = op_vectors_key(space, cluster)  # ``build_plan`` reads the same vectors (70B: 0.7 s)
+    cache[key] = (list(space.strategies), cluster, costs[len(graph.inputs) :])
 
     seen = space.prices  # repeated layers ask the same (from, to, type) many times
     reshard_time = _pricer(seen, mesh, cluster)

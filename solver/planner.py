@@ -32,6 +32,7 @@ from .costs import (
     input_cost,
     op_cost,
     op_costs,
+    op_vectors_key,
     pinned_result,
     seen_layout,
 )
@@ -299,8 +300,23 @@ def _prepare_ahead(variants, space: Space, o: _Options, warm, memory, pool, left
 
 def _built(clock, space: Space, cluster: Cluster, problem: Problem, solution: Solution, memory):  # type: ignore[no-untyped-def]
     """(the simulated plan, its choice, its solver objective)."""
+    seed = space.tables.get(SEED_PLAN)
+    if (
+        seed is not None
+        and memory is not None
+        and seed[0] == solution.choice
+        and seed[1] == memory.decisions
+    ):  # the seed's own layouts and recomputation (Llama-3-8B f32): built and simulated once
+        plan = dataclasses.replace(seed[2], solver=_stats(solution, problem))
+        return plan, solution.choice, solution.objective
     plan = clock("build", build_plan, space, cluster, solution, problem, memory)
     return clock("simulate", _simulated, plan), solution.choice, solution.objective
+
+
+SEED_PLAN = ("seed_plan",)
+"""Key in ``Space.tables`` of the priced seed's (choice, recomputation, simulated plan)
+(``solver/seed.py``): a solve that returns that same point reuses the plan, since
+``build_plan`` and the simulator depend only on the layouts and the recomputation."""
 
 
 def _reusable_step(space: Space, o: _Options, merges: list[bool]) -> tuple | None:
@@ -672,19 +688,23 @@ def build_plan(
             (shardings, operand_shardings, reshards, compute, comm, outputs),
         )
     memory = memory_breakdown(space, shardings)
-    stats = SolverStats(
+    stats = _stats(solution, problem)
+    return Plan(graph, mesh, shardings, operand_shardings, reshards, compute, comm,
+                sum(memory.values()), memory, stats, outputs)  # fmt: skip
+
+
+def _stats(solution: Solution, problem: Problem) -> SolverStats:
+    return SolverStats(
         solution.status, solution.objective, solution.bound, solution.wall_time,
         solution.num_variables, len(problem.live_nodes()),
     )  # fmt: skip
-    return Plan(graph, mesh, shardings, operand_shardings, reshards, compute, comm,
-                sum(memory.values()), memory, stats, outputs)  # fmt: skip
 
 
 def _op_vectors(space: Space, cluster: Cluster) -> list[np.ndarray]:
     """Per op, its seconds per strategy: the vectors ``build_problem`` priced (in
     ``space.tables``), looked up once per space and cluster (the op signature keys cost more
     than the lookups; a memory-bound plan builds two plans: the seed's and the solver's)."""
-    key = ("op_vectors", id(space), id(cluster))
+    key = op_vectors_key(space, cluster)
     found = space.tables.get(key)
     lists = space.strategies
     if (
@@ -706,10 +726,7 @@ def _with_memory(space, solution, problem, memory, parts) -> Plan:
     shardings, operand_shardings, reshards, compute, comm, outputs = parts
     profile = memory.profile(solution.choice)
     compute += memory.recompute_cost(solution.choice)
-    stats = SolverStats(
-        solution.status, solution.objective, solution.bound, solution.wall_time,
-        solution.num_variables, len(problem.live_nodes()),
-    )  # fmt: skip
+    stats = _stats(solution, problem)
     return Plan(space.graph, space.mesh, shardings, operand_shardings, reshards, compute, comm,
                 profile.peak, dict(profile.by_category), stats, outputs,
                 recompute=dict(memory.decisions), memory_limit=memory.limit,
