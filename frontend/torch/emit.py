@@ -308,7 +308,7 @@ def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
     three share (``shared_head_layout``), or all replicated when they share none: DTensor's
     own path then still redistributes each operand, which fails for a ``_StridedShard`` one
     (HF Cohere on (2, 2, 2): q and k gathered by its interleaved rotary, v split over two
-    mesh dims). None: not such a call (a mask, a pending sum), left to DTensor."""
+    mesh dims). None: not such a call (a mask), left to DTensor."""
     qkv = args[:3]
     if len(qkv) < 3 or not all(isinstance(t, DTensor) for t in qkv):
         return None
@@ -329,11 +329,10 @@ def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
 
 def shared_head_layout(qkv: tuple) -> Placements | None:
     """Per mesh dim: the batch (0) or head (1) split that q, k and v all have there, else
-    replicated; each split must divide every operand's dim evenly (else all replicated).
-    None when an operand is a pending sum, or when all three are replicated already (DTensor's
-    own rule is fine then)."""
-    if any(isinstance(p, Partial) for t in qkv for p in t.placements):
-        return None
+    replicated; each split must divide every operand's dim evenly (else all replicated). A
+    pending sum is summed on the way (HF Cohere under TP x FSDP on (2, 2, 2): v pending over
+    dp; DTensor's own strategy search for it ran for minutes). None when all three are
+    replicated already (DTensor's own rule is fine then)."""
     out: list[Placement] = []
     for dim, p in enumerate(qkv[0].placements):
         same = all(t.placements[dim] == p for t in qkv)
@@ -345,7 +344,7 @@ def shared_head_layout(qkv: tuple) -> Placements | None:
             if t.shape[d] % n:
                 return (Replicate(),) * len(out)
     if not any(isinstance(p, Shard) for p in out) and all(
-        not isinstance(p, Shard) for t in qkv for p in t.placements
+        isinstance(p, Replicate) for t in qkv for p in t.placements
     ):
         return None
     return tuple(out)

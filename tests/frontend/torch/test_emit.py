@@ -245,11 +245,8 @@ def test_redistribute_keeps_a_replicated_dim_where_the_plan_has_a_pending_sum() 
 
 
 @pytest.fixture(scope="module")
-def cohere_2x2x2():  # type: ignore[no-untyped-def]
-    """HF Cohere (a family no other test uses) and its free plan on (2, 2, 2); its rotary
-    (``torch.stack`` of interleaved halves) lowers without an unknown op."""
-    import warnings
-
+def cohere():  # type: ignore[no-untyped-def]
+    """HF Cohere (a family no other test uses) and its inputs."""
     from transformers import CohereConfig, CohereForCausalLM
 
     torch.manual_seed(0)
@@ -260,19 +257,30 @@ def cohere_2x2x2():  # type: ignore[no-untyped-def]
     model = CohereForCausalLM(config)
     model.config._attn_implementation = "sdpa"
     ids = torch.randint(0, 128, (8, 8))
-    batch = {"input_ids": ids, "labels": ids}
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", sp.UnsupportedOpWarning)
-        plan = sp.plan(model, batch, mesh=sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2}))
-    return plan, model, (batch,)
+    return model, {"input_ids": ids, "labels": ids}
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize("follow", [False, True], ids=["apply", "follow_plan"])
-def test_apply_cohere_on_a_3d_mesh_matches_plain_model(cohere_2x2x2, follow) -> None:  # type: ignore[no-untyped-def]
-    """Under ``apply`` alone, Cohere's interleaved rotary leaves q and k replicated while v's
-    heads stay split over two mesh dims; DTensor's own attention path failed redistributing v
-    ("_StridedShard redistribute assumes no flattened transforms"), the emitter now runs it
-    on replicated operands. Under ``follow_plan`` every op runs at its planned layouts."""
-    plan, model, inputs = cohere_2x2x2
-    _check_numerics(plan, model, inputs, follow=follow)
+@pytest.mark.parametrize(
+    ("kind", "follow"),
+    [("free", False), ("free", True), ("tp_fsdp", False)],
+    ids=["free-apply", "free-follow_plan", "tp_fsdp-apply"],
+)
+def test_apply_cohere_on_a_3d_mesh_matches_plain_model(cohere, kind, follow) -> None:  # type: ignore[no-untyped-def]
+    """Cohere on (2, 2, 2): its rotary (``torch.stack`` of interleaved halves) lowers without
+    an unknown op. Under ``apply`` alone its attention meets operands DTensor's own path could
+    not run: q and k replicated while v's heads stay split over two mesh dims (free plan:
+    "_StridedShard redistribute assumes no flattened transforms"), v a pending sum over dp
+    (TP x FSDP: a strategy search of minutes); the emitter runs both on the shared split.
+    Under ``follow_plan`` every op runs at its planned layouts."""
+    import warnings
+
+    model, batch = cohere
+    mesh = sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2})
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.UnsupportedOpWarning)
+        if kind == "free":
+            plan = sp.plan(model, batch, mesh=mesh)
+        else:
+            plan = sp.evaluate(model, batch, mesh=mesh, strategy=sp.strategies.tp_fsdp("tp")).plan
+    _check_numerics(plan, model, (batch,), follow=follow)
