@@ -282,14 +282,21 @@ def input_cost(memory_bytes: float, cluster: Cluster) -> float:
 
 def op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster, cache: dict):
     """Roofline time of ``op`` under each strategy, cached by op signature (repeated layers)."""
-    key = (op.kind, op.rule, tuple(v.type for v in op.operands), tuple(r.type for r in op.results))
     fused = space.fusion.of(op)
-    key += (id(strategies), fused, op.attrs.get("causal"), op.attrs.get("load_balance"))
+    key = (*op_signature(op, fused), id(strategies))
     if key not in cache:
         cache.setdefault("lists", {}).setdefault(id(strategies), strategies)  # ids stay unique
         cache[key] = np.array([op_cost(op, s, space.mesh, cluster, fused) for s in strategies])
     repeat = op.repeat
     return cache[key] * repeat if repeat != 1 else cache[key]
+
+
+def op_signature(op: Op, fused: object) -> tuple:
+    """What an op's roofline time depends on besides its layouts: alike ops (the layers of a
+    stack) share it, so their times are priced once."""
+    operands, results = tuple(v.type for v in op.operands), tuple(r.type for r in op.results)
+    return (op.kind, op.rule, operands, results, fused, op.attrs.get("causal"),
+            op.attrs.get("load_balance"))  # fmt: skip
 
 
 def op_vectors_key(space: Space, cluster: Cluster) -> tuple:

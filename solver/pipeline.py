@@ -33,7 +33,7 @@ from ..passes.repeated_layers import _layer_members
 from .axis_search import shared_start
 from .batch import batch_inputs, plan_batch_split, remembered
 from .cap_bound import CapCannotWin
-from .costs import op_cost
+from .costs import op_cost, op_signature
 from .plan import PipelinePlan, Plan, StageSpec
 from .stages import LayerCosts, StageAssignment, assign_stages, evaluate_split
 
@@ -485,7 +485,7 @@ def _local(value: Value, plan: Plan) -> int:
 
 def _op_times(plan: Plan, cluster: Cluster, tp_overlap_axes: tuple[str, ...] = ()) -> list[float]:
     """Per op: roofline time under its planned layouts plus the reshards feeding it. The
-    roofline is priced once per op signature and layouts (``solver.costs.op_costs``' key):
+    roofline is priced once per op signature and layouts (``solver.costs.op_signature``):
     the layers of a stack repeat the same ops at the same layouts (405B-shaped row: 46,869
     ops priced one by one, 7.8 s per batch cap under cProfile; its unprofiled CPU time moved
     within the noise of the loaded box)."""
@@ -498,9 +498,7 @@ def _op_times(plan: Plan, cluster: Cluster, tp_overlap_axes: tuple[str, ...] = (
     for i, op in enumerate(plan.graph.ops):
         operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
         results = tuple(plan.sharding_of(v.name) for v in op.results)
-        types = tuple(v.type for v in op.operands), tuple(v.type for v in op.results)
-        key = (op.kind, op.rule, types, operands, results, fused.of(op),
-               op.attrs.get("causal"), op.attrs.get("load_balance"))  # fmt: skip
+        key = (*op_signature(op, fused.of(op)), operands, results)
         if key not in seen:
             strategy = Strategy(operands, results, (), _split(op, operands, results, plan))
             seen[key] = op_cost(op, strategy, plan.mesh, cluster, fused.of(op))
