@@ -18,7 +18,7 @@ from .ir import (
     TensorType,
     UnsupportedOpWarning,
 )
-from .ir.errors import ArgumentError, DefaultClusterWarning
+from .ir.errors import ArgumentError, DefaultClusterWarning, IdleAxisWarning
 from .solver.plan import Plan, load_plan
 
 __version__ = "0.1.0"
@@ -27,6 +27,7 @@ __all__ = [
     "DefaultClusterWarning",
     "Evaluation",
     "Graph",
+    "IdleAxisWarning",
     "InfeasiblePlanError",
     "Mesh",
     "Origin",

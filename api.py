@@ -4,13 +4,14 @@ from __future__ import annotations
 
 import gc
 import time
+import warnings
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
 from . import progress
 from .ir import FrontendError, Graph, Mesh, Pin, Sharding
-from .ir.errors import ArgumentError
+from .ir.errors import ArgumentError, IdleAxisWarning
 from .solver.plan import Plan
 
 
@@ -214,9 +215,22 @@ def _plan(
             semantics=semantics, fallback=fallback,
         )  # fmt: skip
     result.frontend_context = context
+    if mesh is not None:
+        _warn_idle_axes(result)
     if not isinstance(model_or_fn, Graph):
         result.timings = {"capture": capture_seconds, **result.timings}
     return result
+
+
+def _warn_idle_axes(result: Plan) -> None:
+    """An ``IdleAxisWarning`` when a mesh axis the user chose cannot split the batch and the
+    plan splits nothing over it: silently repeating work on those devices is not what a user
+    asking for that mesh expects (``dp=3`` with a batch of 8)."""
+    from .solver.summary import idle_axis_advice
+
+    advice = idle_axis_advice(result)
+    if advice:
+        warnings.warn(advice, IdleAxisWarning, stacklevel=4)
 
 
 def _plan_serving(model, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]

@@ -38,3 +38,8 @@ class DefaultClusterWarning(UserWarning):
 
 class UnsupportedOpWarning(UserWarning):
     """An op has no sharding rule; it was given the safe all-need-replication rule."""
+
+
+class IdleAxisWarning(UserWarning):
+    """A mesh axis splits nothing in the plan (e.g. ``dp=3`` with a batch of 8): its devices
+    repeat the others' work. The message names the axis and a batch size that would use it."""

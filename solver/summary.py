@@ -55,6 +55,40 @@ def batch_axes(plan: Plan) -> list[str]:
     return _ordered(plan.mesh, axes)
 
 
+def idle_axes(plan: Plan) -> list[str]:
+    """Axes of the (stage) mesh, of size > 1, that split no tensor the plan stores or an op
+    reads: their devices repeat the work of the others."""
+    used: set[str] = set()
+    for layout in itertools.chain(plan.shardings.values(), plan.operand_shardings.values()):
+        used |= layout.used_axes
+    return [axis for axis, size in plan.stage_mesh.axes if size > 1 and axis not in used]
+
+
+def idle_axis_advice(plan: Plan) -> str | None:
+    """Why an idle axis is idle when the batch is what keeps it so (no batch input's dim 0
+    divides by its size), and the batch sizes that would use it; None when the batch divides
+    (then the solver left the axis idle because splitting did not pay)."""
+    batches = sorted({v.type.shape[0] for v in plan.graph.inputs
+                      if v.role is Role.INPUT and v.type.rank >= 1})  # fmt: skip
+    if not batches:
+        return None
+    mesh = plan.stage_mesh
+    lines = []
+    for axis in idle_axes(plan):
+        size = mesh.axis_size(axis)
+        if any(b % size == 0 for b in batches):
+            continue
+        batch = batches[-1]
+        near = sorted({(batch // size) * size or size, (batch // size + 1) * size} - {0})
+        lines.append(
+            f"mesh axis {axis!r} (size {size}) splits nothing in this plan: the batch "
+            f"({batch}) does not divide by {size} and no other split paid, so its devices repeat "
+            f"the others' work; use a batch divisible by {size} (e.g. "
+            f"{' or '.join(map(str, near))}) or a mesh whose axis sizes divide the batch"
+        )
+    return "; ".join(lines) or None
+
+
 def _sharded_bytes(plan: Plan, role: Role) -> tuple[dict[str, float], float]:
     """Per mesh axis, the bytes of ``role`` inputs split over it; and the role's total bytes."""
     per_axis: dict[str, float] = defaultdict(float)
@@ -125,6 +159,7 @@ def strategy_words(plan: Plan) -> str:
         modes[mode] += 1
     recompute = ", ".join(f"{mode} on {n} layer{'s' * (n != 1)}" for mode, n in modes.items())
     parts.append(f"recompute {recompute or 'none'}")
+    parts += [f"{axis} idle (splits nothing)" for axis in idle_axes(plan)]
     return ", ".join(parts)
 
 

@@ -282,3 +282,29 @@ def test_evaluate_takes_an_unbounded_memory_limit() -> None:
     for bad in (math.nan, -5):
         with pytest.raises(ArgumentError):
             sp.evaluate(tiny_graph(), mesh=MESH, strategy=strategy, memory_limit=bad)
+
+
+def test_an_axis_the_plan_cannot_use_is_named_with_the_fix() -> None:
+    """``dp=3`` with a batch of 8 (and widths 3 does not divide): the plan is valid but the
+    axis splits nothing, so its devices repeat the others' work. ``sp.plan`` says so, naming
+    the axis, its size and batch sizes that would use it; the summary line says it too. With
+    a batch the axis divides, nothing is said."""
+    import sys
+    from pathlib import Path
+
+    from shardplan.solver.summary import idle_axes, strategy_words
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "examples"))
+    from mlp_graph import make
+
+    mesh = sp.Mesh({"dp": 3, "tp": 2}, cluster="h100-sxm")
+    with pytest.warns(sp.IdleAxisWarning) as caught:
+        plan = sp.plan(make(batch=8, model=64, hidden=128), mesh=mesh)
+    text = str(caught[0].message)
+    assert "'dp' (size 3)" in text and "(8)" in text and "6 or 9" in text, text
+    assert caught[0].filename == __file__  # points at the user's call, not inside shardplan
+    assert "'tp'" not in text  # 8 divides by 2: leaving tp idle was the solver's choice
+    assert "dp" in idle_axes(plan) and "dp idle" in strategy_words(plan)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", sp.IdleAxisWarning)
+        sp.plan(make(batch=12, model=64, hidden=128), mesh=mesh)

@@ -68,7 +68,8 @@ def test_fsdp_and_zero_in_words():
     dp = Sharding.of("dp", None)
     fsdp = _layered_plan({0: dp, 1: dp}, dp, Sharding.of("dp", None))
     assert strategy_words(fsdp) == (
-        "batch over dp, parameters sharded over dp (FSDP-style, 100% of bytes), recompute none"
+        "batch over dp, parameters sharded over dp (FSDP-style, 100% of bytes), recompute none, "
+        "tp idle (splits nothing)"
     )
     whole = Sharding.of(None, None)
     zero = _layered_plan({0: whole, 1: whole}, Sharding.of(("dp", "tp"), None),
@@ -126,5 +127,6 @@ def test_mixed_fsdp_and_zero_give_their_shares():
     plan = _layered_plan({0: dp, 1: whole}, dp, dp)
     assert strategy_words(plan) == (
         "batch over dp, parameters sharded over dp (FSDP-style, 50% of bytes), "
-        "ZeRO-style sharded update over dp (50% of optimizer-state bytes), recompute none"
+        "ZeRO-style sharded update over dp (50% of optimizer-state bytes), recompute none, "
+        "tp idle (splits nothing)"
     )
