@@ -104,6 +104,8 @@ def plan(
             )
         else:
             result = _plan(model_or_fn, example_args, checked, options)
+            if checked["mesh"] is not None:  # a searched mesh is the planner's own choice
+                _warn_idle_axes(result)
         progress.report(
             "done", "step %s modelled, peak %.1f GiB per device",
             progress.seconds_text(result.step_time), result.peak_memory_bytes / 2**30,
@@ -215,8 +217,6 @@ def _plan(
             semantics=semantics, fallback=fallback,
         )  # fmt: skip
     result.frontend_context = context
-    if mesh is not None:
-        _warn_idle_axes(result)
     if not isinstance(model_or_fn, Graph):
         result.timings = {"capture": capture_seconds, **result.timings}
     return result
@@ -230,7 +230,7 @@ def _warn_idle_axes(result: Plan) -> None:
 
     advice = idle_axis_advice(result)
     if advice:
-        warnings.warn(advice, IdleAxisWarning, stacklevel=4)
+        warnings.warn(advice, IdleAxisWarning, stacklevel=3)
 
 
 def _plan_serving(model, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]
