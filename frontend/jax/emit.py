@@ -5,13 +5,15 @@ capture (``walk.Walker``), binding each equation and pinning its results with
 ``with_sharding_constraint`` at the planned layouts, so XLA partitions the way the plan says
 rather than by its own propagation. Partial (pending-sum) layouts cannot be written in ``Auto``
 mode: those values stay unconstrained and the consumer's planned operand layout is pinned
-instead, which is where the plan puts the reduction. Scatter-adds are the exception: XLA
-would move the updates rather than reduce, so their pending sums are pinned replicated first
-(``_Emit._scatter_add``). A layout with a Shardy sub-axis (``"x":(1)2``) has no
-``NamedSharding`` either (jax 0.10 exposes none): an intermediate with one is left to XLA's own
-propagation, which reaches the same sub-axis from the pinned neighbours, and the function's
-inputs and outputs take the whole-axis prefix, as Shardy does at a jit boundary
-(``solver.summary.sub_axis_note`` says so in the plan's summary).
+instead, which is where the plan puts the reduction. Dots, ``reduce_sum``s over several split
+dims and embedding gradients over ids split on several dims are bound as explicit pending
+sums instead (``pending.py``: XLA would reduce them otherwise than planned). Other
+scatter-adds are the exception: XLA would move the updates rather than reduce, so their
+pending sums are pinned replicated first (``_Emit._scatter_add``). A layout with a Shardy
+sub-axis (``"x":(1)2``) has no ``NamedSharding`` either (jax 0.10 exposes none): an
+intermediate with one is left to XLA's own propagation, which reaches the same sub-axis from
+the pinned neighbours, and the function's inputs and outputs take the whole-axis prefix, as
+Shardy does at a jit boundary (``solver.summary.sub_axis_note`` says so in the plan's summary).
 """
 
 from __future__ import annotations
