@@ -176,8 +176,7 @@ def explicit_reduce(
     array = pin(array, split)
     summed_dims = {where[d] for d in axes}
     left = [k for k in range(array.ndim) if k not in summed_dims]
-    zero = jax.numpy.zeros((), array.dtype)
-    summed = jax.lax.reduce(array, zero, jax.lax.add, tuple(sorted(summed_dims)))
+    summed = jax.numpy.sum(array, axis=tuple(sorted(summed_dims)), dtype=array.dtype)
     front = [left.index(where[a]) for a in order]
     summed = summed.transpose((*front, *(left.index(where[d]) for d in kept)))
     pending = Pending(summed, order)
