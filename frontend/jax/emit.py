@@ -5,13 +5,15 @@ capture (``walk.Walker``), binding each equation and pinning its results with
 ``with_sharding_constraint`` at the planned layouts, so XLA partitions the way the plan says
 rather than by its own propagation. Partial (pending-sum) layouts cannot be written in ``Auto``
 mode: those values stay unconstrained and the consumer's planned operand layout is pinned
-instead, which is where the plan puts the reduction. Scatter-adds are the exception: XLA
-would move the updates rather than reduce, so their pending sums are pinned replicated first
-(``_Emit._scatter_add``). A layout with a Shardy sub-axis (``"x":(1)2``) has no
-``NamedSharding`` either (jax 0.10 exposes none): an intermediate with one is left to XLA's own
-propagation, which reaches the same sub-axis from the pinned neighbours, and the function's
-inputs and outputs take the whole-axis prefix, as Shardy does at a jit boundary
-(``solver.summary.sub_axis_note`` says so in the plan's summary).
+instead, which is where the plan puts the reduction. Dots, ``reduce_sum``s over several split
+dims and embedding gradients over ids split on several dims are bound as explicit pending
+sums instead (``pending.py``: XLA would reduce them otherwise than planned). Other
+scatter-adds are the exception: XLA would move the updates rather than reduce, so their
+pending sums are pinned replicated first (``_Emit._scatter_add``). A layout with a Shardy
+sub-axis (``"x":(1)2``) has no ``NamedSharding`` either (jax 0.10 exposes none): an
+intermediate with one is left to XLA's own propagation, which reaches the same sub-axis from
+the pinned neighbours, and the function's inputs and outputs take the whole-axis prefix, as
+Shardy does at a jit boundary (``solver.summary.sub_axis_note`` says so in the plan's summary).
 """
 
 from __future__ import annotations
@@ -26,7 +28,7 @@ from ...ir import FrontendError, Mesh, Op, Sharding, Value
 from ...solver.plan import Plan
 from .capture import JaxContext
 from .paths import pinned_layouts
-from .pending import Pending, explicit_dot, sum_axes
+from .pending import Pending, explicit_dot, explicit_reduce, explicit_scatter_rows, sum_axes
 from .walk import Walker
 
 SCATTER_ADD = frozenset({"scatter-add", "scatter_add"})
@@ -220,31 +222,69 @@ class _Emit(Walker[Any]):
             out = eqn.primitive.bind(*ins, **params)
             return self._pin_summed(out, value) if value is not None else out
         base, indices, updates = ins
-        zeros = jax.lax.full(base.shape, 0, base.dtype)
-        summed = self._pin_summed(eqn.primitive.bind(zeros, indices, updates, **params), rows)
-        return jax.lax.add(base, self._pin_use(summed, add, 1))
+        summed = self._explicit_rows(rows, base, indices, updates, params)
+        if summed is None:
+            zeros = jax.lax.full(base.shape, 0, base.dtype)
+            summed = self._pin_summed(eqn.primitive.bind(zeros, indices, updates, **params), rows)
+        return jax.lax.add(base, _plain(self._pin_use(summed, add, 1)))
+
+    def _explicit_rows(
+        self, rows: Value, base: Any, indices: Any, updates: Any, params: dict[str, Any]
+    ) -> Pending | None:
+        """The embedding gradient ``rows`` as an explicit pending sum when the plan leaves it
+        one over ids split on several dims (``pending.explicit_scatter_rows``); else None."""
+        planned = self._planned(rows.name)
+        if planned is None or tuple(updates.shape) != planned[0].operands[0].type.shape:
+            return None
+        _, result, (upd_layout, ids_layout) = planned
+        return explicit_scatter_rows(
+            base,
+            indices,
+            updates,
+            (upd_layout, ids_layout),
+            result,
+            params.get("mode"),
+            self.plan.mesh,
+            self._pin,
+        )
 
     def pin_outputs(self, outs: list[Any]) -> list[Any]:
         return [_plain(self._pin_path(x, self.outputs.get(i, []))) for i, x in enumerate(outs)]
 
-    def _explicit_dot(self, eqn: Any, ins: list[Any], params: dict[str, Any]) -> Pending | None:
-        """A dot whose planned result is a pending sum, bound so that XLA reduces it as
-        planned (``pending.py``); None for any other equation."""
-        if eqn.primitive.name != "dot_general" or len(self.context.steps[self.step]) != 1:
-            return None
-        (name,) = self.context.steps[self.step]
+    def _planned(self, name: str | None) -> tuple[Op, Sharding, list[Sharding]] | None:
+        """The producer of value ``name``, its planned (produced) layout when that is a pending
+        sum, and its operands' planned layouts; None for any other value."""
         value = self.values.get(name) if name else None
         result = self.produced.get(name) or self.plan.shardings.get(name) if name else None
         op = value.producer if value is not None else None
         if result is None or not result.partial or op is None or id(op) not in self.op_index:
             return None
         i = self.op_index[id(op)]
-        layouts = []
-        for k, (x, operand) in enumerate(zip(ins, op.operands, strict=True)):
-            layout = self.plan.operand_shardings.get((i, k), self.plan.shardings.get(operand.name))
-            if layout is None or tuple(getattr(x, "shape", ())) != operand.type.shape:
-                return None
-            layouts.append(layout)
+        layouts = [
+            self.plan.operand_shardings.get((i, k), self.plan.shardings.get(operand.name))
+            for k, operand in enumerate(op.operands)
+        ]
+        if any(layout is None for layout in layouts):
+            return None
+        return op, result, layouts  # type: ignore[return-value]
+
+    def _explicit(self, eqn: Any, ins: list[Any], params: dict[str, Any]) -> Pending | None:
+        """A dot or ``reduce_sum`` whose planned result is a pending sum, bound so that XLA
+        reduces it as planned (``pending.py``); None for any other equation."""
+        kind = eqn.primitive.name
+        if kind not in ("dot_general", "reduce_sum") or len(self.context.steps[self.step]) != 1:
+            return None
+        if (planned := self._planned(self.context.steps[self.step][0])) is None:
+            return None
+        op, result, layouts = planned
+        if op.kind != kind or any(
+            tuple(getattr(x, "shape", ())) != v.type.shape
+            for x, v in zip(ins, op.operands, strict=True)
+        ):
+            return None
+        if kind == "reduce_sum":
+            (x,) = ins
+            return explicit_reduce(x, layouts[0], params["axes"], result, self.plan.mesh, self._pin)
         return explicit_dot(*ins, tuple(layouts), result, params, self.plan.mesh, self._pin)
 
     def apply(self, eqn: Any, ins: list[Any]) -> list[Any]:
@@ -253,7 +293,7 @@ class _Emit(Walker[Any]):
         with eqn.ctx.manager:  # the equation's context (compute type, metadata), as eval_jaxpr
             if eqn.primitive.name in SCATTER_ADD:
                 return self._pin_results([self._scatter_add(eqn, ins, params)])
-            if (pending := self._explicit_dot(eqn, ins, params)) is not None:
+            if (pending := self._explicit(eqn, ins, params)) is not None:
                 return self._pin_results([pending])
             outs = eqn.primitive.bind(*ins, **params)
         return self._pin_results(list(outs) if eqn.primitive.multiple_results else [outs])

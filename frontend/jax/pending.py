@@ -1,4 +1,5 @@
-"""A dot's pending sum, made explicit so that XLA reduces it the way the plan says.
+"""A pending sum (of a dot, a ``reduce_sum`` or an embedding gradient), made explicit so that
+XLA reduces it the way the plan says.
 
 In ``Auto`` mode a partial (unreduced) layout cannot be written, so the emitter used to leave a
 dot's partial result unconstrained and pin only its reader. XLA's dot partitioner then chose
@@ -13,6 +14,13 @@ arithmetic is the plan's local dot, the result is an ordinary (pinnable) array, 
 sum is a ``reduce_sum`` over those leading dims. XLA's reduce partitioner reduces exactly the
 axes summed, into the layout pinned on the sum: one reduce-scatter, or one all-reduce, per
 planned step.
+
+A ``reduce_sum`` over several sharded dims, and an embedding gradient (a scatter-add of rows)
+whose ids are sharded on several dims, get the same form (``explicit_reduce``,
+``explicit_scatter_rows``): left to XLA, each reduces its pending sum with one collective per
+sharded dim, in turn over the full result (a loss summed over a batch split over
+``dp,fsdp,cp`` and a sequence split over ``tp``: an all-reduce over tp, then one over
+``dp,fsdp,cp``), where the plan has one collective over all the axes.
 """
 
 from __future__ import annotations
@@ -68,7 +76,7 @@ def sum_axes(x: Pending, keep: frozenset[str] | set[str]) -> Pending | Any:
         array = jax.numpy.transpose(array, (*drop, *kept, *range(n, array.ndim)))
         array = array.reshape(-1, *array.shape[len(drop) :])
         drop = (0,)
-    summed = jax.numpy.sum(array, axis=drop)
+    summed = jax.numpy.sum(array, axis=drop, dtype=array.dtype)
     if not kept:
         return summed
     return Pending(summed, tuple(x.axes[k] for k in kept))
@@ -133,3 +141,103 @@ def _split(
         shape.append(size // math.prod(mesh.axis_size(a) for a in split))
         dims.append(() if split else layout.dims[d])
     return x.reshape(shape), where, Sharding(tuple(dims))
+
+
+def _order(axes: Sequence[str], mesh: Mesh) -> tuple[str, ...] | None:
+    """The axes in mesh order, or None when one repeats (not one split per axis)."""
+    if len(axes) != len(set(axes)):
+        return None
+    return tuple(a for a in mesh.axis_names if a in set(axes))
+
+
+def _split_dims(layout: Sharding, dims: Sequence[int]) -> int:
+    """How many of ``dims`` are split (XLA's own reduction: one collective per such dim)."""
+    return sum(1 for d in dims if layout.dims[d])
+
+
+def explicit_reduce(
+    x: Any, layout: Sharding, axes: Sequence[int], result: Sharding, mesh: Mesh, pin: Any
+) -> Pending | None:
+    """``reduce_sum(x, axes)`` whose planned result is the pending sum over the mesh axes of the
+    reduced dims, as a ``Pending``: each reduced dim split per mesh axis (``_split``, a local
+    view), the local rest summed, the axis dims moved to the front. None unless the reduced
+    dims are split over two or more dims (one split dim is one collective already) and the
+    layouts are exactly that."""
+    if layout.partial or layout.has_sub_axes or not result.partial or result.has_sub_axes:
+        return None
+    kept = [d for d in range(len(x.shape)) if d not in axes]
+    split_axes = [a for d in axes for a in layout.dims[d]]
+    order = _order(split_axes, mesh)
+    if order is None or set(order) != set(result.partial) or _split_dims(layout, axes) < 2:
+        return None
+    if tuple(layout.dims[d] for d in kept) != result.dims:
+        return None
+    array, where, split = _split(x, layout, axes, mesh)
+    array = pin(array, split)
+    summed_dims = {where[d] for d in axes}
+    left = [k for k in range(array.ndim) if k not in summed_dims]
+    summed = jax.numpy.sum(array, axis=tuple(sorted(summed_dims)), dtype=array.dtype)
+    front = [left.index(where[a]) for a in order]
+    summed = summed.transpose((*front, *(left.index(where[d]) for d in kept)))
+    pending = Pending(summed, order)
+    pending.array = pin(summed, pending.expanded(result.without_partial()))
+    return pending
+
+
+def explicit_scatter_rows(
+    base: Any,
+    indices: Any,
+    updates: Any,
+    layouts: tuple[Sharding, Sharding],
+    result: Sharding,
+    mode: Any,
+    mesh: Mesh,
+    pin: Any,
+) -> Pending | None:
+    """An embedding gradient (``updates[..., d]`` rows added into zeros shaped like ``base`` at
+    ``indices[..., 1]``) whose planned result is the pending sum over the mesh axes splitting
+    the ids, as a ``Pending``: ids and updates split per mesh axis (``_split``) and those dims
+    moved to the front, a scatter-add into one table per shard (the axis dims are batching
+    dims, so XLA scatters locally). ``layouts``: the updates' and the ids' planned layouts.
+    None unless the ids are split over two or more dims, the table's rows are whole and the
+    layouts are exactly that."""
+    upd_layout, ids_layout = layouts
+    index_dims = tuple(range(len(updates.shape) - 1))
+    if upd_layout.partial or ids_layout.partial or upd_layout.has_sub_axes:
+        return None
+    if ids_layout.dims != upd_layout.dims[:-1] or _split_dims(upd_layout, index_dims) < 2:
+        return None
+    order = _order([a for d in index_dims for a in upd_layout.dims[d]], mesh)
+    if order is None or set(order) != set(result.partial) or result.has_sub_axes:
+        return None
+    if result.dims != ((), upd_layout.dims[-1]):
+        return None
+    updates = _front(updates, upd_layout, index_dims, order, mesh, pin)
+    indices = _front(indices, Sharding((*ids_layout.dims, ())), index_dims, order, mesh, pin)
+    k = len(order)
+    sizes = tuple(mesh.axis_size(a) for a in order)
+    pending = Pending(jax.numpy.zeros((*sizes, *base.shape), base.dtype), order)
+    zeros = pin(pending.array, pending.expanded(result.without_partial()))
+    numbers = jax.lax.ScatterDimensionNumbers(
+        update_window_dims=(len(updates.shape) - 1,),
+        inserted_window_dims=(k,),
+        scatter_dims_to_operand_dims=(k,),
+        operand_batching_dims=tuple(range(k)),
+        scatter_indices_batching_dims=tuple(range(k)),
+    )
+    out = jax.lax.scatter_add(zeros, indices, updates, numbers, mode=mode)
+    pending.array = pin(out, pending.expanded(result.without_partial()))
+    return pending
+
+
+def _front(
+    x: Any, layout: Sharding, dims: Sequence[int], order: Sequence[str], mesh: Mesh, pin: Any
+) -> Any:
+    """``x`` with ``dims`` split per mesh axis (``_split``) and the axis dims first, in
+    ``order``; pinned before and after the (local) transpose."""
+    array, where, split = _split(x, layout, dims, mesh)
+    array = pin(array, split)
+    front = [where[a] for a in order]
+    perm = (*front, *(k for k in range(array.ndim) if k not in front))
+    moved = Sharding(tuple(split.dims[k] for k in perm))
+    return pin(array.transpose(perm), moved)
