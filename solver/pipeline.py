@@ -31,7 +31,7 @@ from ..ir import (
 from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
 from .axis_search import shared_start
-from .batch import batch_inputs, plan_batch_split, remembered
+from .batch import batch_inputs, microbatch_fits, remembered
 from .cap_bound import CapCannotWin
 from .costs import op_cost, op_signature
 from .plan import PipelinePlan, Plan, StageSpec
@@ -353,11 +353,15 @@ def _batch_bound(graph: Graph) -> int:
 
 
 def _microbatch_options(plan: Plan, m_max: int) -> list[int]:
-    """Micro-batch counts up to ``m_max`` (the cap's own) whose micro-batch the plan's batch
-    split divides (the most devices any op splits the batch over)."""
+    """Micro-batch counts up to ``m_max`` (the cap's own) on whose micro-batches the plan runs
+    as it is (``batch.microbatch_fits``: each op's batch split divides the micro-batch; a plan
+    that splits the sequence under a batch split ``c`` ways, as HF's flattened ``(b s)``
+    tokens need, runs only on micro-batches of ``c`` samples)."""
     batch = _batch_bound(plan.graph)
-    local = batch // plan_batch_split(plan)
-    return [m for m in range(1, min(local, m_max) + 1) if local % m == 0]
+    return [
+        m for m in range(1, min(batch, m_max) + 1)
+        if batch % m == 0 and microbatch_fits(plan, batch // m)
+    ]  # fmt: skip
 
 
 @dataclass

@@ -21,7 +21,7 @@ from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
 from ..passes.merge_followers import follower_pairs
 from ..passes.repeated_layers import find_repeated_layers
 from .axis_search import AXIS_SEARCH_FROM, axis_search, live_axes
-from .batch import cap_batch_split
+from .batch import cap_batch_split, micro_rules
 from .cap_bound import CapCannotWin, op_time_bound
 from .costs import (
     PERSISTENT_ROLES,
@@ -87,8 +87,9 @@ def plan_graph(
     ``overlap``: also solve with overlap-aware edge prices (gradient syncs and parameter
     gathers mostly hidden, ``costmodel.simulate.edge_exposure``) and keep whichever of the two
     plans the two-stream simulator finds faster; ``plan.step_time`` is the simulated step.
-    ``batch_split_limit``: no op splits the batch over more devices than this (a pipeline's
-    micro-batch size; ``solver/batch.py``).
+    ``batch_split_limit``: every op's layouts hold on a micro-batch of this many samples (a
+    pipeline's cap; ``solver/batch.py``): no op splits the batch over more devices than that,
+    and a merged ``(b s)`` may split ``s`` under a ``b`` split that many ways.
     ``merge_followers``: True or False: solve with or without follower merging
     (``passes/merge_followers.py``); None (default): merged, and graphs of at most
     ``MERGE_FOLLOWERS_ABOVE`` ops are also solved exactly; the simulator picks among them.
@@ -119,11 +120,13 @@ def plan_graph(
         share_layers, recompute, overlap, activation_scale, batch_split_limit, clock, baseline,
         lp_seed, memory_search, cutoff,
     )  # fmt: skip
+    # a pipeline's cap: enumerate by micro-batch sizes (``batch.micro_rules``)
+    rules = micro_rules(graph, batch_split_limit) if batch_split_limit is not None else None
     try:
         if len(live_axes(mesh)) >= AXIS_SEARCH_FROM:
-            best = axis_search(graph, mesh, semantics, partial(_plan_space, options))
+            best = axis_search(graph, mesh, semantics, partial(_plan_space, options), rules)
         else:
-            space = clock("enumerate", build_space, graph, mesh, semantics)
+            space = clock("enumerate", build_space, graph, mesh, semantics, rules=rules)
             best, _, _ = _plan_space(options, space)
     except NoPlanInTime as error:
         best = _fall_back(baseline, error) if baseline is not None else None
