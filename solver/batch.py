@@ -221,21 +221,28 @@ def microbatch_fits(plan, size: int) -> bool:  # type: ignore[no-untyped-def]
     seen: dict[tuple, bool] = {}
     for i, found in sorted(batch_marks(graph).factors.items()):
         op = graph.ops[i]
-        layouts = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
-        layouts += tuple(plan.sharding_of(v.name) for v in op.results)
-        key = (op.rule, found, tuple(s.dims for s in layouts))
+        chosen = plan.assignments.get(i)
+        if chosen is None:  # a loaded plan: read the splits back from the layouts
+            layouts = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
+            layouts += tuple(plan.sharding_of(v.name) for v in op.results)
+            chosen = tuple(s.dims for s in layouts)
+        key = (op.rule, found, chosen)
         if key not in seen:
-            seen[key] = _op_fits(op.rule, found, key[2], size, batch, mesh)
+            seen[key] = _op_fits(op.rule, found, chosen, size, batch, mesh)
         if not seen[key]:
             return False
     return True
 
 
-def _op_fits(rule: ShardingRule, found, dims, size: int, batch: int, mesh: Mesh) -> bool:  # type: ignore[no-untyped-def]
-    """``microbatch_fits`` for one op: ``dims`` are its operands' then results' dim layouts."""
+def _op_fits(rule: ShardingRule, found, chosen, size: int, batch: int, mesh: Mesh) -> bool:  # type: ignore[no-untyped-def]
+    """``microbatch_fits`` for one op: ``chosen`` is its strategy's assignment (factor, axes)
+    pairs, or its operands' then results' dim layouts."""
     limits = _limits(rule, found, size, batch)
     full = dict(_micro_rule(rule, found, size, batch).sizes)
-    axes = _factor_axes(rule, dims, full, mesh)
+    if _is_assignment(chosen):
+        axes: dict | None = {f: tuple(a) for f, a in chosen}
+    else:
+        axes = _factor_axes(rule, chosen, full, mesh)
     if axes is None:
         return False  # layouts no assignment explains: never claim they fit
     if any(n % mesh.group_size(axes.get(f, ())) for f, n in limits.items()):
@@ -248,6 +255,11 @@ def _op_fits(rule: ShardingRule, found, dims, size: int, batch: int, mesh: Mesh)
         if axes.get(f)
         for g in dim[:k]
     )
+
+
+def _is_assignment(chosen: tuple) -> bool:
+    """(factor, axes) pairs, as opposed to per-tensor dim layouts."""
+    return all(isinstance(item, tuple) and item and isinstance(item[0], str) for item in chosen)
 
 
 def _factor_axes(rule: ShardingRule, dims, full: dict[str, int], mesh: Mesh) -> dict | None:  # type: ignore[no-untyped-def]

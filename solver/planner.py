@@ -627,6 +627,7 @@ def build_plan(
     for value in graph.values():
         shardings[value.name] = space.layout(value, choice)
     operand_shardings = {}
+    assignments: dict[int, tuple] = {}
     reshards: list[Reshard] = []
     compute = 0.0
     vectors = _op_vectors(space, cluster)
@@ -634,6 +635,7 @@ def build_plan(
     for i, op in enumerate(graph.ops):
         options = space.strategies[space.op_node(i)]
         strategy = options[choice[space.op_node(i)]]
+        assignments[i] = strategy.assignment
         compute += float(vectors[i][choice[space.op_node(i)]])
         for k, result in enumerate(op.results):
             if pinned_result(result) is not None or result in space.reduce_once:
@@ -688,12 +690,12 @@ def build_plan(
             solution,
             problem,
             memory,
-            (shardings, operand_shardings, reshards, compute, comm, outputs),
+            (shardings, operand_shardings, reshards, compute, comm, outputs, assignments),
         )
     memory = memory_breakdown(space, shardings)
     stats = _stats(solution, problem)
     return Plan(graph, mesh, shardings, operand_shardings, reshards, compute, comm,
-                sum(memory.values()), memory, stats, outputs)  # fmt: skip
+                sum(memory.values()), memory, stats, outputs, assignments=assignments)  # fmt: skip
 
 
 def _stats(solution: Solution, problem: Problem) -> SolverStats:
@@ -726,14 +728,14 @@ def _op_vectors(space: Space, cluster: Cluster) -> list[np.ndarray]:
 
 def _with_memory(space, solution, problem, memory, parts) -> Plan:
     """Plan with the memory model's peak, breakdown and recomputation (memory hook)."""
-    shardings, operand_shardings, reshards, compute, comm, outputs = parts
+    shardings, operand_shardings, reshards, compute, comm, outputs, assignments = parts
     profile = memory.profile(solution.choice)
     compute += memory.recompute_cost(solution.choice)
     stats = _stats(solution, problem)
     return Plan(space.graph, space.mesh, shardings, operand_shardings, reshards, compute, comm,
                 profile.peak, dict(profile.by_category), stats, outputs,
                 recompute=dict(memory.decisions), memory_limit=memory.limit,
-                memory_profile=profile)  # fmt: skip
+                memory_profile=profile, assignments=assignments)  # fmt: skip
 
 
 def _record(reshards, name, consumer, src, dst, value, mesh, cluster, paths, count=1) -> None:  # type: ignore[no-untyped-def]
