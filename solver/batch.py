@@ -153,22 +153,28 @@ def _limits(rule: ShardingRule, found: frozenset[str], size: int, batch: int) ->
     }
 
 
-def cap_batch_split(space: Space, cap: int) -> None:
+def cap_batch_split(space: Space, cap: int, micro: bool = True) -> None:
     """Keep only strategies valid on a micro-batch of ``cap`` samples: each batch factor split
     over a device count dividing its micro-batch size, compound dims contiguous at those sizes
-    (shared lists stay shared). A space enumerated by ``micro_rules`` loses none; one
-    enumerated at whole-batch sizes keeps exactly the splits that divide ``cap``."""
+    (shared lists stay shared); a space enumerated by ``micro_rules`` loses none. ``micro``
+    False: the whole-batch cap, every batch factor's split dividing ``cap`` (a merged ``(b s)``
+    too) and compounds at whole-batch sizes: the space before micro-batch sizes."""
     graph, mesh = space.graph, space.mesh
     batch = _batch_size(graph)
-    rules = micro_rules(graph, cap)
+    rules = micro_rules(graph, cap) if micro else {}
     filtered: dict[tuple[int, frozenset[str]], list] = {}
     for i, found in sorted(batch_marks(graph).factors.items()):
         node = space.op_node(i)
         key = (id(space.strategies[node]), found)
         if key not in filtered:
             whole = graph.ops[i].rule
-            micro, limits = rules.get(i, whole), _limits(whole, found, cap, batch)
-            kept = [s for s in space.strategies[node] if _fits(s, micro, limits, mesh)]
+            limits = (
+                _limits(whole, found, cap, batch)
+                if micro
+                else {f: math.gcd(n, cap) for f, n in whole.sizes if f in found}
+            )
+            rule = rules.get(i, whole)
+            kept = [s for s in space.strategies[node] if _fits(s, rule, limits, mesh)]
             filtered[key] = kept or space.strategies[node]
         space.strategies[node] = filtered[key]
     for value in batch_inputs(graph):

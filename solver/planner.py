@@ -77,6 +77,7 @@ def plan_graph(
     lp_seed: bool = False,
     memory_search: bool = True,
     cutoff: Callable[[float], bool] | None = None,
+    micro_sizes: bool = True,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
@@ -89,7 +90,8 @@ def plan_graph(
     plans the two-stream simulator finds faster; ``plan.step_time`` is the simulated step.
     ``batch_split_limit``: every op's layouts hold on a micro-batch of this many samples (a
     pipeline's cap; ``solver/batch.py``): no op splits the batch over more devices than that,
-    and a merged ``(b s)`` may split ``s`` under a ``b`` split that many ways.
+    and a merged ``(b s)`` may split ``s`` under a ``b`` split that many ways
+    (``micro_sizes=False``: the whole-batch space filtered by the cap, where neither is).
     ``merge_followers``: True or False: solve with or without follower merging
     (``passes/merge_followers.py``); None (default): merged, and graphs of at most
     ``MERGE_FOLLOWERS_ABOVE`` ops are also solved exactly; the simulator picks among them.
@@ -118,10 +120,11 @@ def plan_graph(
     options = _Options(
         cluster, limit, time.perf_counter() + time_limit, time_limit, merge_followers,
         share_layers, recompute, overlap, activation_scale, batch_split_limit, clock, baseline,
-        lp_seed, memory_search, cutoff,
+        lp_seed, memory_search, cutoff, micro_sizes,
     )  # fmt: skip
     # a pipeline's cap: enumerate by micro-batch sizes (``batch.micro_rules``)
-    rules = micro_rules(graph, batch_split_limit) if batch_split_limit is not None else None
+    sized = batch_split_limit is not None and micro_sizes
+    rules = micro_rules(graph, batch_split_limit) if sized else None  # type: ignore[arg-type]
     try:
         if len(live_axes(mesh)) >= AXIS_SEARCH_FROM:
             best = axis_search(graph, mesh, semantics, partial(_plan_space, options), rules)
@@ -163,6 +166,8 @@ class _Options:
     """CP-SAT's capped search after a seeded memory-bound solve (``plan_graph``'s)."""
     cutoff: Callable[[float], bool] | None = None
     """``plan_graph``'s ``cutoff``: checked before a space's plans are solved."""
+    micro_sizes: bool = True
+    """``plan_graph``'s ``micro_sizes``: how ``batch_split_limit`` caps each space."""
 
 
 def _plan_space(
@@ -183,7 +188,7 @@ def _plan_space(
     o, clock, cluster, limit = options, options.clock, options.cluster, options.limit
     space.graph.mesh = space.mesh
     if o.batch_split_limit is not None:
-        hints = _capped_hints(space, hints, o.batch_split_limit, clock)
+        hints = _capped_hints(space, hints, o.batch_split_limit, clock, o.micro_sizes)
     problem = clock("price", build_problem, space, cluster, limit)
     _check_cutoff(o, space, problem, quick)
     _check_memory_feasible(space, problem, limit)
@@ -505,11 +510,14 @@ def _simulated(plan: Plan) -> Plan:
     return plan
 
 
-def _capped_hints(space: Space, hints: dict[int, int] | None, cap: int, clock) -> dict[int, int]:  # type: ignore[no-untyped-def]
+def _capped_hints(
+    space: Space, hints: dict[int, int] | None, cap: int, clock, micro=True
+) -> dict[int, int]:  # type: ignore[no-untyped-def]
     """Cap the batch split (fewer strategies per list) and re-index the warm start to match: a
-    hinted strategy the cap removes is no longer hinted (it was an index into the old list)."""
+    hinted strategy the cap removes is no longer hinted (it was an index into the old list).
+    ``micro``: the cap of micro-batch sizes (``batch.cap_batch_split``)."""
     chosen = {n: space.strategies[n][s] for n, s in (hints or {}).items()}
-    clock("enumerate", cap_batch_split, space, cap)
+    clock("enumerate", cap_batch_split, space, cap, micro)
     out = {}
     for n, strategy in chosen.items():
         found = next((i for i, t in enumerate(space.strategies[n]) if t is strategy), None)
