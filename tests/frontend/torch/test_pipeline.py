@@ -134,3 +134,38 @@ def test_flattened_hf_loss_splits_tokens_within_a_micro_batch(examples) -> None:
     assert [microbatch_fits(plan, size) for size in (1, 2)] == [size == micro for size in (1, 2)]
     assert [s.layers for s in plan.pipeline.stages] in ([(0, 1), (2, 3)], [(0,), (1, 2, 3)],
                                                          [(0, 1, 2), (3,)])  # fmt: skip
+
+
+def test_whole_batch_cap_keeps_merged_token_splits_within_the_cap(examples) -> None:  # type: ignore[no-untyped-def]
+    """The fallback space (``cap_batch_split(micro=False)``) is the cap before micro-batch
+    sizes: every batch factor, a merged ``(b s)`` too, split over a divisor of the cap; with
+    micro-batch sizes (``micro_rules``) the merged tokens may be split past it."""
+    from shardplan.frontend.torch.capture import capture
+    from shardplan.solver.batch import batch_marks, cap_batch_split, micro_rules
+    from shardplan.solver.costs import build_space
+
+    model, (inputs,) = examples["hf_llama"].make(batch=2, seq=64, layers=1, device="meta")
+    captured = capture(model, inputs)
+    graph = captured[0] if isinstance(captured, tuple) else captured
+    mesh = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")
+    marks = batch_marks(graph).factors
+    merged = [i for i, found in marks.items()
+              if any(n > 2 for f, n in graph.ops[i].rule.sizes if f in found)]  # fmt: skip
+    assert merged  # HF flattens the tokens: (b s) factors carry the batch
+
+    def widest(space, ops) -> int:  # type: ignore[no-untyped-def]
+        splits = [
+            mesh.group_size(axes)
+            for i in ops
+            for s in space.strategies[space.op_node(i)]
+            for f, axes in s.assignment
+            if f in marks[i]
+        ]
+        return max(splits, default=1)
+
+    whole = build_space(graph, mesh)
+    cap_batch_split(whole, 1, micro=False)
+    assert widest(whole, marks) == 1
+    micro = build_space(graph, mesh, rules=micro_rules(graph, 1))
+    cap_batch_split(micro, 1)
+    assert widest(micro, merged) == 4
