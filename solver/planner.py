@@ -233,7 +233,8 @@ def _plan_space(
             capped = work if share < 1 else None  # a step cut short is still deterministic
             solution = clock("solve", solve, candidate, budget, warm, memory=memory,
                              work_limit=capped, prepared=prepared, relaxation=relaxation,
-                             lp_seed=seeded and binds, search=o.memory_search)  # fmt: skip
+                             lp_seed=seeded and binds, search=o.memory_search,
+                             seed_needed=_micro_capped(o))  # fmt: skip
             left = max(0.0, left - solution.seconds_of_budget)  # what one leaves, the next gets
             if not solution.choice and plans and not merge:
                 continue  # the exact variant is extra: a merged plan stands
@@ -260,6 +261,13 @@ def _plan_space(
                 break  # the other objective is not solved (an OPTIMAL one's is cheap: the
                 # README demo's 16-layer Llama, 20 of 74 GiB, keeps its 0.1% better plan)
     return min(plans, key=lambda p: p[0].step_time)  # ties keep the plain objective's plan
+
+
+def _micro_capped(o: _Options) -> bool:
+    """A pipeline cap enumerated by micro-batch sizes: its memory-bound solve runs only from
+    its LP seed (``ilp.solve``'s ``seed_needed``); without one it finds no plan at once and
+    the pipeline solves the cap again in the whole-batch space (``pipeline._sized``)."""
+    return o.micro_sizes and o.batch_split_limit is not None
 
 
 def _check_cutoff(o: _Options, space: Space, problem: Problem, quick: bool) -> None:
