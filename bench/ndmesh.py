@@ -141,8 +141,8 @@ def llama_70b_256() -> dict:
 def llama_70b_256_hf() -> dict:
     """``llama_70b_256`` captured from HF's ``LlamaForCausalLM`` (29,803 ops; HF flattens the
     tokens to ``(b s)`` for its linear layers and its loss). Measured 2026-11-27 on the shared
-    2-core box at load ~2 (capture included): FEASIBLE, 22600.2 ms, 16 micro-batches, ~73 s wall
-    / ~68 CPU s (two caps solved, the third cut off); the IR builder's 18774.3 ms on the same
+    2-core box (capture included): FEASIBLE, 22600.2 ms, 16 micro-batches, 70-99 s wall / 65-70
+    CPU s at load 2-7 (two caps solved, the third cut off); the IR builder's 18774.3 ms on the same
     mesh. Not yet the 30 s target: each neighbourhood is a memory-bound CP-SAT solve of ~4x the
     IR builder's ops per layer (docs/design.md "Pipelines")."""
     import torch
