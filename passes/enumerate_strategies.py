@@ -50,7 +50,7 @@ def _dims_sharding(factors: TensorFactors, assign: dict[str, tuple[str, ...]]) -
     )
 
 
-def _compound_ok(rule: ShardingRule, assign: dict[str, tuple[str, ...]], mesh: Mesh) -> bool:
+def compound_ok(rule: ShardingRule, assign: dict[str, tuple[str, ...]], mesh: Mesh) -> bool:
     """A minor factor of a compound may be split only if every more-major factor is fully split."""
     size = rule.size_of
     for tensor in rule.operands + rule.results:
@@ -72,19 +72,24 @@ def _assignments(rule: ShardingRule, mesh: Mesh) -> Iterator[dict[str, tuple[str
         for axis, factor in zip(axes, choice, strict=True):
             if factor is not None:
                 assign[factor] = (*assign.get(factor, ()), axis)
-        if all(size[f] % mesh.group_size(a) == 0 for f, a in assign.items()) and _compound_ok(
+        if all(size[f] % mesh.group_size(a) == 0 for f, a in assign.items()) and compound_ok(
             rule, assign, mesh
         ):
             yield assign
 
 
-def op_strategies(op: Op, mesh: Mesh, partial_passthrough: bool = True) -> list[Strategy]:
+def op_strategies(
+    op: Op, mesh: Mesh, partial_passthrough: bool = True, rule: ShardingRule | None = None
+) -> list[Strategy]:
     """All distinct strategies of an op on the mesh.
 
     With ``partial_passthrough`` a linear op may also take every operand partial over free axes
     and give a partial result (DTensor does this; XLA in Auto mode reduces at the producer).
+    ``rule``: the op's rule with other factor sizes to enumerate by (a pipeline's micro-batch,
+    ``solver/batch.py``); the layouts are the same, only which splits are even and contiguous
+    changes.
     """
-    rule = op.rule
+    rule = rule or op.rule
     info = op_info(op.kind)
     linear = partial_passthrough and bool(info and info.linear)
     out: dict[tuple, Strategy] = {}
@@ -146,13 +151,18 @@ def _near(center: Coords, options: list[object]) -> Iterator[Coords]:
 
 
 def op_strategies_near(
-    op: Op, mesh: Mesh, center: Coords, partial_passthrough: bool = True
+    op: Op,
+    mesh: Mesh,
+    center: Coords,
+    partial_passthrough: bool = True,
+    rule: ShardingRule | None = None,
 ) -> list[Strategy]:
-    """The strategies of an op that differ from ``center`` on at most one mesh axis.
+    """The strategies of an op that differ from ``center`` on at most one mesh axis
+    (``rule``: as ``op_strategies``').
 
     Their number grows linearly with the mesh rank (``op_strategies`` grows exponentially);
     the axis search (``solver/axis_search.py``) solves exactly over this neighbourhood."""
-    rule = op.rule
+    rule = rule or op.rule
     info = op_info(op.kind)
     linear = partial_passthrough and bool(info and info.linear) and bool(op.operands)
     size = rule.size_of
@@ -169,7 +179,7 @@ def op_strategies_near(
                 assign[str(c)] = (*assign.get(str(c), ()), axis)
         if not all(size[f] % mesh.group_size(a) == 0 for f, a in assign.items()):
             continue
-        if not _compound_ok(rule, assign, mesh):
+        if not compound_ok(rule, assign, mesh):
             continue
         pending = frozenset(a for a, c in zip(axes, coords, strict=True) if c == PENDING)
         operands = tuple(Sharding(_dims_sharding(t, assign), pending) for t in rule.operands)

@@ -27,10 +27,10 @@ neighbourhood); the result is a local optimum of the full space, not a certified
 from __future__ import annotations
 
 import math
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 
-from ..ir import Graph, Mesh, Sharding
+from ..ir import Graph, Mesh, Sharding, ShardingRule
 from ..passes.enumerate_strategies import Coords, layout_coords, op_coords
 from .costs import PartialSemantics, Space, build_space
 from .plan import Plan
@@ -71,20 +71,22 @@ def axis_search(
     mesh: Mesh,
     semantics: PartialSemantics | None,
     plan_space: PlanSpace,
+    rules: Mapping[int, ShardingRule] | None = None,
 ) -> Plan:
     """The best plan found from the flat start by one-axis moves.
 
     ``plan_space(space, hints, share, quick)`` prices and solves one space and returns its plan
     (None when ``quick``), choice and solver objective. The moves are steered by the plain
     objective (``quick``); the last neighbourhood is then solved with every objective variant
-    and the simulator picks the plan, as for one- and two-axis meshes."""
+    and the simulator picks the plan, as for one- and two-axis meshes. ``rules``: as
+    ``build_space``'s (a pipeline's micro-batch sizes), for every space of the search."""
     shared = _STARTS.get(id(graph))
     steps = MAX_STEPS
     if shared is not None and shared[0] is graph and shared[1] == mesh and shared[2]:
         center, repeated, start = list(shared[2]), None, math.inf  # the previous search's best
         steps = SHARED_START_STEPS
     else:
-        center, repeated, start = _merged_start(graph, mesh, semantics, plan_space)
+        center, repeated, start = _merged_start(graph, mesh, semantics, plan_space, rules)
     for n, value in enumerate(graph.inputs):  # a pinned input sits on its pin
         if value.pinned and value.sharding is not None:
             center[n] = layout_coords(value.sharding, mesh)
@@ -94,7 +96,7 @@ def axis_search(
 
     def neighbourhood(center: list[Coords]) -> Space:
         nonlocal repeated
-        space = build_space(graph, mesh, semantics, around=center, lists=lists)
+        space = build_space(graph, mesh, semantics, around=center, lists=lists, rules=rules)
         space.repeated = repeated  # layers are a property of the graph: found once
         # Neighbourhoods overlap: a node whose centre did not move keeps its strategy list,
         # and with it its op costs and edge tables; most reshards are priced once.
@@ -123,7 +125,7 @@ def axis_search(
     return plan
 
 
-def _merged_start(graph: Graph, mesh: Mesh, semantics, plan_space: PlanSpace):  # type: ignore[no-untyped-def]
+def _merged_start(graph: Graph, mesh: Mesh, semantics, plan_space: PlanSpace, rules=None):  # type: ignore[no-untyped-def]
     """(the start centre, the layers found, its objective): the graph solved on the two-axis mesh
     whose outer axes are merged into one, each outer axis given the merged axis's coordinate."""
     axes = live_axes(mesh)
@@ -134,7 +136,7 @@ def _merged_start(graph: Graph, mesh: Mesh, semantics, plan_space: PlanSpace):  
         mesh.cluster,
     )
     with _merged_pins(graph, outer, name):  # pins the merged mesh cannot express are left out
-        start_space = build_space(graph, merged, semantics)
+        start_space = build_space(graph, merged, semantics, rules=rules)
         _, choice, start = plan_space(start_space, None, STEP_SHARE, True, START_WORK)
     start_space.solved = None  # another mesh: nothing to reuse
     center = [c[:1] * len(outer) + c[1:] for c in coordinates(start_space, choice)]

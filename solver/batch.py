@@ -13,11 +13,14 @@ loss gradient's broadcast is reached from its consumers).
 
 from __future__ import annotations
 
+import dataclasses
+import math
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 
-from ..ir import Graph, Mesh, Role, Value
+from ..ir import Graph, Mesh, Role, ShardingRule, Value
+from ..passes.enumerate_strategies import compound_ok
 from .costs import Space
 
 
@@ -28,6 +31,12 @@ def batch_inputs(graph: Graph) -> list[Value]:
         return []
     size = max(data, key=lambda v: v.type.numel).type.shape[0]
     return [v for v in data if v.type.shape[0] == size]
+
+
+def _batch_size(graph: Graph) -> int:
+    """Samples in the whole batch: dim 0 of the batch inputs (1 without any)."""
+    inputs = batch_inputs(graph)
+    return inputs[0].type.shape[0] if inputs else 1
 
 
 @dataclass(frozen=True, slots=True)
@@ -103,16 +112,69 @@ def _visit(graph: Graph, i: int, dims: dict[Value, set[int]], factors: dict) -> 
     return changed
 
 
-def cap_batch_split(space: Space, cap: int) -> None:
-    """Keep only strategies whose batch split divides ``cap`` (shared lists stay shared)."""
+def micro_rules(graph: Graph, cap: int) -> dict[int, ShardingRule]:
+    """Op index -> its rule with every batch factor sized for a micro-batch of ``cap`` samples
+    (ops whose rule does not change are absent): a factor of size ``F`` carrying a batch of
+    ``B`` holds ``F cap / B`` per micro-batch. Enumerating by these sizes, a merged ``(b s)``
+    dimension may be split over more devices than the micro-batch has samples, and a reshape
+    may split ``s`` under a ``b`` split ``cap`` ways (fully, in a micro-batch of ``cap``
+    samples); with whole-batch sizes neither was ever proposed under a cap, so HF's flattened
+    loss kept 2^21 x 128256 logits per 32 devices (docs/design.md, "Pipelines")."""
+    batch = _batch_size(graph)
+    made: dict[tuple[ShardingRule, frozenset[str]], ShardingRule] = {}
+    out: dict[int, ShardingRule] = {}
+    for i, found in sorted(batch_marks(graph).factors.items()):
+        rule = graph.ops[i].rule
+        key = (rule, found)
+        if key not in made:
+            made[key] = _micro_rule(rule, found, cap, batch)
+        if made[key] is not rule:
+            out[i] = made[key]
+    return out
+
+
+def _micro_rule(rule: ShardingRule, found: frozenset[str], cap: int, batch: int) -> ShardingRule:
+    """``rule`` with each batch factor whose size is a multiple of the batch resized to one
+    micro-batch of ``cap`` samples (others keep their size: ``_limits`` bounds their split)."""
+    sizes = tuple(
+        (f, n // batch * cap if f in found and n % batch == 0 else n) for f, n in rule.sizes
+    )
+    return rule if sizes == rule.sizes else dataclasses.replace(rule, sizes=sizes)
+
+
+def _limits(rule: ShardingRule, found: frozenset[str], size: int, batch: int) -> dict[str, int]:
+    """Per batch factor of ``rule`` (whole-batch sizes), what its split must divide on a
+    micro-batch of ``size`` samples: its micro-batch size, or for a factor that is no multiple
+    of the batch, ``gcd(F, size)`` (the whole-batch rule: a split dividing both)."""
+    return {
+        f: n // batch * size if n % batch == 0 else math.gcd(n, size)
+        for f, n in rule.sizes
+        if f in found
+    }
+
+
+def cap_batch_split(space: Space, cap: int, micro: bool = True) -> None:
+    """Keep only strategies valid on a micro-batch of ``cap`` samples: each batch factor split
+    over a device count dividing its micro-batch size, compound dims contiguous at those sizes
+    (shared lists stay shared); a space enumerated by ``micro_rules`` loses none. ``micro``
+    False: the whole-batch cap, every batch factor's split dividing ``cap`` (a merged ``(b s)``
+    too) and compounds at whole-batch sizes: the space before micro-batch sizes."""
     graph, mesh = space.graph, space.mesh
+    batch = _batch_size(graph)
+    rules = micro_rules(graph, cap) if micro else {}
     filtered: dict[tuple[int, frozenset[str]], list] = {}
     for i, found in sorted(batch_marks(graph).factors.items()):
         node = space.op_node(i)
         key = (id(space.strategies[node]), found)
         if key not in filtered:
-            kept = [s for s in space.strategies[node] if _op_split(s, found, mesh) <= cap]
-            kept = [s for s in kept if cap % _op_split(s, found, mesh) == 0]
+            whole = graph.ops[i].rule
+            limits = (
+                _limits(whole, found, cap, batch)
+                if micro
+                else {f: math.gcd(n, cap) for f, n in whole.sizes if f in found}
+            )
+            rule = rules.get(i, whole)
+            kept = [s for s in space.strategies[node] if _fits(s, rule, limits, mesh)]
             filtered[key] = kept or space.strategies[node]
         space.strategies[node] = filtered[key]
     for value in batch_inputs(graph):
@@ -123,18 +185,22 @@ def cap_batch_split(space: Space, cap: int) -> None:
         space.strategies[node] = kept or space.strategies[node]
 
 
-def _op_split(strategy, found: frozenset[str], mesh: Mesh) -> int:
-    """Devices the batch is divided over by a strategy (the largest over its batch factors)."""
-    sizes = [mesh.group_size(axes) for f, axes in strategy.assignment if f in found]
-    return max(sizes, default=1)
+def _fits(strategy, micro: ShardingRule, limits: dict[str, int], mesh: Mesh) -> bool:  # type: ignore[no-untyped-def]
+    """Whether a strategy's batch splits divide their limits and its compounds are contiguous
+    at micro-batch sizes."""
+    assign = dict(strategy.assignment)
+    if any(n % mesh.group_size(assign.get(f, ())) for f, n in limits.items()):
+        return False
+    return compound_ok(micro, assign, mesh)
 
 
 def plan_batch_split(plan) -> int:
-    """The most devices any op of a solved plan splits the batch over (as its operands show)."""
+    """The most devices any op of a solved plan splits the batch over (as its operands show,
+    up to the batch size: a merged ``(b s)`` dim split wider counts as the whole batch). What
+    micro-batches a plan runs on is ``microbatch_fits``'s question."""
     graph, mesh = plan.graph, plan.mesh
     dims = batch_marks(graph).dims
-    inputs = batch_inputs(graph)
-    batch = inputs[0].type.shape[0] if inputs else 1
+    batch = _batch_size(graph)
     out = 1
     for i, op in enumerate(graph.ops):
         for j, value in enumerate(op.operands):
@@ -144,4 +210,115 @@ def plan_batch_split(plan) -> int:
     return out
 
 
-__all__ = ["BatchMarks", "batch_inputs", "batch_marks", "cap_batch_split", "plan_batch_split"]
+def microbatch_fits(plan, size: int) -> bool:  # type: ignore[no-untyped-def]
+    """Whether a solved plan runs as it is on micro-batches of ``size`` samples: every batch
+    factor's split divides its micro-batch size (``_limits``) and every compound dim whose
+    minor factors are split has its more-major factors fully split at micro-batch sizes. A
+    plan that splits ``s`` under a ``b`` split ``c`` ways (a merged ``(b s)`` split over more
+    devices than it has samples) runs only on micro-batches of exactly ``c`` samples. The
+    factor splits are read back from the plan's layouts (``_factor_axes``)."""
+    graph, mesh = plan.graph, plan.mesh
+    batch = _batch_size(graph)
+    if size < 1 or batch % size:
+        return False
+    for value in batch_inputs(graph):
+        if size % mesh.group_size(plan.sharding_of(value.name).dims[0]):
+            return False
+    seen: dict[tuple, bool] = {}
+    for i, found in sorted(batch_marks(graph).factors.items()):
+        op = graph.ops[i]
+        chosen = plan.assignments.get(i)
+        if chosen is None:  # a loaded plan: read the splits back from the layouts
+            layouts = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
+            layouts += tuple(plan.sharding_of(v.name) for v in op.results)
+            chosen = tuple(s.dims for s in layouts)
+        key = (op.rule, found, chosen)
+        if key not in seen:
+            seen[key] = _op_fits(op.rule, found, chosen, size, batch, mesh)
+        if not seen[key]:
+            return False
+    return True
+
+
+def _op_fits(rule: ShardingRule, found, chosen, size: int, batch: int, mesh: Mesh) -> bool:  # type: ignore[no-untyped-def]
+    """``microbatch_fits`` for one op: ``chosen`` is its strategy's assignment (factor, axes)
+    pairs, or its operands' then results' dim layouts."""
+    limits = _limits(rule, found, size, batch)
+    full = dict(_micro_rule(rule, found, size, batch).sizes)
+    if _is_assignment(chosen):
+        axes: dict | None = {f: tuple(a) for f, a in chosen}
+    else:
+        axes = _factor_axes(rule, chosen, full, mesh)
+    if axes is None:
+        return False  # layouts no assignment explains: never claim they fit
+    if any(n % mesh.group_size(axes.get(f, ())) for f, n in limits.items()):
+        return False
+    return all(
+        mesh.group_size(axes.get(g, ())) == full[g]
+        for tensor in rule.operands + rule.results
+        for dim in tensor
+        for k, f in enumerate(dim)
+        if axes.get(f)
+        for g in dim[:k]
+    )
+
+
+def _is_assignment(chosen: tuple) -> bool:
+    """(factor, axes) pairs, as opposed to per-tensor dim layouts."""
+    return all(isinstance(item, tuple) and item and isinstance(item[0], str) for item in chosen)
+
+
+def _factor_axes(rule: ShardingRule, dims, full: dict[str, int], mesh: Mesh) -> dict | None:  # type: ignore[no-untyped-def]
+    """The mesh axes of each factor, from the layouts: a factor alone in a dim has that dim's
+    axes; a factor seen only inside compounds takes, in its dim, what the factors around it
+    leave (the prefix that splits it fully, ``full``, when more factors follow). None when
+    a compound's axes are not its factors' axes in order."""
+    tensors = rule.operands + rule.results
+    axes: dict[str, tuple] = {}
+    for tensor, placed in zip(tensors, dims, strict=True):
+        for dim, group in zip(tensor, placed, strict=True):
+            if len(dim) == 1:
+                axes.setdefault(dim[0], tuple(group))
+    for tensor, placed in zip(tensors, dims, strict=True):
+        for dim, group in zip(tensor, placed, strict=True):
+            if len(dim) > 1 and not _split_compound(dim, tuple(group), axes, full, mesh):
+                return None
+    return axes
+
+
+def _split_compound(dim: tuple, group: tuple, axes: dict, full: dict[str, int], mesh: Mesh) -> bool:
+    """Give the unknown factors of one compound dim their share of ``group`` (in ``axes``);
+    False when the known factors' axes do not make up ``group`` in order."""
+    pos = 0
+    for k, f in enumerate(dim):
+        rest = group[pos:]
+        if f not in axes:
+            later = [axes.get(g) for g in dim[k + 1 :]]
+            if all(a is not None for a in later):
+                tail = sum(len(a) for a in later)  # type: ignore[arg-type]
+                axes[f] = rest[: len(rest) - tail]
+            else:
+                axes[f] = _full_prefix(rest, full[f], mesh)
+        if tuple(rest[: len(axes[f])]) != tuple(axes[f]):
+            return False
+        pos += len(axes[f])
+    return pos == len(group)
+
+
+def _full_prefix(axes: tuple, size: int, mesh: Mesh) -> tuple:
+    """The shortest prefix of ``axes`` whose devices number ``size``, else all of them."""
+    for n in range(len(axes) + 1):
+        if mesh.group_size(axes[:n]) == size:
+            return axes[:n]
+    return axes
+
+
+__all__ = [
+    "BatchMarks",
+    "batch_inputs",
+    "batch_marks",
+    "cap_batch_split",
+    "micro_rules",
+    "microbatch_fits",
+    "plan_batch_split",
+]

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import itertools
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from functools import partial
 
@@ -20,6 +21,7 @@ from ..ir import (
     Role,
     Sharding,
     ShardingError,
+    ShardingRule,
     TensorType,
     Value,
     op_bytes,
@@ -132,13 +134,16 @@ def build_space(
     semantics: PartialSemantics | None = None,
     around: list[Coords] | None = None,
     lists: dict | None = None,
+    rules: Mapping[int, ShardingRule] | None = None,
 ) -> Space:
     """Enumerate strategies; ops and inputs with the same signature share one list object
     (so the copies of a repeated layer cost a dictionary lookup, and pricing can be cached).
 
     ``around``: per node (inputs, then ops) a strategy's coordinates; each node then gets only
     the strategies within one mesh axis of it (``solver/axis_search.py``). ``lists``: the
-    signature -> strategy list cache, to share with other spaces of the same graph and mesh."""
+    signature -> strategy list cache, to share with other spaces of the same graph and mesh.
+    ``rules``: op index -> the rule to enumerate that op's strategies by (a pipeline's
+    micro-batch sizes, ``solver/batch.py``'s ``micro_rules``); pricing keeps the op's own."""
     semantics = semantics or PartialSemantics()
     once = frozenset(_multi_use(graph)) if semantics.reduce_once else frozenset()
     cache: dict[tuple, list[Strategy]] = {} if lists is None else lists
@@ -161,17 +166,14 @@ def build_space(
     for i, op in enumerate(graph.ops):
         node = len(graph.inputs) + i
         reduced = tuple(k for k, r in enumerate(op.results) if r in once and not r.pinned)
+        rule = rules.get(i, op.rule) if rules else op.rule
         key = ("op", op.kind, op.rule, bool(op.operands), reduced)
+        if rule is not op.rule:
+            key += (rule,)
         if around is not None:
             key += (around[node],)
         if key not in cache:
-            cache[key] = (
-                op_strategies(op, mesh, semantics.passthrough)
-                if around is None
-                else op_strategies_near(op, mesh, around[node], semantics.passthrough)
-            )
-            if semantics.ordered_dims:
-                cache[key] = [s for s in cache[key] if _mesh_ordered(s, mesh)]
+            cache[key] = _enumerated(op, mesh, semantics, rule, around, node)
             if reduced:
                 cache[key] = _with_reductions(cache[key], op, reduced, mesh)
             cache[key] = _canonical(cache[key], canon)
@@ -179,6 +181,30 @@ def build_space(
         for k, r in enumerate(op.results):
             producer[r] = (node, k)
     return Space(graph, mesh, strategies, producer, reduce_once=once, fusion=fusion(graph))
+
+
+def _enumerated(op: Op, mesh: Mesh, semantics: PartialSemantics, rule: ShardingRule, around,
+                node: int) -> list[Strategy]:  # type: ignore[no-untyped-def]  # fmt: skip
+    """The op's strategies (near ``around[node]`` when given) that the runtime can express. A
+    centre the rule does not allow (a pipeline's later batch cap starting from an earlier
+    cap's plan, which split the sequence under a batch that this cap's micro-batch does not
+    fully split) may have no such neighbour: the replicated strategy's neighbourhood then
+    stands in."""
+    if around is None:
+        return _expressible(op_strategies(op, mesh, semantics.passthrough, rule), semantics, mesh)
+    for center in (around[node], (None,) * len(around[node])):
+        found = op_strategies_near(op, mesh, center, semantics.passthrough, rule)
+        found = _expressible(found, semantics, mesh)
+        if found:
+            break
+    return found
+
+
+def _expressible(strategies: list[Strategy], semantics: PartialSemantics, mesh: Mesh) -> list:
+    """Those the runtime can lay out (``ordered_dims``: mesh axes in mesh order per dim)."""
+    if not semantics.ordered_dims:
+        return strategies
+    return [s for s in strategies if _mesh_ordered(s, mesh)]
 
 
 def _canonical(strategies: list[Strategy], canon: dict[Sharding, Sharding]) -> list[Strategy]:

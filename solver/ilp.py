@@ -124,6 +124,7 @@ def solve(
     cutoff: float | None = None,
     lp_seed: bool = False,
     search: bool = True,
+    seed_needed: bool = False,
 ) -> Solution:
     """Solve exactly: the LP relaxation when it is integral, else CP-SAT warm-started by it.
 
@@ -150,14 +151,20 @@ def solve(
     the primal heuristic's, with the LP / Lagrangian bound) without CP-SAT's capped search
     (``MEMORY_SEARCH_WORK``), which on the 405B-shaped pipeline caps found no plan at all
     while building its memory rows cost more than the rest of the solve (docs/design.md).
+    ``seed_needed`` (with ``lp_seed``): when that seed does not fit, return no plan (status
+    ``UNKNOWN``) at once instead of an unseeded search (a pipeline's micro-batch-sized cap,
+    which then solves again in the whole-batch space, ``solver/pipeline.py``).
     """
     start = time.perf_counter()
     if prepared is None:
         prepared = prepare(problem, hints, memory)
     memory = prepared.memory
     if prepared.reduced is problem:  # peak rows name nodes: every one kept
-        return _solve(problem, time_limit, hints, workers, use_lp, memory, work_limit, start,
-                      relaxation, cutoff, lp_seed, search)  # fmt: skip
+        try:
+            return _solve(problem, time_limit, hints, workers, use_lp, memory, work_limit,
+                          start, relaxation, cutoff, lp_seed, search, seed_needed)  # fmt: skip
+        except _NoSeed:  # ``seed_needed``: no unseeded search
+            return Solution([], float("inf"), 0.0, "UNKNOWN", time.perf_counter() - start, 0)
     if prepared.solved_by_elimination:  # a forest: elimination alone solved it
         choice = prepared.reduced.expand([0] * len(problem.node_costs))
         objective = problem.evaluate(choice)
@@ -205,6 +212,7 @@ def _solve(
     cutoff: float | None = None,
     lp_seed: bool = False,
     search: bool = True,
+    seed_needed: bool = False,
 ) -> Solution:
     """The LP (``ahead``: its future, solved elsewhere), then CP-SAT if the LP is not
     integral, then the fallbacks."""
@@ -225,7 +233,7 @@ def _solve(
     if _cut_off(problem, memory, relaxation, cutoff):
         return Solution([], float("inf"), float("inf"), "CUTOFF", time.perf_counter() - start, 0)
     seeded = all(n in (hints or {}) for n in problem.live_nodes())  # an incumbent (the seed)
-    hints, seeded = _lp_seed(problem, hints, seeded, lp_seed, relaxation, memory, start)
+    hints, seeded = _lp_seed(problem, hints, seeded, lp_seed, relaxation, memory, seed_needed)
     if relaxation is not None and not seeded:
         hints = {n: relaxation.choice[n] for n in problem.live_nodes()}
     lagrangian, heuristic = None, None
@@ -442,15 +450,23 @@ def _recompute_everything(problem: Problem, choice: list[int], memory, start: fl
     return Solution(full, objective, 0.0, "FEASIBLE", time.perf_counter() - start, 0)
 
 
-def _lp_seed(problem: Problem, hints, seeded: bool, wanted: bool, relaxation, memory, start):  # type: ignore[no-untyped-def]
+class _NoSeed(Exception):
+    """The LP seed does not fit and ``solve``'s ``seed_needed`` forbids an unseeded search."""
+
+
+def _lp_seed(problem: Problem, hints, seeded: bool, wanted: bool, relaxation, memory,
+             needed: bool = False):  # type: ignore[no-untyped-def]  # fmt: skip
     """(hints, seeded): when ``wanted`` (``solve``'s ``lp_seed``) for a large binding solve
     that has no complete warm start, the LP's layouts with every layer fully recomputed as
-    its seed if that fits. Measured on the 405B-shaped pipeline row (126 layers, 1-sample
-    micro-batches: no hand-written strategy splits the batch that little), whose unseeded
-    sub-mesh solve ran CP-SAT for 90-140 s per objective variant (docs/design.md)."""
+    its seed if that fits (``_NoSeed`` when it does not and ``needed``). Measured on the
+    405B-shaped pipeline row (126 layers, 1-sample micro-batches: no hand-written strategy
+    splits the batch that little), whose unseeded sub-mesh solve ran CP-SAT for 90-140 s per
+    objective variant (docs/design.md)."""
     if seeded or not wanted or relaxation is None or not _bounded(memory):
         return hints, seeded
-    if _recompute_everything(problem, relaxation.choice, memory, start) is None:
+    if _recompute_everything(problem, relaxation.choice, memory, 0.0) is None:
+        if needed:
+            raise _NoSeed
         return hints, seeded
     memory.hint_decisions = dict(memory.decisions)
     return {n: relaxation.choice[n] for n in problem.live_nodes()}, True

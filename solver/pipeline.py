@@ -31,7 +31,7 @@ from ..ir import (
 from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
 from .axis_search import shared_start
-from .batch import batch_inputs, plan_batch_split, remembered
+from .batch import batch_inputs, microbatch_fits, remembered
 from .cap_bound import CapCannotWin
 from .costs import op_cost, op_signature
 from .plan import PipelinePlan, Plan, StageSpec
@@ -116,6 +116,7 @@ def _plan_stages(
     best: tuple[Plan, LayerSplit, StageAssignment] | None = None
     error: ShardplanError | None = None
     v = _most_chunks(graph, schedule, extra[0], stages)  # the smallest bubble any plan has
+    sized = [True]  # micro-batch-sized spaces until one finds no plan in time (``_sized``)
     with remembered(graph), shared_start(graph):  # every cap plans the same graph and mesh
         for cap in _batch_caps(sub_mesh, batch, microbatches):
             m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
@@ -126,9 +127,10 @@ def _plan_stages(
                 **planner_options, "cutoff": partial(_loses, stages, m_max, v, best[2].step_time)
             }  # fmt: skip
             try:
-                found = _plan_cap(graph, mesh, sub_mesh, axis, stages, limit, schedule,
-                                  microbatches, time_limit, stage_bounds, options, cap,
-                                  extra)  # fmt: skip
+                found = _sized(sized, partial(
+                    _plan_cap, graph, mesh, sub_mesh, axis, stages, limit, schedule,
+                    microbatches, time_limit, stage_bounds, options, cap, extra,
+                ))  # fmt: skip
             except CapCannotWin:
                 continue  # the cap's own space bounds its step above the best: not solved
             except InfeasiblePlanError as exc:
@@ -142,6 +144,25 @@ def _plan_stages(
     inner.pipeline = _pipeline_plan(axis, split, assignment)
     inner.mesh = mesh  # the whole mesh; the layouts use only the stage mesh's axes
     return inner
+
+
+def _sized(sized: list[bool], plan_cap):  # type: ignore[no-untyped-def]
+    """``plan_cap(micro=...)`` with micro-batch sizes while ``sized[0]``; when such a solve
+    finds no plan in time, this cap and every later one use whole-batch sizes under the cap
+    (``sized[0] = False``), the space before micro-batch sizes. Their space holds the
+    whole-batch one, but a memory-bound solve is seeded from its LP's layouts only when those
+    fit fully recomputed: on the HF 405B-shaped row (``bench/scale.py``, pp 8 x dp 2 x tp 8,
+    16 x 8K) the LP split the tokens 16 ways with every weight replicated, which does not fit,
+    and the unseeded first cap ended ``UNKNOWN`` (docs/design.md, "Pipelines")."""
+    from .planner import NoPlanInTime
+
+    if not sized[0]:
+        return plan_cap(micro=False)
+    try:
+        return plan_cap(micro=True)
+    except NoPlanInTime:
+        sized[0] = False
+    return plan_cap(micro=False)
 
 
 def uniform_stage_bounds(graph: Graph, stages: int) -> tuple[int, ...]:
@@ -212,10 +233,11 @@ def _batch_caps(sub_mesh: Mesh, batch: int, microbatches: int | None) -> list[in
 
 def _plan_cap(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, planner_options, cap, extra=(None, ()),
+    stage_bounds, planner_options, cap, extra=(None, ()), micro=True,
 ) -> tuple[Plan, LayerSplit, StageAssignment]:  # fmt: skip
     """Sub-mesh plan with the batch split at most ``cap``, and its best stages (``extra``:
-    interleaving chunks and TP-overlap axes)."""
+    interleaving chunks and TP-overlap axes; ``micro``: enumerate by micro-batch sizes,
+    ``plan_graph``'s ``micro_sizes``)."""
     from .planner import plan_graph
 
     chunks, tp_overlap_axes = extra
@@ -224,7 +246,7 @@ def _plan_cap(
     m_max = microbatches or min(_batch_bound(graph) // cap, MAX_MICROBATCHES)
     inner = plan_graph(
         graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit,
-        activation_scale=min(1.0, stages / m_max), batch_split_limit=cap,
+        activation_scale=min(1.0, stages / m_max), batch_split_limit=cap, micro_sizes=micro,
         **_seeded(planner_options),
     )  # fmt: skip
     split = attribute_layer_costs(inner, get_cluster(mesh.cluster), tp_overlap_axes)
@@ -353,11 +375,15 @@ def _batch_bound(graph: Graph) -> int:
 
 
 def _microbatch_options(plan: Plan, m_max: int) -> list[int]:
-    """Micro-batch counts up to ``m_max`` (the cap's own) whose micro-batch the plan's batch
-    split divides (the most devices any op splits the batch over)."""
+    """Micro-batch counts up to ``m_max`` (the cap's own) on whose micro-batches the plan runs
+    as it is (``batch.microbatch_fits``: each op's batch split divides the micro-batch; a plan
+    that splits the sequence under a batch split ``c`` ways, as HF's flattened ``(b s)``
+    tokens need, runs only on micro-batches of ``c`` samples)."""
     batch = _batch_bound(plan.graph)
-    local = batch // plan_batch_split(plan)
-    return [m for m in range(1, min(local, m_max) + 1) if local % m == 0]
+    return [
+        m for m in range(1, min(batch, m_max) + 1)
+        if batch % m == 0 and microbatch_fits(plan, batch // m)
+    ]  # fmt: skip
 
 
 @dataclass

@@ -135,6 +135,11 @@ class Plan:
     serving: object | None = None
     """``serving.ServingReport`` of a prefill/decode plan (batch, latency, tokens/s,
     roofline); never serialised."""
+    assignments: dict[int, tuple] = field(default_factory=dict)
+    """Op index -> its chosen strategy's factor -> mesh axes pairs (``Strategy.assignment``):
+    what each op splits, which its layouts alone do not always say (a result's layout is
+    what consumers see: pinned or reduced). Read by ``batch.microbatch_fits``; never
+    serialised (a loaded plan's is empty and its layouts are read instead)."""
 
     def memory_breakdown(self):
         """The modelled peak: bytes by kind and the largest values live at it (memory model)."""

@@ -21,7 +21,7 @@ from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
 from ..passes.merge_followers import follower_pairs
 from ..passes.repeated_layers import find_repeated_layers
 from .axis_search import AXIS_SEARCH_FROM, axis_search, live_axes
-from .batch import cap_batch_split
+from .batch import cap_batch_split, micro_rules
 from .cap_bound import CapCannotWin, op_time_bound
 from .costs import (
     PERSISTENT_ROLES,
@@ -77,6 +77,7 @@ def plan_graph(
     lp_seed: bool = False,
     memory_search: bool = True,
     cutoff: Callable[[float], bool] | None = None,
+    micro_sizes: bool = True,
 ) -> Plan:
     """Choose a layout for every value of ``graph`` on ``mesh`` minimising modelled step time.
 
@@ -87,8 +88,10 @@ def plan_graph(
     ``overlap``: also solve with overlap-aware edge prices (gradient syncs and parameter
     gathers mostly hidden, ``costmodel.simulate.edge_exposure``) and keep whichever of the two
     plans the two-stream simulator finds faster; ``plan.step_time`` is the simulated step.
-    ``batch_split_limit``: no op splits the batch over more devices than this (a pipeline's
-    micro-batch size; ``solver/batch.py``).
+    ``batch_split_limit``: every op's layouts hold on a micro-batch of this many samples (a
+    pipeline's cap; ``solver/batch.py``): no op splits the batch over more devices than that,
+    and a merged ``(b s)`` may split ``s`` under a ``b`` split that many ways
+    (``micro_sizes=False``: the whole-batch space filtered by the cap, where neither is).
     ``merge_followers``: True or False: solve with or without follower merging
     (``passes/merge_followers.py``); None (default): merged, and graphs of at most
     ``MERGE_FOLLOWERS_ABOVE`` ops are also solved exactly; the simulator picks among them.
@@ -117,13 +120,16 @@ def plan_graph(
     options = _Options(
         cluster, limit, time.perf_counter() + time_limit, time_limit, merge_followers,
         share_layers, recompute, overlap, activation_scale, batch_split_limit, clock, baseline,
-        lp_seed, memory_search, cutoff,
+        lp_seed, memory_search, cutoff, micro_sizes,
     )  # fmt: skip
+    # a pipeline's cap: enumerate by micro-batch sizes (``batch.micro_rules``)
+    sized = batch_split_limit is not None and micro_sizes
+    rules = micro_rules(graph, batch_split_limit) if sized else None  # type: ignore[arg-type]
     try:
         if len(live_axes(mesh)) >= AXIS_SEARCH_FROM:
-            best = axis_search(graph, mesh, semantics, partial(_plan_space, options))
+            best = axis_search(graph, mesh, semantics, partial(_plan_space, options), rules)
         else:
-            space = clock("enumerate", build_space, graph, mesh, semantics)
+            space = clock("enumerate", build_space, graph, mesh, semantics, rules=rules)
             best, _, _ = _plan_space(options, space)
     except NoPlanInTime as error:
         best = _fall_back(baseline, error) if baseline is not None else None
@@ -160,6 +166,8 @@ class _Options:
     """CP-SAT's capped search after a seeded memory-bound solve (``plan_graph``'s)."""
     cutoff: Callable[[float], bool] | None = None
     """``plan_graph``'s ``cutoff``: checked before a space's plans are solved."""
+    micro_sizes: bool = True
+    """``plan_graph``'s ``micro_sizes``: how ``batch_split_limit`` caps each space."""
 
 
 def _plan_space(
@@ -180,7 +188,7 @@ def _plan_space(
     o, clock, cluster, limit = options, options.clock, options.cluster, options.limit
     space.graph.mesh = space.mesh
     if o.batch_split_limit is not None:
-        hints = _capped_hints(space, hints, o.batch_split_limit, clock)
+        hints = _capped_hints(space, hints, o.batch_split_limit, clock, o.micro_sizes)
     problem = clock("price", build_problem, space, cluster, limit)
     _check_cutoff(o, space, problem, quick)
     _check_memory_feasible(space, problem, limit)
@@ -225,7 +233,8 @@ def _plan_space(
             capped = work if share < 1 else None  # a step cut short is still deterministic
             solution = clock("solve", solve, candidate, budget, warm, memory=memory,
                              work_limit=capped, prepared=prepared, relaxation=relaxation,
-                             lp_seed=seeded and binds, search=o.memory_search)  # fmt: skip
+                             lp_seed=seeded and binds, search=o.memory_search,
+                             seed_needed=_micro_capped(o))  # fmt: skip
             left = max(0.0, left - solution.seconds_of_budget)  # what one leaves, the next gets
             if not solution.choice and plans and not merge:
                 continue  # the exact variant is extra: a merged plan stands
@@ -252,6 +261,13 @@ def _plan_space(
                 break  # the other objective is not solved (an OPTIMAL one's is cheap: the
                 # README demo's 16-layer Llama, 20 of 74 GiB, keeps its 0.1% better plan)
     return min(plans, key=lambda p: p[0].step_time)  # ties keep the plain objective's plan
+
+
+def _micro_capped(o: _Options) -> bool:
+    """A pipeline cap enumerated by micro-batch sizes: its memory-bound solve runs only from
+    its LP seed (``ilp.solve``'s ``seed_needed``); without one it finds no plan at once and
+    the pipeline solves the cap again in the whole-batch space (``pipeline._sized``)."""
+    return o.micro_sizes and o.batch_split_limit is not None
 
 
 def _check_cutoff(o: _Options, space: Space, problem: Problem, quick: bool) -> None:
@@ -502,11 +518,14 @@ def _simulated(plan: Plan) -> Plan:
     return plan
 
 
-def _capped_hints(space: Space, hints: dict[int, int] | None, cap: int, clock) -> dict[int, int]:  # type: ignore[no-untyped-def]
+def _capped_hints(
+    space: Space, hints: dict[int, int] | None, cap: int, clock, micro=True
+) -> dict[int, int]:  # type: ignore[no-untyped-def]
     """Cap the batch split (fewer strategies per list) and re-index the warm start to match: a
-    hinted strategy the cap removes is no longer hinted (it was an index into the old list)."""
+    hinted strategy the cap removes is no longer hinted (it was an index into the old list).
+    ``micro``: the cap of micro-batch sizes (``batch.cap_batch_split``)."""
     chosen = {n: space.strategies[n][s] for n, s in (hints or {}).items()}
-    clock("enumerate", cap_batch_split, space, cap)
+    clock("enumerate", cap_batch_split, space, cap, micro)
     out = {}
     for n, strategy in chosen.items():
         found = next((i for i, t in enumerate(space.strategies[n]) if t is strategy), None)
@@ -624,6 +643,7 @@ def build_plan(
     for value in graph.values():
         shardings[value.name] = space.layout(value, choice)
     operand_shardings = {}
+    assignments: dict[int, tuple] = {}
     reshards: list[Reshard] = []
     compute = 0.0
     vectors = _op_vectors(space, cluster)
@@ -631,6 +651,7 @@ def build_plan(
     for i, op in enumerate(graph.ops):
         options = space.strategies[space.op_node(i)]
         strategy = options[choice[space.op_node(i)]]
+        assignments[i] = strategy.assignment
         compute += float(vectors[i][choice[space.op_node(i)]])
         for k, result in enumerate(op.results):
             if pinned_result(result) is not None or result in space.reduce_once:
@@ -685,12 +706,12 @@ def build_plan(
             solution,
             problem,
             memory,
-            (shardings, operand_shardings, reshards, compute, comm, outputs),
+            (shardings, operand_shardings, reshards, compute, comm, outputs, assignments),
         )
     memory = memory_breakdown(space, shardings)
     stats = _stats(solution, problem)
     return Plan(graph, mesh, shardings, operand_shardings, reshards, compute, comm,
-                sum(memory.values()), memory, stats, outputs)  # fmt: skip
+                sum(memory.values()), memory, stats, outputs, assignments=assignments)  # fmt: skip
 
 
 def _stats(solution: Solution, problem: Problem) -> SolverStats:
@@ -723,14 +744,14 @@ def _op_vectors(space: Space, cluster: Cluster) -> list[np.ndarray]:
 
 def _with_memory(space, solution, problem, memory, parts) -> Plan:
     """Plan with the memory model's peak, breakdown and recomputation (memory hook)."""
-    shardings, operand_shardings, reshards, compute, comm, outputs = parts
+    shardings, operand_shardings, reshards, compute, comm, outputs, assignments = parts
     profile = memory.profile(solution.choice)
     compute += memory.recompute_cost(solution.choice)
     stats = _stats(solution, problem)
     return Plan(space.graph, space.mesh, shardings, operand_shardings, reshards, compute, comm,
                 profile.peak, dict(profile.by_category), stats, outputs,
                 recompute=dict(memory.decisions), memory_limit=memory.limit,
-                memory_profile=profile)  # fmt: skip
+                memory_profile=profile, assignments=assignments)  # fmt: skip
 
 
 def _record(reshards, name, consumer, src, dst, value, mesh, cluster, paths, count=1) -> None:  # type: ignore[no-untyped-def]

@@ -59,3 +59,43 @@ def test_capping_the_batch_split_reindexes_the_warm_start() -> None:
             dropped += 1
             assert before[n][index] not in space.strategies[n]
     assert dropped  # some hinted strategies split the batch over 4 devices
+
+
+@pytest.mark.parametrize("cap", [1, 2, 4])
+def test_micro_batch_check_agrees_with_the_batch_split_where_the_batch_is_never_merged(
+    cap: int,
+) -> None:
+    # The IR builder keeps the batch a dim of its own: a plan runs on micro-batches of s
+    # samples exactly when its batch split divides s (the rule before merged dims counted).
+    from shardplan.solver.batch import microbatch_fits
+
+    graph = training_step(GPT_125M, batch=8, layers=2, seq=256)
+    plan = plan_graph(graph, sp.Mesh({"dp": 4}, cluster="h100-sxm"), batch_split_limit=cap)
+    split = plan_batch_split(plan)
+    for size in (1, 2, 4, 8):
+        assert microbatch_fits(plan, size) == (size % split == 0)
+    assert not microbatch_fits(plan, 3)  # no whole number of micro-batches
+
+
+@pytest.mark.parametrize("cap", [1, 2, 4])
+def test_micro_batch_sizes_leave_an_unmerged_batchs_strategies_as_the_cap_filter_did(
+    cap: int,
+) -> None:
+    # Enumerating by micro-batch sizes (micro_rules) gives exactly the strategies the cap
+    # filter keeps of the whole-batch enumeration when no dim merges the batch with another
+    # factor: pipeline plans of IR-builder models do not change.
+    from shardplan.solver.batch import cap_batch_split, micro_rules
+    from shardplan.solver.costs import build_space
+
+    graph = training_step(LLAMA3_8B, batch=8, layers=1, seq=128)
+    mesh = sp.Mesh({"dp": 4, "tp": 2}, cluster="h100-sxm")
+    rules = micro_rules(graph, cap)
+    assert rules  # the batch factors are resized ...
+    filtered, micro = build_space(graph, mesh), build_space(graph, mesh, rules=rules)
+    cap_batch_split(filtered, cap)
+    before = [list(options) for options in micro.strategies]
+    cap_batch_split(micro, cap)
+    ops = slice(len(graph.inputs), None)  # (the batch inputs' layouts are still filtered)
+    assert micro.strategies[ops] == before[ops]  # ... and no op strategy is filtered out
+    for a, b in zip(filtered.strategies, micro.strategies, strict=True):
+        assert [(s.operands, s.results) for s in a] == [(s.operands, s.results) for s in b]

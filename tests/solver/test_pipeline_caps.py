@@ -83,3 +83,32 @@ def test_the_cap_bound_lies_between_the_roofline_floor_and_the_plans_stage_times
 def _keep(bounds: list[float], bound: float) -> bool:
     bounds.append(bound)
     return False  # never cut: the plan is solved and its stage times compared
+
+
+def test_a_cap_without_a_micro_batch_sized_plan_in_time_falls_back_to_whole_batch_sizes(
+    monkeypatch,
+) -> None:  # type: ignore[no-untyped-def]
+    # When a micro-batch-sized sub-mesh solve finds no plan in time (the HF 405B-shaped row:
+    # its LP seed did not fit), that cap and every later one are solved in the whole-batch
+    # cap's space instead, which the pipeline planned before micro-batch sizes.
+    from shardplan.solver import planner
+    from shardplan.solver.planner import NoPlanInTime
+
+    calls: list[tuple[int, bool]] = []
+    real = planner.plan_graph
+
+    def plan_graph(*args, **kwargs):  # type: ignore[no-untyped-def]
+        calls.append((kwargs["batch_split_limit"], kwargs["micro_sizes"]))
+        if kwargs["micro_sizes"]:
+            raise NoPlanInTime("the solver found no plan (UNKNOWN)")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(planner, "plan_graph", plan_graph)
+    config = TransformerConfig("tiny", 4, 64, 4, 128, 256, 32)
+    mesh = sp.Mesh({"pp": 2, "dp": 2, "tp": 2}, cluster="h100-sxm")
+    plan = sp.plan(training_step(config, batch=8), mesh=mesh)
+    assert plan.pipeline is not None
+    first = calls[0][0]
+    assert calls[:2] == [(first, True), (first, False)]  # the first cap, retried
+    assert all(not micro for _, micro in calls[1:])  # and no later cap tries again
+    assert len({cap for cap, _ in calls}) >= 2

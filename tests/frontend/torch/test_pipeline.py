@@ -98,3 +98,74 @@ def test_interleaved_pipeline_on_gloo_matches_plain_model() -> None:
     assert [spec.rank_stages(rank) for rank in (0, 1)] == [(0, 2), (1, 3)]
     assert pipeline_schedule(plan) == (ScheduleInterleaved1F1B, 2)
     assert_pipelined_step_matches(spec, model, inputs, shapes)
+
+
+def test_flattened_hf_loss_splits_tokens_within_a_micro_batch(examples) -> None:  # type: ignore[no-untyped-def]
+    """HF's loss flattens the logits to ``((b s), V)``. Under a pipeline's batch cap the
+    whole-batch sub-mesh solve used to split that merged dim at most ``cap`` ways (its major
+    factor is the batch), and no reshape could split ``s`` under an unsplit ``b``: the loss
+    activations of 2 x 16K tokens x 32K vocab did not fit 4 GiB on the 4-device stage mesh
+    (InfeasiblePlanError). On a micro-batch of ``cap`` samples ``b`` is fully split at ``cap``,
+    so ``s`` may be split further; such a plan runs on micro-batches of exactly that size."""
+    batch, seq, vocab = 2, 16384, 32000
+    model, (inputs,) = examples["hf_llama"].make(
+        batch=batch, seq=seq, hidden=64, layers=4, vocab=vocab, device="meta"
+    )
+    mesh = sp.Mesh({"pp": 2, "dp": 2, "tp": 2}, cluster="h100-sxm")
+    plan = sp.plan(model, inputs, mesh=mesh, memory_limit="2GiB", time_limit=10)
+    from shardplan.solver.batch import microbatch_fits
+
+    m = plan.pipeline.microbatches
+    micro = batch // m
+    assert microbatch_fits(plan, micro)
+    graph = plan.graph
+    loss = [i for i, op in enumerate(graph.ops) if op.kind == "log_softmax"]
+    assert loss
+    for i in loss:
+        rows = plan.operand_shardings[(i, 0)].dims[0]
+        split = mesh.group_size(rows)
+        assert split > micro  # the tokens of one micro-batch, split past its samples
+        local = graph.ops[i].results[0].type.nbytes // split
+        assert local == batch * seq * vocab * 4 // split  # priced at that split (f32 logits)
+    # such a plan runs on no other micro-batch size: the micro-batch count is forced
+    assert not any(microbatch_fits(plan, size) for size in (1, 2) if size != micro)
+    # a loaded plan has no strategies: its splits read back from the layouts say the same
+    plan.assignments = {}
+    assert [microbatch_fits(plan, size) for size in (1, 2)] == [size == micro for size in (1, 2)]
+    assert [s.layers for s in plan.pipeline.stages] in ([(0, 1), (2, 3)], [(0,), (1, 2, 3)],
+                                                         [(0, 1, 2), (3,)])  # fmt: skip
+
+
+def test_whole_batch_cap_keeps_merged_token_splits_within_the_cap(examples) -> None:  # type: ignore[no-untyped-def]
+    """The fallback space (``cap_batch_split(micro=False)``) is the cap before micro-batch
+    sizes: every batch factor, a merged ``(b s)`` too, split over a divisor of the cap; with
+    micro-batch sizes (``micro_rules``) the merged tokens may be split past it."""
+    from shardplan.frontend.torch.capture import capture
+    from shardplan.solver.batch import batch_marks, cap_batch_split, micro_rules
+    from shardplan.solver.costs import build_space
+
+    model, (inputs,) = examples["hf_llama"].make(batch=2, seq=64, layers=1, device="meta")
+    captured = capture(model, inputs)
+    graph = captured[0] if isinstance(captured, tuple) else captured
+    mesh = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")
+    marks = batch_marks(graph).factors
+    merged = [i for i, found in marks.items()
+              if any(n > 2 for f, n in graph.ops[i].rule.sizes if f in found)]  # fmt: skip
+    assert merged  # HF flattens the tokens: (b s) factors carry the batch
+
+    def widest(space, ops) -> int:  # type: ignore[no-untyped-def]
+        splits = [
+            mesh.group_size(axes)
+            for i in ops
+            for s in space.strategies[space.op_node(i)]
+            for f, axes in s.assignment
+            if f in marks[i]
+        ]
+        return max(splits, default=1)
+
+    whole = build_space(graph, mesh)
+    cap_batch_split(whole, 1, micro=False)
+    assert widest(whole, marks) == 1
+    micro = build_space(graph, mesh, rules=micro_rules(graph, 1))
+    cap_batch_split(micro, 1)
+    assert widest(micro, merged) == 4
