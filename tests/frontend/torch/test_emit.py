@@ -20,17 +20,21 @@ from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 pytestmark = pytest.mark.torch
 
 
-_MESHES: dict[tuple, object] = {}
+_MESHES: dict[tuple, tuple[object, object]] = {}
 
 
 def _mesh(plan: sp.Plan):  # type: ignore[no-untyped-def]
-    """One device mesh per shape: DTensor caches redistribution plans per (equal) mesh."""
+    """One device mesh per shape and world: DTensor caches redistribution plans per (equal)
+    mesh; a world of another size (a test on another mesh ran in between) destroys the
+    process groups a mesh of the old world was built on."""
     simulate.simulated_world(plan.mesh.size)
     key = tuple(plan.mesh.axes)
-    if key not in _MESHES:
+    world = torch.distributed.group.WORLD
+    if key not in _MESHES or _MESHES[key][0] is not world:
         sizes = tuple(plan.mesh.shape[a] for a in plan.mesh.axis_names)
-        _MESHES[key] = init_device_mesh("cpu", sizes, mesh_dim_names=plan.mesh.axis_names)
-    return _MESHES[key]
+        mesh = init_device_mesh("cpu", sizes, mesh_dim_names=plan.mesh.axis_names)
+        _MESHES[key] = (world, mesh)
+    return _MESHES[key][1]
 
 
 @dataclass
