@@ -367,11 +367,11 @@ def test_apply_more_hf_families_matches_plain_model(case) -> None:  # type: igno
     every gradient equal to the plain model's, and every op lowered. Before, each failed: GPT-J's
     ``repeat`` had no lowering and its eager ``q @ k^T`` went through DTensor's batched matmul
     ("Cannot unflatten tensor with _StridedShard placement"; under TP x FSDP a strategy search
-    of about a minute); GPT-BigCode's multi-query attention (one key/value head, query heads
-    split) failed in backward ("_StridedShard redistribute assumes no flattened transforms");
-    a vocabulary-split lookup's ``_MaskPartial`` met a planned pending sum ("Can not
-    redistribute from MaskP(sum, ...) to P(sum)"); OPT's linear backward got a gradient whose
-    local shard was not contiguous ("view size is not compatible")."""
+    of one to three minutes); GPT-BigCode's multi-query attention on replicated q, k and v,
+    left to DTensor, failed in backward ("_StridedShard redistribute assumes no flattened
+    transforms"); a vocabulary-split lookup's ``_MaskPartial`` met a planned pending sum ("Can
+    not redistribute from MaskP(sum, ...) to P(sum)"); OPT's linear backward got a gradient
+    whose local shard was not contiguous ("view size is not compatible")."""
     import warnings
 
     family, attn, mesh_name, kind = case.split("-")
