@@ -271,6 +271,8 @@ class _ApplyMode(TorchFunctionMode):
 
     Views and reshapes of split dims are local reshapes (``views.py``): DTensor's view rule
     refuses most of them (``[b, s, (kv d)]`` split over two axes -> ``[b, s, kv, d]``).
+    Attention and batched matmuls run on local shards (``local.py``): DTensor folds their
+    batch and head dims into a ``_StridedShard``.
     Under ``follow_plan`` the follower runs every aten call at its planned layouts, so only
     the ``cat`` rule applies then."""
 
