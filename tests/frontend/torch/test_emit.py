@@ -290,6 +290,36 @@ def test_apply_cohere_on_a_3d_mesh_matches_plain_model(cohere, kind, follow) -> 
     _check_numerics(plan, model, (batch,), follow=follow)
 
 
+def test_batched_matmul_with_heads_split_over_two_mesh_dims() -> None:
+    """``q @ k^T`` with heads split over ``(fsdp, tp)`` (HF GPT-J's eager attention under a
+    free plan on (2, 2, 2)): DTensor folds batch and heads into a ``_StridedShard`` and cannot
+    unfold the product ("Sharding propagation failed for aten._unsafe_view"); ``apply``'s mode
+    runs it on local shards, split as the operands are. Values and gradients are the plain
+    product's."""
+    from shardplan.frontend.torch.emit import _ApplyMode
+    from torch.distributed.tensor import Replicate, distribute_tensor
+
+    simulate.simulated_world(8)
+    mesh = init_device_mesh("cpu", (2, 2, 2), mesh_dim_names=("dp", "fsdp", "tp"))
+    torch.manual_seed(0)
+    q, k = (torch.randn(8, 8, 8, 4, requires_grad=True) for _ in range(2))
+    heads = [Replicate(), Shard(1), Shard(1)]
+    with simulate.local_ranks(8):
+        dq, dk = (
+            distribute_tensor(t.detach(), mesh, heads, src_data_rank=None).requires_grad_()
+            for t in (q, k)
+        )
+        with _ApplyMode():
+            out = torch.matmul(dq, dk.transpose(-1, -2))
+        assert tuple(out.placements) == tuple(heads)
+        out.sum().backward()
+        got, grad_q = (simulate.rank0(t.full_tensor()) for t in (out, dq.grad))
+    want = q @ k.transpose(-1, -2)
+    want.sum().backward()
+    torch.testing.assert_close(got, want)
+    torch.testing.assert_close(grad_q, q.grad)
+
+
 class _Tiler(torch.nn.Module):
     """``repeat`` between two linears: tiles the features (a dim a plan may split) and adds a
     leading dim, then folds it back."""
