@@ -370,10 +370,10 @@ def locally_contiguous(x: DTensor) -> DTensor:
     DTensor still reports global contiguous strides, so ``contiguous()`` leaves it as it is
     and DTensor's matmul then views the shard ("view size is not compatible with input
     tensor's size and stride"; HF OPT free on (2, 4))."""
-    local = x.to_local()
-    if local.is_contiguous():
+    shard = x.to_local()
+    if shard.is_contiguous():
         return x
-    return DTensor.from_local(local.contiguous(), x.device_mesh, x.placements, run_check=False,
+    return DTensor.from_local(shard.contiguous(), x.device_mesh, x.placements, run_check=False,
                               shape=x.shape, stride=x.stride())  # fmt: skip
 
 

@@ -84,14 +84,15 @@ def repeat(low: Lowering, node: fx.Node) -> Value:
     shape: list[int] = []
     dims: list[int] = []
     for i, k in enumerate(sizes):
-        size = x.type.shape[i - lead] if i >= lead else 1
-        if i >= lead and k != 1 and size != 1:
-            shape.append(k)
-        elif i < lead:
+        if i < lead:  # a new leading dim of k copies
             shape.append(k)
             continue
+        size = x.type.shape[i - lead]
+        if k != 1 and size != 1:  # k copies of the whole dim: their own dim, before it
+            shape.append(k)
+            k = 1
         dims.append(len(shape))
-        shape.append(size if k != 1 and size != 1 else size * k)
+        shape.append(size * k)  # a size-1 dim broadcast to k
     out = low.result_types(node)[0]
     wide = TensorType(tuple(shape), x.type.dtype)
     tiled = low.emit("broadcast_in_dim", [x], [wide], {"dims": tuple(dims)})[0]
