@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
-from . import follow, reshard, views
+from . import follow, local, reshard, views
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -162,14 +162,24 @@ def redistribute(x: Any, placements: Placements) -> Any:
     it makes (the logical tensor is the same), so such a dim keeps its layout."""
     if not isinstance(x, DTensor) or tuple(x.placements) == placements:
         return x
-    fixed = tuple(
-        old if isinstance(new, Partial) and not isinstance(old, Partial) else new
-        for old, new in zip(x.placements, placements, strict=True)
-    )
+    fixed = tuple(_reachable(old, new) for old, new in zip(x.placements, placements, strict=True))
     if tuple(x.placements) == fixed:
         return x
     with follow.paused():  # the reshard's local ops are not calls of the traced step
         return reshard.reshard(x, fixed)[0]  # the plan's collectives
+
+
+def _reachable(old: Placement, new: Placement) -> Placement:
+    """The placement a mesh dim can move to for ``new``: a pending sum stays one where it is one
+    already; a dim that is not pending keeps its layout (no R/S -> P); a pending sum of
+    another kind - the ``_MaskPartial`` of a vocabulary-split lookup, which DTensor may only
+    reduce (HF OPT Megatron on (2, 4): "Can not redistribute from MaskP(sum, ...) to P(sum)")
+    - is reduced to whole."""
+    if not isinstance(new, Partial):
+        return new
+    if not isinstance(old, Partial):
+        return old
+    return new if type(old) is type(new) and old == new else Replicate()
 
 
 def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
@@ -261,6 +271,8 @@ class _ApplyMode(TorchFunctionMode):
 
     Views and reshapes of split dims are local reshapes (``views.py``): DTensor's view rule
     refuses most of them (``[b, s, (kv d)]`` split over two axes -> ``[b, s, kv, d]``).
+    Attention and batched matmuls run on local shards (``local.py``): DTensor folds their
+    batch and head dims into a ``_StridedShard``.
     Under ``follow_plan`` the follower runs every aten call at its planned layouts, so only
     the ``cat`` rule applies then."""
 
@@ -281,6 +293,10 @@ class _ApplyMode(TorchFunctionMode):
             out = local_attention(func, args, kwargs)
             if out is not None:
                 return out
+        elif func in _MATMULS and not kwargs:
+            out = local_matmul(func, args)
+            if out is not None:
+                return out
         elif func is F.linear and args and isinstance(args[0], DTensor) and args[0].ndim > 2:
             return linear(*args, **kwargs)
         elif func in _IN_PLACE_ADDS and len(args) > 1 and isinstance(args[0], DTensor):
@@ -296,62 +312,19 @@ _VIEWS = frozenset({
 
 
 _IN_PLACE_ADDS = frozenset({torch.Tensor.add_, torch.Tensor.sub_})
+_MATMULS = frozenset({
+    torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm,
+})  # fmt: skip
 
 
 def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
-    """Attention on each rank's shards, split alike on batch and heads only (every (batch,
-    head) pair attends on its own; with grouped-query attention a rank's block of query heads
-    uses the same rank's block of key/value heads). DTensor's math path instead folds batch
-    and heads into one dim, which it cannot express when heads are split over two mesh dims
-    (``_StridedShard``), and its strategy search on a 3-D mesh with q, k and v split unlike
-    takes minutes. Operands split otherwise are first moved to the batch/head splits all
-    three share (``shared_head_layout``), or all replicated when they share none: DTensor's
-    own path then still redistributes each operand, which fails for a ``_StridedShard`` one
-    (HF Cohere on (2, 2, 2): q and k gathered by its interleaved rotary, v split over two
-    mesh dims). None: not such a call (a mask), left to DTensor."""
-    qkv = args[:3]
-    if len(qkv) < 3 or not all(isinstance(t, DTensor) for t in qkv):
-        return None
-    if kwargs.get("attn_mask") is not None or len(args) > 3:
-        return None
-    placements = shared_head_layout(qkv)
-    if placements is None:
-        return None
-    q, k, v = (redistribute(t, placements) for t in qkv)
-    with torch.autograd.graph.saved_tensors_hooks(_same, _same):  # local tensors stay local
-        local = func(q.to_local(), k.to_local(), v.to_local(), **kwargs)
-    shape = (*q.shape[:-1], v.shape[-1])
-    stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
-    return DTensor.from_local(
-        local, q.device_mesh, placements, run_check=False, shape=torch.Size(shape), stride=stride
-    )
+    """Attention on local shards (``local.attention``), operands moved by the plan's reshard."""
+    return local.attention(func, args, kwargs, redistribute)
 
 
-def shared_head_layout(qkv: tuple) -> Placements | None:
-    """Per mesh dim: the batch (0) or head (1) split that q, k and v all have there, else
-    replicated; each split must divide every operand's dim evenly (else all replicated). A
-    pending sum is summed on the way (HF Cohere under TP x FSDP on (2, 2, 2): v pending over
-    dp; DTensor's own strategy search for it ran for minutes). None when all three are
-    replicated already (DTensor's own rule is fine then)."""
-    out: list[Placement] = []
-    for dim, p in enumerate(qkv[0].placements):
-        same = all(t.placements[dim] == p for t in qkv)
-        out.append(p if same and isinstance(p, Shard) and p.dim < 2 else Replicate())
-    mesh = qkv[0].device_mesh
-    for t in qkv:
-        for d in (0, 1):
-            n = math.prod(mesh.size(i) for i, p in enumerate(out) if p == Shard(d))
-            if t.shape[d] % n:
-                return (Replicate(),) * len(out)
-    if not any(isinstance(p, Shard) for p in out) and all(
-        isinstance(p, Replicate) for t in qkv for p in t.placements
-    ):
-        return None
-    return tuple(out)
-
-
-def _same(t: torch.Tensor) -> torch.Tensor:
-    return t
+def local_matmul(func: Any, args: tuple) -> DTensor | None:
+    """A batched matmul on local shards (``local.matmul``)."""
+    return local.matmul(func, args, redistribute)
 
 
 def one_leading_split(x: DTensor) -> DTensor:
@@ -384,12 +357,24 @@ class _FoldedLinear(torch.autograd.Function):
     @staticmethod
     def backward(ctx: Any, grad: Any) -> tuple:  # type: ignore[override]
         x, weight = ctx.saved_tensors
-        grad = one_leading_split(grad) if isinstance(grad, DTensor) else grad
+        grad = locally_contiguous(one_leading_split(grad)) if isinstance(grad, DTensor) else grad
         grad_x = grad @ weight
         flat = grad.reshape(-1, grad.shape[-1])
         grad_w = flat.t() @ x.reshape(-1, x.shape[-1])
         grad_b = flat.sum(0) if ctx.bias else None
         return grad_x, grad_w, grad_b
+
+
+def locally_contiguous(x: DTensor) -> DTensor:
+    """``x`` with a contiguous local shard. A gradient can arrive as a transposed shard whose
+    DTensor still reports global contiguous strides, so ``contiguous()`` leaves it as it is
+    and DTensor's matmul then views the shard ("view size is not compatible with input
+    tensor's size and stride"; HF OPT free on (2, 4))."""
+    shard = x.to_local()
+    if shard.is_contiguous():
+        return x
+    return DTensor.from_local(shard.contiguous(), x.device_mesh, x.placements, run_check=False,
+                              shape=x.shape, stride=x.stride())  # fmt: skip
 
 
 def linear(x: DTensor, weight: Any, bias: Any = None) -> Any:

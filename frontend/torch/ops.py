@@ -74,6 +74,33 @@ def expand(low: Lowering, node: fx.Node) -> Value:
     return _single(low, "broadcast_in_dim", [x], node, dims=dims)
 
 
+def repeat(low: Lowering, node: fx.Node) -> Value:
+    """``x.repeat(sizes)`` tiles dim ``i`` ``sizes[i]`` times, copies major: a broadcast to
+    ``[sizes[0], x0, sizes[1], x1, ...]`` (new leading dims for extra sizes), then a reshape
+    merging each pair. A dim repeated once, or of size 1, needs no pair."""
+    x = low.value(node.args[0])
+    sizes = [int(k) for k in node.args[1]]  # type: ignore[union-attr]
+    lead = len(sizes) - x.type.rank
+    shape: list[int] = []
+    dims: list[int] = []
+    for i, k in enumerate(sizes):
+        if i < lead:  # a new leading dim of k copies
+            shape.append(k)
+            continue
+        size = x.type.shape[i - lead]
+        if k != 1 and size != 1:  # k copies of the whole dim: their own dim, before it
+            shape.append(k)
+            k = 1
+        dims.append(len(shape))
+        shape.append(size * k)  # a size-1 dim broadcast to k
+    out = low.result_types(node)[0]
+    wide = TensorType(tuple(shape), x.type.dtype)
+    tiled = low.emit("broadcast_in_dim", [x], [wide], {"dims": tuple(dims)})[0]
+    if wide.shape == out.shape:
+        return tiled
+    return low.emit("reshape", [tiled], [out])[0]
+
+
 def matmul(low: Lowering, node: fx.Node) -> Value:
     operands = low.tensors(node.args[:2])
     if low.fold_broadcast_weights and len(operands) == 2:
@@ -360,7 +387,7 @@ def _table() -> dict[str, Row]:
     table["copy"] = copy_into
     for aten_name in VIEWS:
         table[aten_name] = reshape
-    table.update(t=transpose, transpose=transpose, permute=permute, expand=expand)
+    table.update(t=transpose, transpose=transpose, permute=permute, expand=expand, repeat=repeat)
     table.update(mm=matmul, bmm=matmul, matmul=matmul, mv=matmul, dot=matmul)
     table.update(addmm=matmul_add, baddbmm=matmul_add, linear=linear)
     table.update(sum=reduction("reduce_sum"), mean=reduction("mean"), amax=reduction("reduce_max"))
