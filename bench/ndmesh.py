@@ -91,19 +91,25 @@ def hand_written(recompute: str | None) -> list[strategies.ParallelStrategy]:
     ]  # fmt: skip
 
 
-def llama_8b() -> dict:
+def hf_llama(batch: int, seq: int, **shape: int) -> tuple:
+    """A bf16 HF ``LlamaForCausalLM`` of ``shape`` on ``meta`` and its ``batch x seq`` batch."""
     import torch
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    config = LlamaConfig(
-        vocab_size=128256, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
-        num_attention_heads=32, num_key_value_heads=8, max_position_embeddings=8192,
-    )  # fmt: skip
+    config = LlamaConfig(vocab_size=128256, max_position_embeddings=seq, **shape)
     with torch.device("meta"):
         model = LlamaForCausalLM(config).to(torch.bfloat16)
-    ids = torch.empty((16, 8192), dtype=torch.long, device="meta")
+    ids = torch.empty((batch, seq), dtype=torch.long, device="meta")
+    return model, {"input_ids": ids, "labels": ids}
+
+
+def llama_8b() -> dict:
+    model, batch = hf_llama(
+        16, 8192, hidden_size=4096, intermediate_size=14336, num_hidden_layers=32,
+        num_attention_heads=32, num_key_value_heads=8,
+    )  # fmt: skip
     mesh = Mesh({"dp": 2, "fsdp": 4, "tp": 8}, cluster="h100-sxm")
-    plan, wall, cpu = _timed(lambda: sp.plan(model, {"input_ids": ids, "labels": ids}, mesh=mesh))
+    plan, wall, cpu = _timed(lambda: sp.plan(model, batch, mesh=mesh))
     graph = plan.graph
     baselines = []
     for recompute in (None, "full"):
@@ -145,18 +151,12 @@ def llama_70b_256_hf() -> dict:
     CPU s at load 2-7 (two caps solved, the third cut off); the IR builder's 18774.3 ms on the same
     mesh. Not yet the 30 s target: each neighbourhood is a memory-bound CP-SAT solve of ~4x the
     IR builder's ops per layer (docs/design.md "Pipelines")."""
-    import torch
-    from transformers import LlamaConfig, LlamaForCausalLM
-
-    config = LlamaConfig(
-        vocab_size=128256, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
-        num_attention_heads=64, num_key_value_heads=8, max_position_embeddings=131072,
+    model, batch = hf_llama(
+        16, 131072, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
+        num_attention_heads=64, num_key_value_heads=8,
     )  # fmt: skip
-    with torch.device("meta"):
-        model = LlamaForCausalLM(config).to(torch.bfloat16)
-    ids = torch.empty((16, 131072), dtype=torch.long, device="meta")
     mesh = Mesh({"pp": 4, "dp": 2, "cp": 4, "tp": 8}, cluster="h100-sxm")
-    plan, wall, cpu = _timed(lambda: sp.plan(model, {"input_ids": ids, "labels": ids}, mesh=mesh))
+    plan, wall, cpu = _timed(lambda: sp.plan(model, batch, mesh=mesh))
     return _row("Llama-3-70B HF 16x128K", "4x2x4x8", plan, wall, cpu)
 
 
