@@ -150,7 +150,9 @@ def solve(
     ``search=False``: such a seeded memory-bound solve returns its best point (the seed's or
     the primal heuristic's, with the LP / Lagrangian bound) without CP-SAT's capped search
     (``MEMORY_SEARCH_WORK``), which on the 405B-shaped pipeline caps found no plan at all
-    while building its memory rows cost more than the rest of the solve (docs/design.md).
+    while building its memory rows cost more than the rest of the solve (docs/design.md);
+    such a solve without a fitting seed returns ``_fallback``'s point, when there is one,
+    without CP-SAT too.
     ``seed_needed`` (with ``lp_seed``): when that seed does not fit, return no plan (status
     ``UNKNOWN``) at once instead of an unseeded search (a pipeline's micro-batch-sized cap,
     which then solves again in the whole-batch space, ``solver/pipeline.py``).
@@ -244,11 +246,8 @@ def _solve(
         lagrangian = found.bound if found is not None else None
         budget = time_limit * DETERMINISTIC_PER_SECOND if work_limit is None else work_limit
         work_limit = min(budget, MEMORY_SEARCH_WORK)
-    solution = _search(problem, time_limit, hints, workers, start, memory, work_limit, heuristic)
-    if not solution.choice and hints:
-        solution = _warm_start(problem, hints, memory, start) or solution
-    if not solution.choice and relaxation is not None and memory is not None:
-        solution = _recompute_everything(problem, relaxation.choice, memory, start) or solution
+    solution = _search_or_fallback(problem, time_limit, hints, workers, start, memory,
+                                   work_limit, heuristic, relaxation, search)  # fmt: skip
     if relaxation is not None and solution.choice:
         bound = max(solution.bound, min(relaxation.bound, solution.objective))
         solution = dataclasses.replace(solution, bound=bound)
@@ -413,6 +412,34 @@ def _priced_memory_bound(problem: Problem, memory, solution: Solution, relaxatio
     if bound is None or bound <= solution.bound:
         return solution
     return dataclasses.replace(solution, bound=min(bound, solution.objective))
+
+
+def _search_or_fallback(problem, time_limit, hints, workers, start, memory, work_limit,
+                        heuristic, relaxation, search: bool) -> Solution:  # type: ignore[no-untyped-def]  # fmt: skip
+    """CP-SAT, then ``_fallback`` when it finds nothing; a large memory-bound solve with
+    ``search=False`` (no seed that fits, else it returned already) takes ``_fallback``'s point
+    first and runs CP-SAT only when there is none."""
+    if not search and _bounded(memory) and relaxation is not None:
+        found = _fallback(problem, hints, memory, relaxation, start)
+        if found is not None:
+            return found
+    solution = _search(problem, time_limit, hints, workers, start, memory, work_limit, heuristic)
+    if solution.choice:
+        return solution
+    return _fallback(problem, hints, memory, relaxation, start) or solution
+
+
+def _fallback(problem: Problem, hints, memory, relaxation, start: float) -> Solution | None:  # type: ignore[no-untyped-def]
+    """The warm start when it fits, else the LP's layouts with every layer recomputed when
+    that fits, else None: what a solve returns when CP-SAT finds nothing. A memory-bound solve
+    with ``search=False`` whose seed does not fit returns it without running CP-SAT first: on
+    the HF-captured Llama-3-70B pipeline (``pp=4`` x (2, 4, 8), 128K, 29,803 ops) each of
+    the six sub-mesh solves spent 6-8 s building and running a capped CP-SAT model that found
+    no plan (``UNKNOWN``) before this same fallback (docs/design.md, "Pipelines")."""
+    found = _warm_start(problem, hints, memory, start) if hints else None
+    if found is None and relaxation is not None and memory is not None:
+        found = _recompute_everything(problem, relaxation.choice, memory, start)
+    return found
 
 
 def _warm_start(problem: Problem, hints: dict[int, int], memory, start: float):
