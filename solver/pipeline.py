@@ -55,6 +55,7 @@ def plan_pipeline(
     stage_bounds: tuple[int, ...] | None = None,
     chunks: int | None = None,
     tp_overlap_axes: tuple[str, ...] = (),
+    micro_sizes: bool = True,
     **planner_options,
 ) -> Plan:
     """Plan ``graph`` on ``mesh`` with pipeline stages along ``axis``.
@@ -66,6 +67,9 @@ def plan_pipeline(
     any chunk count, whichever models fastest within memory.
     ``tp_overlap_axes``: collectives on these axes run chunked under their GEMM in the stage
     times (Megatron-Core ``--tp-comm-overlap``, as ``SimulationOptions.tp_overlap_axes``).
+    ``micro_sizes``: size batch factors per micro-batch under each cap (``_sized``); False
+    keeps whole-batch sizes, where a cap bounds every batch-carrying split (a hand-written
+    strategy's stages, which split a micro-batch's tokens only as its batch split does).
     """
     from .planner import plan_graph
 
@@ -79,7 +83,7 @@ def plan_pipeline(
         )
     return _plan_stages(
         graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-        stage_bounds, planner_options, (chunks, tuple(tp_overlap_axes)),
+        stage_bounds, planner_options, (chunks, tuple(tp_overlap_axes)), micro_sizes,
     )  # fmt: skip
 
 
@@ -101,7 +105,7 @@ def _check_schedule(schedule: str, chunks, bounds, microbatches, stages: int) ->
 
 def _plan_stages(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, planner_options, extra=(None, ()),
+    stage_bounds, planner_options, extra=(None, ()), micro_sizes=True,
 ) -> Plan:  # fmt: skip
     """The best of one sub-mesh plan per batch-split cap, each with its best stages.
 
@@ -116,7 +120,7 @@ def _plan_stages(
     best: tuple[Plan, LayerSplit, StageAssignment] | None = None
     error: ShardplanError | None = None
     v = _most_chunks(graph, schedule, extra[0], stages)  # the smallest bubble any plan has
-    sized = [True]  # micro-batch-sized spaces until one finds no plan in time (``_sized``)
+    sized = [micro_sizes]  # micro-batch-sized spaces until one finds no plan in time (``_sized``)
     with remembered(graph), shared_start(graph):  # every cap plans the same graph and mesh
         for cap in _batch_caps(sub_mesh, batch, microbatches):
             m_max = microbatches or min(batch // cap, MAX_MICROBATCHES)
