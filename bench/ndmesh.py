@@ -146,11 +146,11 @@ def llama_70b_256() -> dict:
 
 def llama_70b_256_hf() -> dict:
     """``llama_70b_256`` captured from HF's ``LlamaForCausalLM`` (29,803 ops; HF flattens the
-    tokens to ``(b s)`` for its linear layers and its loss). Measured 2026-11-27 on the shared
-    2-core box (capture included): FEASIBLE, 22600.2 ms, 16 micro-batches, 70-99 s wall / 65-70
-    CPU s at load 2-7 (two caps solved, the third cut off); the IR builder's 18774.3 ms on the same
-    mesh. Not yet the 30 s target: each neighbourhood is a memory-bound CP-SAT solve of ~4x the
-    IR builder's ops per layer (docs/design.md "Pipelines")."""
+    tokens to ``(b s)`` for its linear layers and its loss). Measured 2026-11-27 on the idle
+    2-core VM (capture included): FEASIBLE, 22600.2 ms, 16 micro-batches, 22.2 s wall (two caps
+    solved, the third cut off; 70-99 s before a memory-bound sub-mesh solve whose seed does not
+    fit stopped running a CP-SAT search that found nothing); the IR builder's 18774.3 ms on the
+    same mesh (docs/design.md "Pipelines")."""
     model, batch = hf_llama(
         16, 131072, hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,
         num_attention_heads=64, num_key_value_heads=8,

@@ -36,7 +36,8 @@ no plan there), back to back with main at load ~5.5: 291.0 / 122.7 s -> 143.1 / 
 plan; the 60 s target is not met (docs/design.md "Pipelines"). Since batch factors are sized
 per micro-batch under a cap (2026-11-27) its first cap's LP seed does not fit in that space, so
 the cap gives up at once and is solved again at whole-batch sizes: the same plan (11134.2 ms,
-gap 2.2%), 32.0 s wall / 31.3 CPU s (39.8 / 26.8 just before, at another load).
+gap 2.2%), 32.0 s wall / 31.3 CPU s (39.8 / 26.8 just before, at another load). On the idle VM
+(2026-11-27, one row per fresh process): 405B 31.9 s, 70B 9.5 s, 8B f32 5.8 s: every target met.
 Re-measured from an export of main at 077d57c (load 5-6): 70B 48.3 s wall / 19.9 s CPU, 8B f32
 23.6 / 9.4 s, the same plans; the seed-plan reuse since is within noise (docs/design.md, "Where
 the 70B call's seconds go").
