@@ -66,6 +66,12 @@ def test_the_seeded_bound_is_honest_against_another_seed(seeded_and_other) -> No
 def without_search(seeded_and_other):  # type: ignore[no-untyped-def]
     """The LP-seeded solve with ``memory_search=False`` (a pipeline's sub-mesh solves), and
     how many times CP-SAT's capped search ran in it."""
+    return _plan_counting_searches(lp_seed=True)
+
+
+def _plan_counting_searches(**options):  # type: ignore[no-untyped-def]
+    """The memory-bound step planned with ``memory_search=False`` and ``options``, and a list
+    with one entry per run of CP-SAT's capped search (``ilp._search``) in it."""
     searches: list[int] = []
     real = ilp._search
 
@@ -77,7 +83,7 @@ def without_search(seeded_and_other):  # type: ignore[no-untyped-def]
     try:
         plan = plan_graph(
             training_step(CONFIG, batch=8), MESH, memory_limit=LIMIT, overlap=False,
-            lp_seed=True, memory_search=False,
+            memory_search=False, **options,
         )  # fmt: skip
     finally:
         ilp._search = real
@@ -114,21 +120,7 @@ def test_without_the_search_and_a_fitting_seed_the_fallback_is_returned_unsearch
     CP-SAT's search, which on the HF-captured 70B pipeline found no plan in any of its six
     solves (6-8 s each) before this same fallback."""
     _, other, seeds = seeded_and_other
-    searches: list[int] = []
-    real = ilp._search
-
-    def spy(*args, **kwargs):  # type: ignore[no-untyped-def]
-        searches.append(1)
-        return real(*args, **kwargs)
-
-    ilp._search = spy
-    try:
-        plan = plan_graph(
-            training_step(CONFIG, batch=8), MESH, memory_limit=LIMIT, overlap=False,
-            memory_search=False,
-        )  # fmt: skip
-    finally:
-        ilp._search = real
+    plan, searches = _plan_counting_searches()
     s = plan.solver
     assert not searches
     assert plan.peak_memory_bytes <= LIMIT
