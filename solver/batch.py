@@ -33,7 +33,7 @@ def batch_inputs(graph: Graph) -> list[Value]:
     return [v for v in data if v.type.shape[0] == size]
 
 
-def _batch_size(graph: Graph) -> int:
+def batch_size(graph: Graph) -> int:
     """Samples in the whole batch: dim 0 of the batch inputs (1 without any)."""
     inputs = batch_inputs(graph)
     return inputs[0].type.shape[0] if inputs else 1
@@ -120,7 +120,7 @@ def micro_rules(graph: Graph, cap: int) -> dict[int, ShardingRule]:
     may split ``s`` under a ``b`` split ``cap`` ways (fully, in a micro-batch of ``cap``
     samples); with whole-batch sizes neither was ever proposed under a cap, so HF's flattened
     loss kept 2^21 x 128256 logits per 32 devices (docs/design.md, "Pipelines")."""
-    batch = _batch_size(graph)
+    batch = batch_size(graph)
     made: dict[tuple[ShardingRule, frozenset[str]], ShardingRule] = {}
     out: dict[int, ShardingRule] = {}
     for i, found in sorted(batch_marks(graph).factors.items()):
@@ -160,7 +160,7 @@ def cap_batch_split(space: Space, cap: int, micro: bool = True) -> None:
     False: the whole-batch cap, every batch factor's split dividing ``cap`` (a merged ``(b s)``
     too) and compounds at whole-batch sizes: the space before micro-batch sizes."""
     graph, mesh = space.graph, space.mesh
-    batch = _batch_size(graph)
+    batch = batch_size(graph)
     rules = micro_rules(graph, cap) if micro else {}
     filtered: dict[tuple[int, frozenset[str]], list] = {}
     for i, found in sorted(batch_marks(graph).factors.items()):
@@ -200,7 +200,7 @@ def plan_batch_split(plan) -> int:
     micro-batches a plan runs on is ``microbatch_fits``'s question."""
     graph, mesh = plan.graph, plan.mesh
     dims = batch_marks(graph).dims
-    batch = _batch_size(graph)
+    batch = batch_size(graph)
     out = 1
     for i, op in enumerate(graph.ops):
         for j, value in enumerate(op.operands):
@@ -218,7 +218,7 @@ def microbatch_fits(plan, size: int) -> bool:  # type: ignore[no-untyped-def]
     devices than it has samples) runs only on micro-batches of exactly ``c`` samples. The
     factor splits are read back from the plan's layouts (``_factor_axes``)."""
     graph, mesh = plan.graph, plan.mesh
-    batch = _batch_size(graph)
+    batch = batch_size(graph)
     if size < 1 or batch % size:
         return False
     for value in batch_inputs(graph):
@@ -244,7 +244,8 @@ def _op_fits(rule: ShardingRule, found, chosen, size: int, batch: int, mesh: Mes
     """``microbatch_fits`` for one op: ``chosen`` is its strategy's assignment (factor, axes)
     pairs, or its operands' then results' dim layouts."""
     limits = _limits(rule, found, size, batch)
-    full = dict(_micro_rule(rule, found, size, batch).sizes)
+    micro = _micro_rule(rule, found, size, batch)
+    full = micro.size_of
     if _is_assignment(chosen):
         axes: dict | None = {f: tuple(a) for f, a in chosen}
     else:
@@ -253,14 +254,7 @@ def _op_fits(rule: ShardingRule, found, chosen, size: int, batch: int, mesh: Mes
         return False  # layouts no assignment explains: never claim they fit
     if any(n % mesh.group_size(axes.get(f, ())) for f, n in limits.items()):
         return False
-    return all(
-        mesh.group_size(axes.get(g, ())) == full[g]
-        for tensor in rule.operands + rule.results
-        for dim in tensor
-        for k, f in enumerate(dim)
-        if axes.get(f)
-        for g in dim[:k]
-    )
+    return compound_ok(micro, axes, mesh)
 
 
 def _is_assignment(chosen: tuple) -> bool:
@@ -317,6 +311,7 @@ __all__ = [
     "BatchMarks",
     "batch_inputs",
     "batch_marks",
+    "batch_size",
     "cap_batch_split",
     "micro_rules",
     "microbatch_fits",

@@ -31,7 +31,7 @@ from ..ir import (
 from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
 from .axis_search import shared_start
-from .batch import batch_inputs, microbatch_fits, remembered
+from .batch import batch_size, microbatch_fits, remembered
 from .cap_bound import CapCannotWin
 from .costs import op_cost, op_signature
 from .plan import PipelinePlan, Plan, StageSpec
@@ -115,7 +115,7 @@ def _plan_stages(
     Without the cap, slicing the batch is free and the sub-mesh plan splits it, which caps
     ``m`` and leaves a large bubble and every in-flight activation (GPT-175B found no split).
     """
-    batch = _batch_bound(graph)
+    batch = batch_size(graph)
     floor = _compute_floor(graph, sub_mesh, get_cluster(mesh.cluster))
     best: tuple[Plan, LayerSplit, StageAssignment] | None = None
     error: ShardplanError | None = None
@@ -247,7 +247,7 @@ def _plan_cap(
     chunks, tp_overlap_axes = extra
     # The sub-mesh solve sees the whole batch through every layer: a stage holds 1/stages of
     # the state and at most `stages` of `m` micro-batches of its layers' activations.
-    m_max = microbatches or min(_batch_bound(graph) // cap, MAX_MICROBATCHES)
+    m_max = microbatches or min(batch_size(graph) // cap, MAX_MICROBATCHES)
     inner = plan_graph(
         graph, sub_mesh, memory_limit=limit * stages, time_limit=time_limit,
         activation_scale=min(1.0, stages / m_max), batch_split_limit=cap, micro_sizes=micro,
@@ -372,18 +372,12 @@ def _chunk_layers(ranges: list[range], v: int) -> list[list[range]]:
     return chunks
 
 
-def _batch_bound(graph: Graph) -> int:
-    """The largest micro-batch count the batch allows: dim 0 of the batch inputs."""
-    inputs = batch_inputs(graph)
-    return inputs[0].type.shape[0] if inputs else 1
-
-
 def _microbatch_options(plan: Plan, m_max: int) -> list[int]:
     """Micro-batch counts up to ``m_max`` (the cap's own) on whose micro-batches the plan runs
     as it is (``batch.microbatch_fits``: each op's batch split divides the micro-batch; a plan
     that splits the sequence under a batch split ``c`` ways, as HF's flattened ``(b s)``
     tokens need, runs only on micro-batches of ``c`` samples)."""
-    batch = _batch_bound(plan.graph)
+    batch = batch_size(plan.graph)
     return [
         m for m in range(1, min(batch, m_max) + 1)
         if batch % m == 0 and microbatch_fits(plan, batch // m)
