@@ -30,7 +30,7 @@ def load_example(name: str) -> ModuleType:
 
 @pytest.fixture(scope="session")
 def examples() -> dict[str, ModuleType]:
-    return {name: load_example(name) for name in ("torch_mlp", "hf_llama", "hf_gpt2", "checks")}
+    return {name: load_example(name) for name in ("torch_mlp", "hf_llama", "hf_gpt2")}
 
 
 @pytest.fixture(autouse=True)
