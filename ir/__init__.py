@@ -2,6 +2,7 @@
 
 from . import moe as _moe  # noqa: F401  (registers the mixture-of-experts rules)
 from . import regions as _regions  # noqa: F401  (registers the shard_map region rule)
+from . import window as _window  # noqa: F401  (registers the pooling window rules)
 from .errors import (
     FrontendError,
     InfeasiblePlanError,

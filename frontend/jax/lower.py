@@ -15,6 +15,7 @@ import numpy as np
 
 from ...ir import Graph, Origin, TensorType, Value, op_info, register_rule
 from ...ir.registry import elementwise, reduce, rowwise
+from .conv import WINDOW_PRIMITIVES, lower_conv, lower_window
 from .rules import dynamic_update_slice_rule, gather_rule, reverse_rule, scatter_add_rule
 
 _DTYPES = {
@@ -283,6 +284,7 @@ LOWERINGS: dict[str, Lowering] = {
     "dynamic_update_slice": lower_dynamic_update_slice, "pad": lower_pad, "split": lower_split,
     "sort": lower_sort, "top_k": lower_top_k, "gather": lower_gather,
     "scatter-add": lower_scatter_add, "scatter_add": lower_scatter_add,
+    "conv_general_dilated": lower_conv, **dict.fromkeys(WINDOW_PRIMITIVES, lower_window),
 }  # fmt: skip
 
 

@@ -1,0 +1,99 @@
+"""Tiny CNN training steps for the JAX tests (issue 36): a Flax Linen CNN with BatchNorm
+(``batch_stats`` updated as mutable state, optax Adam) and a plain ``lax.conv_general_dilated``
+net in NCHW (hand-written SGD with momentum). ``make_*`` return ``(step, args)``."""
+
+from __future__ import annotations
+
+import flax.linen as nn
+import jax
+import jax.numpy as jnp
+import optax
+from jax import lax
+
+
+class FlaxCNN(nn.Module):
+    """conv (no bias: BatchNorm follows) -> BN -> relu -> max-pool -> strided conv -> relu ->
+    avg-pool -> dense."""
+
+    channels: tuple[int, int] = (8, 16)
+    classes: int = 10
+
+    @nn.compact
+    def __call__(self, x: jax.Array, train: bool = True) -> jax.Array:
+        x = nn.Conv(self.channels[0], (3, 3), use_bias=False)(x)
+        x = nn.BatchNorm(use_running_average=not train, momentum=0.9)(x)
+        x = nn.max_pool(nn.relu(x), (2, 2), (2, 2))
+        x = nn.relu(nn.Conv(self.channels[1], (3, 3), strides=(2, 2))(x))
+        x = nn.avg_pool(x, (2, 2), (2, 2))
+        return nn.Dense(self.classes)(x.reshape(x.shape[0], -1))
+
+
+def make_flax(batch: int = 16, size: int = 16, channels: tuple[int, int] = (8, 16), abstract=False):
+    """The Flax CNN's training step ``(params, batch_stats, opt_state, x, y) -> (params,
+    batch_stats, opt_state, loss)`` and example arguments (ShapeDtypeStructs if ``abstract``)."""
+    model = FlaxCNN(channels)
+    tx = optax.adam(1e-2, eps=1e-4)  # eps >> |g|: see test_emission_matrix.py
+
+    def step(params, batch_stats, opt_state, x, y):
+        def loss_fn(p):
+            logits, new = model.apply(
+                {"params": p, "batch_stats": batch_stats}, x, mutable=["batch_stats"]
+            )
+            loss = optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+            return loss, new["batch_stats"]
+
+        (loss, stats), grads = jax.value_and_grad(loss_fn, has_aux=True)(params)
+        updates, opt_state = tx.update(grads, opt_state, params)
+        return optax.apply_updates(params, updates), stats, opt_state, loss
+
+    x = jax.random.normal(jax.random.PRNGKey(1), (batch, size, size, 3))
+    y = jnp.arange(batch) % 10
+    init = jax.eval_shape if abstract else (lambda f, *a: f(*a))
+    variables = init(model.init, jax.random.PRNGKey(0), x)
+    opt_state = init(tx.init, variables["params"])
+    args = (variables["params"], variables["batch_stats"], opt_state, x, y)
+    if abstract:
+        args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
+    return step, args
+
+
+def _conv(x, w, stride=1):
+    return lax.conv_general_dilated(
+        x, w, (stride, stride), ((1, 1), (1, 1)), dimension_numbers=("NCHW", "OIHW", "NCHW")
+    )
+
+
+def lax_forward(params, x):
+    """Two NCHW convs (the second depthwise-free, strided), sum-pooling and a linear head."""
+    h = jax.nn.relu(_conv(x, params["w1"]) + params["b1"][None, :, None, None])
+    h = jax.nn.relu(_conv(h, params["w2"], stride=2))
+    h = lax.reduce_window(h, 0.0, lax.add, (1, 1, 2, 2), (1, 1, 2, 2), "VALID") / 4.0
+    return h.reshape(h.shape[0], -1) @ params["head"]
+
+
+def make_lax(batch: int = 16, size: int = 16, channels: tuple[int, int] = (8, 16)):
+    """SGD with momentum over the plain lax net: ``(params, opt_state, x, y) -> (params,
+    opt_state, loss)``."""
+    c1, c2 = channels
+    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+    params = {
+        "w1": jax.random.normal(keys[0], (c1, 3, 3, 3)) * 0.3,
+        "b1": jnp.zeros((c1,)),
+        "w2": jax.random.normal(keys[1], (c2, c1, 3, 3)) * 0.1,
+        "head": jax.random.normal(keys[2], (c2 * (size // 4) ** 2, 10)) * 0.1,
+    }
+    opt_state = {"momentum": jax.tree.map(jnp.zeros_like, params)}
+
+    def step(params, opt_state, x, y):
+        def loss_fn(p):
+            logits = lax_forward(p, x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        mom = jax.tree.map(lambda m, g: 0.9 * m + g, opt_state["momentum"], grads)
+        params = jax.tree.map(lambda p, m: p - 0.1 * m, params, mom)
+        return params, {"momentum": mom}, loss
+
+    x = jax.random.normal(keys[3], (batch, 3, size, size))
+    y = jnp.arange(batch) % 10
+    return step, (params, opt_state, x, y)
