@@ -20,6 +20,7 @@ import numpy as np
 
 from ...ir import FrontendError, Graph, Mesh, Op, Origin, Pin, Role, TensorType, Value
 from .constraints import Constraint, check_pins, constraint_of, pin_table
+from .conventions import Filtered, InPlaceCheck, variable_roles
 from .lower import Emitter, ir_type, literal_attrs, lower_equation
 from .regions import pins_of, region_attrs
 from .serving import SERVING_MODES, ServingStep, check_serving_step, donated_arguments
@@ -29,6 +30,9 @@ OPTIMIZER_KEYS = frozenset(
     {"opt_state", "optimizer_state", "opt", "optimizer", "mu", "nu", "momentum", "trace"}
 )
 PARAMETER_KEYS = frozenset({"params", "param", "parameters", "weights", "variables", "model"})
+STATE_KEYS = frozenset({"batch_stats"})
+"""Keys of mutable model state (Flax Linen's ``mutable=["batch_stats"]``): held and updated by
+the step like an optimizer state (``Role.OPTIMIZER_STATE``), never split as a batch."""
 CACHE_KEYS = frozenset({"cache", "kv_cache", "kvcache", "past_key_values"})
 """Keys of a serving step's key/value cache (``Role.KV_CACHE``, aliased to the updated cache
 the step returns: ``frontend/jax/serving.py``)."""
@@ -69,6 +73,9 @@ class JaxContext:
     """Positional arguments ``plan.jit`` donates: a serving step's KV cache."""
     fn: Callable[..., Any] | None = None
     """The planned function (``plan.jit()`` compiles it when given no other)."""
+    filtered: Filtered | None = None
+    """Set when the arguments had non-array leaves (an Equinox module's functions): the graph
+    is of ``filtered.traced`` over the array part (``conventions.py``)."""
     constraints: dict[str, Constraint] = field(default_factory=dict)
     """IR value name -> the user's ``with_sharding_constraint`` / ``reshard`` on it (the last
     one wins); ``sp.plan`` pins them (``user_pins``)."""
@@ -87,14 +94,15 @@ def default_role(keys: Sequence[str]) -> Role:
     for key in keys:
         if key.lower() in CACHE_KEYS:
             return Role.KV_CACHE
-        if key.lower() in OPTIMIZER_KEYS:
+        if key.lower() in OPTIMIZER_KEYS or key.lower() in STATE_KEYS:
             return Role.OPTIMIZER_STATE
         if key.lower() in PARAMETER_KEYS:
             return Role.PARAMETER
     return Role.INPUT
 
 
-def _role(path: str, keys: Sequence[str], roles: RolesOption) -> Role:
+def _role(path: str, keys: Sequence[str], roles: RolesOption, typed: Role | None) -> Role:
+    """``roles=`` first, then the leaf's ``nnx.Variable`` type (``typed``), then its keys."""
     chosen: Role | str | None = None
     if callable(roles):
         chosen = roles(path)
@@ -102,7 +110,7 @@ def _role(path: str, keys: Sequence[str], roles: RolesOption) -> Role:
         prefixes = [p for p in roles if path.startswith(p)]
         chosen = roles[max(prefixes, key=len)] if prefixes else None
     if chosen is None:
-        return default_role(keys)
+        return typed or default_role(keys)
     return chosen if isinstance(chosen, Role) else Role(chosen)
 
 
@@ -370,16 +378,22 @@ def capture(
         )
     if context_len is not None and mode is None:
         raise FrontendError("context_len= is for mode='decode'/'prefill'")
-    closed, out_shape = jax.make_jaxpr(fn, return_shape=True)(*args)
+    filtered = Filtered.of(fn, args)
+    traced, args = (filtered.traced, filtered.dynamic(args)) if filtered else (fn, args)
+    guarded = InPlaceCheck(traced)
+    closed, out_shape = jax.make_jaxpr(guarded, return_shape=True)(*args)
+    guarded.check(getattr(fn, "__name__", "the step"))
     paths, in_tree = _flatten_args(fn, args)
     graph = Graph(name=name or getattr(fn, "__name__", "main").strip("<>") or "main")
     inputs = []
-    for (path, keys), aval in zip(paths, closed.in_avals, strict=True):
-        role = _role(path, keys, roles)
+    typed = variable_roles(args)
+    for (path, keys), aval, kind in zip(paths, closed.in_avals, typed, strict=True):
+        role = _role(path, keys, roles, kind)
         inputs.append(graph.add_input("_".join(keys), ir_type(aval), role, Origin(path=path)))
     out_tree = jax.tree_util.tree_structure(out_shape)
     names = [v.name for v in inputs]
     context = JaxContext(closed, in_tree, out_tree, names, [], unroll_scans=unroll_scans, fn=fn)
+    context.filtered = filtered
     walker = _Capture(graph, context)
     walker.unroll = unroll_scans
     outs = [walker.materialize(v) for v in walker.run_closed(closed, inputs)]

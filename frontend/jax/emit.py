@@ -18,6 +18,7 @@ Shardy does at a jit boundary (``solver.summary.sub_axis_note`` says so in the p
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable, Sequence
 from typing import Any
 
@@ -425,6 +426,10 @@ def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
     planned) unless they were captured unrolled.
     """
     context = _context(plan)
+    filtered = None
+    if context.filtered is not None:  # non-array leaves: jit the array part, recombine
+        filtered = dataclasses.replace(context.filtered, fn=fn)
+        fn = filtered.traced
 
     def planned(*args: Any) -> Any:
         flat, tree = jax.tree_util.tree_flatten(args)
@@ -443,9 +448,10 @@ def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
         return jax.tree_util.tree_unflatten(context.out_tree, outs)
 
     planned.__name__ = getattr(fn, "__name__", "planned")
-    return jax.jit(
+    jitted = jax.jit(
         planned,
         in_shardings=in_shardings(plan, jax_mesh),
         out_shardings=out_shardings(plan, jax_mesh),
         donate_argnums=context.donate,  # a serving step's KV cache: written in place
     )
+    return filtered.wrap(jitted) if filtered is not None else jitted

@@ -7,6 +7,7 @@ from __future__ import annotations
 import flax.linen as nn
 import jax
 import jax.numpy as jnp
+import numpy as np
 import optax
 from jax import lax
 
@@ -46,15 +47,33 @@ def make_flax(batch: int = 16, size: int = 16, channels: tuple[int, int] = (8, 1
         updates, opt_state = tx.update(grads, opt_state, params)
         return optax.apply_updates(params, updates), stats, opt_state, loss
 
-    x = jax.random.normal(jax.random.PRNGKey(1), (batch, size, size, 3))
-    y = jnp.arange(batch) % 10
-    init = jax.eval_shape if abstract else (lambda f, *a: f(*a))
-    variables = init(model.init, jax.random.PRNGKey(0), x)
-    opt_state = init(tx.init, variables["params"])
-    args = (variables["params"], variables["batch_stats"], opt_state, x, y)
+    x = jax.ShapeDtypeStruct((batch, size, size, 3), jnp.float32)
+    variables = jax.eval_shape(model.init, jax.random.PRNGKey(0), x)
     if abstract:
-        args = jax.tree.map(lambda a: jax.ShapeDtypeStruct(a.shape, a.dtype), args)
-    return step, args
+        opt_state = jax.eval_shape(tx.init, variables["params"])
+        y = jax.ShapeDtypeStruct((batch,), jnp.int32)
+        return step, (variables["params"], variables["batch_stats"], opt_state, x, y)
+    variables = filled(variables)
+    x, y = filled(x, seed=1), jnp.arange(batch) % 10
+    return step, (variables["params"], variables["batch_stats"], tx.init(variables["params"]), x, y)
+
+
+def filled(tree, seed: int = 0):
+    """Concrete arrays for a tree of ShapeDtypeStructs from numpy's generator: XLA on CPU
+    takes seconds to compile ``jax.random`` (threefry), which would dominate these tests.
+    Scales and variances are ones, means and biases zeros, the rest N(0, 1/fan_in)."""
+    rng = np.random.default_rng(seed)
+
+    def fill(path, leaf):
+        name = jax.tree_util.keystr(path)
+        if any(k in name for k in ("scale", "var")):
+            return jnp.ones(leaf.shape, leaf.dtype)
+        if any(k in name for k in ("mean", "bias")):
+            return jnp.zeros(leaf.shape, leaf.dtype)
+        fan_in = max(1, int(np.prod(leaf.shape[:-1]))) if len(leaf.shape) > 1 else 1
+        return jnp.asarray(rng.normal(size=leaf.shape) / np.sqrt(fan_in), leaf.dtype)
+
+    return jax.tree_util.tree_map_with_path(fill, tree)
 
 
 def _conv(x, w, stride=1):
@@ -75,14 +94,17 @@ def make_lax(batch: int = 16, size: int = 16, channels: tuple[int, int] = (8, 16
     """SGD with momentum over the plain lax net: ``(params, opt_state, x, y) -> (params,
     opt_state, loss)``."""
     c1, c2 = channels
-    keys = jax.random.split(jax.random.PRNGKey(0), 4)
+
+    rng = np.random.default_rng(0)
     params = {
-        "w1": jax.random.normal(keys[0], (c1, 3, 3, 3)) * 0.3,
-        "b1": jnp.zeros((c1,)),
-        "w2": jax.random.normal(keys[1], (c2, c1, 3, 3)) * 0.1,
-        "head": jax.random.normal(keys[2], (c2 * (size // 4) ** 2, 10)) * 0.1,
+        "w1": rng.normal(size=(c1, 3, 3, 3)) * 0.3,
+        "b1": np.zeros((c1,)),
+        "w2": rng.normal(size=(c2, c1, 3, 3)) * 0.1,
+        "head": rng.normal(size=(c2 * (size // 4) ** 2, 10)) * 0.1,
     }
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
     opt_state = {"momentum": jax.tree.map(jnp.zeros_like, params)}
+    x = jnp.asarray(rng.normal(size=(batch, 3, size, size)), jnp.float32)
 
     def step(params, opt_state, x, y):
         def loss_fn(p):
@@ -94,6 +116,4 @@ def make_lax(batch: int = 16, size: int = 16, channels: tuple[int, int] = (8, 16
         params = jax.tree.map(lambda p, m: p - 0.1 * m, params, mom)
         return params, {"momentum": mom}, loss
 
-    x = jax.random.normal(keys[3], (batch, 3, size, size))
-    y = jnp.arange(batch) % 10
-    return step, (params, opt_state, x, y)
+    return step, (params, opt_state, x, jnp.arange(batch) % 10)

@@ -47,7 +47,8 @@ def test_a_flax_cnn_step_lowers_every_op():
     convs = [op for op in graph.ops if op.kind == "convolution"]
     assert any(max(op.attrs["lhs_dilation"]) > 1 for op in convs)  # strided conv's input grad
     x_grad = [op for op in convs if op.operands[0] is graph.inputs[-2]]
-    assert len(x_grad) == 2 and x_grad[1].attrs["lhs_dims"][:2] == (3, 0)  # wgrad: C is batch
+    assert len(x_grad) == 2
+    assert x_grad[1].attrs["lhs_dims"][:2] == (3, 0)  # the weight gradient: C is its "batch"
 
 
 def _rule(kind, ins, out, **attrs):
@@ -62,10 +63,12 @@ def test_convolution_rule_splits_batch_and_sums_input_features():
     )  # fmt: skip
     rule = _rule("convolution", [(8, 16, 16, 3), (3, 3, 3, 4)], (8, 16, 16, 4), **nhwc)
     (lhs, rhs), (out,) = rule.operands, rule.results
-    assert lhs[0] == out[0] and rule.size_of[lhs[0][0]] == 8  # batch passes through
+    assert lhs[0] == out[0]  # batch passes through
+    assert rule.size_of[lhs[0][0]] == 8
     assert rhs[3] == out[3]  # output features pass through
     cin = lhs[3][0]
-    assert rhs[2] == (cin,) and not any(cin in d for d in out)  # input features: a reduction
+    assert rhs[2] == (cin,)
+    assert not any(cin in d for d in out)  # input features: a reduction
     assert cin not in rule.need_replication
 
 
@@ -76,11 +79,14 @@ def test_pooling_windows_pass_batch_and_channels_only():
     )  # fmt: skip
     rule = _rule("reduce_window_max", [(8, 16, 16, 4)], (8, 8, 8, 4), **attrs)
     (x,), (out,) = rule.operands, rule.results
-    assert x[0] == out[0] and x[3] == out[3]
-    assert {x[1][0], x[2][0]} <= rule.need_replication and x[1] != out[1]
+    assert x[0] == out[0]
+    assert x[3] == out[3]
+    assert {x[1][0], x[2][0]} <= rule.need_replication
+    assert x[1] != out[1]
     back = _rule("select_and_scatter_add", [(8, 8, 8, 4), (8, 16, 16, 4)], (8, 16, 16, 4), **attrs)
     (src, operand), (res,) = back.operands, back.results
-    assert src[0] == operand[0] == res[0] and src[3] == res[3]
+    assert src[0] == operand[0] == res[0]
+    assert src[3] == res[3]
     assert {operand[1][0], src[2][0]} <= back.need_replication
 
 
@@ -148,7 +154,9 @@ def test_a_realistic_cnn_plans_data_parallel():
     for i in convs:
         op = plan.graph.ops[i]
         batch = op.rule.operands[0][op.attrs["lhs_dims"][0]]  # wgrad: lhs "feature" is N
-        batch = batch if op.operands[0].type.shape[op.attrs["lhs_dims"][0]] == 256 else (
-            op.rule.operands[0][op.attrs["lhs_dims"][1]]
+        batch = (
+            batch
+            if op.operands[0].type.shape[op.attrs["lhs_dims"][0]] == 256
+            else (op.rule.operands[0][op.attrs["lhs_dims"][1]])
         )
         assert dict(plan.assignments[i]).get(batch[0]) == ("dp",), (op, plan.assignments[i])
