@@ -19,7 +19,8 @@ import pytest
 import shardplan as sp
 from shardplan.frontend.jax.capture import capture
 from shardplan.frontend.jax.emit import make_jax_mesh
-from shardplan.frontend.jax.hlo import check_plan_collectives
+from shardplan.frontend.jax.hlo import collectives, compare
+from shardplan.frontend.jax.paths import distinct_collectives
 from shardplan.ir import TensorType, UnsupportedOpWarning, rule_for
 
 pytestmark = [pytest.mark.jax]
@@ -106,8 +107,20 @@ def _cell(model: str, mesh_name: str, kind: str):
             strategy = sp.strategies.dp() if kind == "dp" else sp.strategies.fsdp()
             pins = {by_name[n].origin.path: s for n, s in strategy.pins(graph, mesh).items()}
         plan = sp.plan(step, *args, mesh=mesh, pins=pins, time_limit=30)
-        _CELLS[key] = (step, args, plan, plan.jit(step, make_jax_mesh(plan)))
+        compiled = plan.jit(step, make_jax_mesh(plan)).lower(*args).compile()  # once per cell
+        _CELLS[key] = (args, plan, compiled, _unsharded(model))
     return _CELLS[key]
+
+
+_UNSHARDED: dict[str, object] = {}
+
+
+def _unsharded(model: str):
+    """The reference: the unsharded ``jax.jit`` step's results, once per model."""
+    if model not in _UNSHARDED:
+        step, args = MODELS[model]()
+        _UNSHARDED[model] = jax.jit(step)(*args)
+    return _UNSHARDED[model]
 
 
 CELLS = [(m, mesh, k) for m in MODELS for mesh in MESHES for k in KINDS]
@@ -120,8 +133,8 @@ KNOWN_COLLECTIVE_GAPS = {
 @pytest.mark.slow
 @pytest.mark.parametrize(("model", "mesh", "kind"), CELLS)
 def test_plan_jit_matches_the_unsharded_step_and_shards_a_conv(model, mesh, kind):
-    step, args, plan, jitted = _cell(model, mesh, kind)
-    got, want = jitted(*args), jax.jit(step)(*args)
+    args, plan, compiled, want = _cell(model, mesh, kind)
+    got = compiled(*args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
         np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
     split = [i for i, op in enumerate(plan.graph.ops) if op.kind == "convolution"]
@@ -139,8 +152,9 @@ def test_plan_jit_matches_the_unsharded_step_and_shards_a_conv(model, mesh, kind
     ],
 )
 def test_xla_collectives_are_the_planned_ones(model, mesh, kind):
-    _, args, plan, jitted = _cell(model, mesh, kind)
-    found = check_plan_collectives(plan, jitted, *args)
+    _, plan, compiled, _ = _cell(model, mesh, kind)
+    found = collectives(compiled.as_text(), plan.mesh)  # check_plan_collectives, compiled once
+    compare(distinct_collectives(plan.reshards), found, plan.mesh)
     assert found or not plan.collectives()
 
 
