@@ -12,7 +12,9 @@
 
 Until the core registry has a ``convolution`` rule, ``convolution_rule`` below stands in:
 batch, output feature and feature groups pass through, the input feature is a reduction (a
-partial sum), every spatial dim needs replication (no halos). The core rule replaces it.
+partial sum), every spatial dim needs replication (no halos); a batch-grouped conv (the weight
+gradient of a grouped conv) is kept whole, as XLA's partitioner computes it (measured: it
+all-gathers both operands rather than split the contraction). The core rule replaces it.
 """
 
 from __future__ import annotations
@@ -117,7 +119,7 @@ def convolution_rule(
     ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Mapping[str, Any]
 ) -> ShardingRule:
     """Batch and output features pass through, input features are a reduction, feature groups
-    pass through, spatial dims need replication; batch groups are kept whole."""
+    pass through, spatial dims need replication; a batch-grouped conv is kept whole."""
     lhs, rhs, out = ins[0], ins[1], outs[0]
     lb, lf, *ls = attrs["lhs_dims"]
     ro, ri, *rs = attrs["rhs_dims"]
@@ -127,15 +129,17 @@ def convolution_rule(
     lhs_f: list[list[str]] = [[] for _ in lhs.shape]
     rhs_f: list[list[str]] = [[] for _ in rhs.shape]
     out_f: list[list[str]] = [[] for _ in out.shape]
-    cin = fs.new(rhs.shape[ri])
+    # XLA's partitioner does not split the contraction of a batch-grouped conv (the weight
+    # gradient of a grouped one): it gathers both operands, so the rule keeps it whole.
+    cin = fs.new(rhs.shape[ri], batch_groups > 1)
     g = fs.new(groups) if groups > 1 else None
     lhs_f[lf] = [f for f in (g, cin) if f]
     rhs_f[ri] = [cin]
     if batch_groups > 1:  # out features and lhs batch both split by group: kept whole
         lhs_f[lb] = [fs.new(lhs.shape[lb], True)]
         rhs_f[ro] = [fs.new(rhs.shape[ro], True)]
-        out_f[ob] = [fs.new(out.shape[ob])]
-        out_f[of] = [fs.new(out.shape[of])]
+        out_f[ob] = [fs.new(out.shape[ob], True)]
+        out_f[of] = [fs.new(out.shape[of], True)]
     else:
         batch = fs.new(lhs.shape[lb])
         cout = fs.new(rhs.shape[ro] // groups)

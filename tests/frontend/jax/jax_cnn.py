@@ -117,3 +117,32 @@ def make_lax(batch: int = 16, size: int = 16, channels: tuple[int, int] = (8, 16
         return params, {"momentum": mom}, loss
 
     return step, (params, opt_state, x, jnp.arange(batch) % 10)
+
+
+def make_grouped(batch: int = 16, channels: int = 16, groups: int = 4, size: int = 8):
+    """A grouped conv then a depthwise one (NCHW), plain SGD: their weight gradients are
+    ``batch_group_count`` convs, their input gradients ``feature_group_count`` ones."""
+    rng = np.random.default_rng(2)
+    params = {
+        "grouped": rng.normal(size=(channels, 8 // groups, 3, 3)) * 0.2,
+        "depthwise": rng.normal(size=(channels, 1, 3, 3)) * 0.2,
+    }
+    params = jax.tree.map(lambda a: jnp.asarray(a, jnp.float32), params)
+    x = jnp.asarray(rng.normal(size=(batch, 8, size, size)), jnp.float32)
+
+    def loss_fn(p, x):
+        nchw = ("NCHW", "OIHW", "NCHW")
+        h = lax.conv_general_dilated(
+            x, p["grouped"], (1, 1), "SAME", feature_group_count=groups, dimension_numbers=nchw
+        )
+        h = lax.conv_general_dilated(
+            jnp.tanh(h), p["depthwise"], (1, 1), "SAME", feature_group_count=channels,
+            dimension_numbers=nchw,
+        )  # fmt: skip
+        return (h**2).mean()
+
+    def step(params, x):
+        loss, grads = jax.value_and_grad(loss_fn)(params, x)
+        return jax.tree.map(lambda w, g: w - 0.1 * g, params, grads), loss
+
+    return step, (params, x)

@@ -31,7 +31,7 @@ MESHES = {
     "2x2x2": {"dp": 2, "fsdp": 2, "tp": 2},
 }
 KINDS = ("free", "dp", "fsdp")
-MODELS = {"flax": jax_cnn.make_flax, "lax": jax_cnn.make_lax}
+MODELS = {"flax": jax_cnn.make_flax, "lax": jax_cnn.make_lax, "grouped": jax_cnn.make_grouped}
 
 
 def test_a_flax_cnn_step_lowers_every_op():
@@ -123,7 +123,8 @@ def _unsharded(model: str):
     return _UNSHARDED[model]
 
 
-CELLS = [(m, mesh, k) for m in MODELS for mesh in MESHES for k in KINDS]
+CELLS = [(m, mesh, k) for m in ("flax", "lax") for mesh in MESHES for k in KINDS]
+CELLS += [("grouped", "8", "dp"), ("grouped", "8", "fsdp")]  # grouped / depthwise convs
 KNOWN_COLLECTIVE_GAPS = {
     ("lax", "2x2x2", "dp"): "the plan's all-reduce[dp] + reduce-scatter[tp] of one 216 B "
     "gradient is one all-reduce[dp,tp] of 432 B in XLA (a staged reduction XLA fuses)",
