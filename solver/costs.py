@@ -12,6 +12,7 @@ import numpy as np
 from ..costmodel import compute_time
 from ..costmodel.cluster import Cluster
 from ..costmodel.context_parallel import attention_work_factor
+from ..costmodel.conv import conv_work_factor
 from ..costmodel.fusion import Fusion, OpFusion, fusion, unfused_penalty
 from ..costmodel.reshard import ReshardPricer
 from ..ir import (
@@ -284,6 +285,7 @@ def op_cost(
     outs = [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / strategy.split
     flops *= attention_work_factor(op, strategy.operands, mesh, cluster)
+    flops *= conv_work_factor(op)  # implicit-GEMM tiles (costmodel/conv.py)
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(
         op.kind,
