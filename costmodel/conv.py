@@ -30,6 +30,7 @@ from __future__ import annotations
 import math
 
 from ..ir import Op, TensorType
+from .cluster import Cluster, get_cluster
 
 CONV_KINDS = ("convolution", "convolution_backward")
 TILE_N = 64
@@ -71,16 +72,29 @@ def _gemm(lhs: TensorType, rhs: TensorType, out: TensorType, dims: tuple, groups
     return m, out_features // max(groups, 1), channels * taps, groups, channels
 
 
-def conv_work_factor(op: Op) -> float:
+def tile_utilisation(out_channels: int, in_channels: int, taps: int, groups: int = 1) -> float:
+    """Fraction of an implicit-GEMM kernel's tile slots holding data (per-group channel
+    counts); 0 for a depthwise convolution (no GEMM)."""
+    if groups > 1 and in_channels == 1:
+        return 0.0
+    packed_n = groups * out_channels
+    k = in_channels * taps
+    padded = _ceil(in_channels, TENSOR_CORE_CHANNELS) * taps
+    return (packed_n / _ceil(packed_n, TILE_N)) * (k / _ceil(padded, TILE_K))
+
+
+def conv_work_factor(op: Op, cluster: Cluster | str | None = None) -> float:
     """Multiplier on a convolution's FLOPs for a roofline at GEMM efficiency (1 for other
-    ops; 0 for a depthwise convolution, which its bytes price)."""
+    ops; 0 for a depthwise convolution, which its bytes price): the tile quantisation, and
+    the cluster's ``conv_efficiency`` against its ``compute_efficiency`` where calibrated."""
     if op.kind not in CONV_KINDS:
         return 1.0
     _, n, k, groups, channels = implicit_gemm(op)
-    if groups > 1 and channels == 1:
+    used = tile_utilisation(n, channels, k // max(channels, 1), groups)
+    if used == 0:
         return 0.0
-    taps = k // max(channels, 1)
-    padded_channels = _ceil(channels, TENSOR_CORE_CHANNELS)
-    packed_n = groups * n
-    used = (packed_n / _ceil(packed_n, TILE_N)) * (k / _ceil(padded_channels * taps, TILE_K))
-    return 1.0 / used
+    kernel = 1.0
+    if cluster is not None:
+        c = get_cluster(cluster)
+        kernel = c.compute_efficiency / (c.conv_efficiency or c.compute_efficiency)
+    return kernel / used

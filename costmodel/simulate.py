@@ -463,7 +463,7 @@ def _op_time(op: Op, operands, results, mesh, cluster: Cluster, fused: OpFusion 
     ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / split
     flops *= attention_work_factor(op, operands, mesh, cluster)
-    flops *= conv_work_factor(op)  # implicit-GEMM tiles (costmodel/conv.py)
+    flops *= conv_work_factor(op, cluster)  # implicit-GEMM tiles (costmodel/conv.py)
     counts = [s.shard_count(mesh) for s in operands], [s.shard_count(mesh) for s in results]
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip)

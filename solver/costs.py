@@ -285,7 +285,7 @@ def op_cost(
     outs = [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / strategy.split
     flops *= attention_work_factor(op, strategy.operands, mesh, cluster)
-    flops *= conv_work_factor(op)  # implicit-GEMM tiles (costmodel/conv.py)
+    flops *= conv_work_factor(op, cluster)  # implicit-GEMM tiles (costmodel/conv.py)
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(
         op.kind,
