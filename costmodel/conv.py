@@ -28,9 +28,11 @@ decide.
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 
-from ..ir import Op, TensorType
+from ..ir import Mesh, Op, Sharding, TensorType
 from .cluster import Cluster, get_cluster
+from .collectives import collective_time
 
 CONV_KINDS = ("convolution", "convolution_backward")
 TILE_N = 64
@@ -98,3 +100,47 @@ def conv_work_factor(op: Op, cluster: Cluster | str | None = None) -> float:
         c = get_cluster(cluster)
         kernel = c.compute_efficiency / (c.conv_efficiency or c.compute_efficiency)
     return kernel / used
+
+
+def halo_rows(kernel: int, dilation: int, stride: int, pad_lo: int) -> tuple[int, int]:
+    """Input rows a slab of output rows needs from the shard before and after its own: output
+    row ``o`` reads input rows ``o * stride - pad_lo + j * dilation`` (``j < kernel``), so a
+    slab whose input shard starts at ``o0 * stride`` reaches ``pad_lo`` rows back and
+    ``(kernel - 1) * dilation - pad_lo - (stride - 1)`` rows past its end (``(k - 1) * d`` in
+    all for stride 1: GSPMD's halo)."""
+    return pad_lo, (kernel - 1) * dilation - pad_lo - (stride - 1)
+
+
+def halo_time(op: Op, operands: Sequence[Sharding], mesh: Mesh, cluster: Cluster | str) -> float:
+    """Seconds of the halo exchanges a convolution split along its spatial rows needs: per
+    split spatial dim of the input, one collective-permute of the halo rows of the local
+    shard along the splitting axes (a backward exchanges two: the output gradient's rows for
+    the input gradient, the input's for the weight gradient). Exposed: the kernel waits."""
+    if op.kind not in CONV_KINDS or not operands:
+        return 0.0
+    backward = op.kind == "convolution_backward"
+    lhs, sharding = op.operands[int(backward)].type, operands[int(backward)]
+    rhs = op.operands[1 + int(backward)].type
+    total = 0.0
+    for i, d in enumerate(range(2, lhs.rank)):
+        axes = sharding.dims[d] if d < len(sharding.dims) else ()
+        if not axes:
+            continue
+        kernel = rhs.shape[d]
+        lo, hi = halo_rows(kernel, _nth(op, "rhs_dilation", i), _nth(op, "strides", i),
+                           _pad_lo(op, i))  # fmt: skip
+        local_rows = max(lhs.shape[d] // mesh.group_size(axes), 1)
+        row_bytes = lhs.nbytes / sharding.shard_count(mesh) / local_rows
+        exchange = (max(lo, 0) + max(hi, 0)) * row_bytes
+        total += collective_time("collective-permute", exchange, axes, mesh, cluster)
+    return total * (2 if backward else 1)
+
+
+def _nth(op: Op, key: str, i: int) -> int:
+    values = tuple(op.attrs.get(key, ()))  # type: ignore[call-overload]
+    return int(values[i]) if i < len(values) else 1
+
+
+def _pad_lo(op: Op, i: int) -> int:
+    pads = tuple(op.attrs.get("padding", ()))  # type: ignore[call-overload]
+    return int(pads[i][0]) if i < len(pads) else 0

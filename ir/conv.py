@@ -16,17 +16,23 @@ bias is a broadcast ``add`` after it. The factors:
   that passes through: each device runs whole groups. ``batch_group_count = B > 1`` (XLA's weight
   gradient of a grouped convolution) is the mirror image: the group factor is major in the lhs
   batch dim and the out feature dim, and the per-group batch is the out batch;
-* kernel spatial dims and lhs spatial dims need replication; each out spatial dim is an
-  output-only factor: a device may compute a slab of output rows from the whole input (no halo
-  exchange). The group factor is read off the sizes, so a dim that holds one group's features
+* kernel spatial dims need replication. An out spatial dim whose input is exactly ``stride``
+  times as long (a same-padded convolution, no lhs dilation: ``halo_stride``) shares its factor
+  with the lhs dim (``(rows, stride)``, the stride part whole): split, each device holds a slab
+  of input and output rows and needs a *halo* of ``(kernel - 1) * dilation`` input rows from
+  its neighbours (GSPMD's windowed split; ``costmodel.conv.halo_time`` prices the
+  collective-permute). Otherwise the lhs spatial dim needs replication and the out spatial dim
+  is an output-only factor: a device may compute a slab of output rows from the whole input.
+  The group factor is read off the sizes, so a dim that holds one group's features
   (torch's transposed weight ``[C_in, C_out / G, *k]``) gets just the per-group factor.
 
 ``convolution_backward(grad_out, lhs, rhs) -> (grad_lhs?, grad_rhs?, grad_bias?)`` (torch's
 fused kernel, ``attrs["output_mask"]`` says which results exist, ``attrs["transposed"]`` which
 rhs dim is the out feature): the forward's factors, with the batch *summed* into the weight and
 bias gradients (a batch split leaves them partial: data parallelism's gradient all-reduce) and
-the out feature summed into the input gradient (a column split leaves it partial). The output
-spatial dims need replication here.
+the out feature summed into the input gradient (a column split leaves it partial). A halo
+split of the rows passes through the input gradient and is summed into the weight and bias
+gradients (each slab's share); other spatial dims need replication here.
 
 FLOPs count multiply-adds that touch data (2 per MAC): a strided or dilated window skips
 nothing, a transposed convolution (``lhs_dilation > 1``) skips the inserted zeros, as cuDNN's
@@ -104,13 +110,37 @@ def conv_factors(lhs: TensorType, rhs: TensorType, out: TensorType, attrs: Attrs
     out_f[od[0]], out_f[od[1]] = fs.dim(n), fs.dim(gf, o)
     rhs_f[rd[0]] = fs.dim(gf, o) if rhs.shape[rd[0]] == feat_out else fs.dim(o)
     rhs_f[rd[1]] = fs.dim(gf, c) if rhs.shape[rd[1]] == feat_in and groups > 1 else fs.dim(c)
-    spatial: list[tuple[str, str, str]] = []
-    for dl, dr, do in zip(ld[2:], rd[2:], od[2:], strict=True):
-        x, k, y = fs.new(lhs.shape[dl]), fs.new(rhs.shape[dr]), fs.new(out.shape[do])
-        lhs_f[dl], rhs_f[dr], out_f[do] = fs.dim(x), fs.dim(k), fs.dim(y)
-        spatial.append((x, k, y))
+    spatial: list[tuple[frozenset[str], str, bool]] = []
+    for i, (dl, dr, do) in enumerate(zip(ld[2:], rd[2:], od[2:], strict=True)):
+        stride = halo_stride(lhs.shape[dl], out.shape[do], attrs, i)
+        x = "" if stride else fs.new(lhs.shape[dl])
+        k, y = fs.new(rhs.shape[dr]), fs.new(out.shape[do])
+        rhs_f[dr], out_f[do] = fs.dim(k), fs.dim(y)
+        if stride:  # out row o reads lhs rows near o * stride: a split with a halo
+            r = fs.new(stride)
+            lhs_f[dl] = fs.dim(y, r)
+            spatial.append((frozenset({k, r}), y, True))
+        else:
+            lhs_f[dl] = fs.dim(x)
+            spatial.append((frozenset({k, x}), y, False))
     _check_sizes(fs.sizes, (lhs, rhs, out), (lhs_f, rhs_f, out_f))
     return lhs_f, rhs_f, out_f, fs.sizes, spatial, out_f[od[1]], fs.dim(n)
+
+
+def halo_stride(lhs_size: int, out_size: int, attrs: Attrs, i: int) -> int:
+    """The stride of spatial dim ``i`` when its output rows may be split together with the
+    input rows (GSPMD's windowed split: each shard then needs a halo of ``(k - 1) * dilation``
+    rows from its neighbours): no lhs dilation, and the input exactly ``stride`` times the
+    output (a same-padded convolution). 0 when it may not."""
+    if attrs.get("transposed") or _nth(attrs, "lhs_dilation", i) != 1:
+        return 0
+    stride = _nth(attrs, "strides", i)
+    return stride if lhs_size == out_size * stride else 0
+
+
+def _nth(attrs: Attrs, key: str, i: int) -> int:
+    values = tuple(attrs.get(key, ()))  # type: ignore[call-overload]
+    return int(values[i]) if i < len(values) else 1
 
 
 def _check_sizes(sizes: dict[str, int], types: tuple, factors: tuple) -> None:
@@ -130,7 +160,7 @@ def convolution(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     if groups > 1 and batch_groups > 1:  # XLA forbids it; stay safe rather than guess
         return replicated_rule(ins, outs)
     lhs_f, rhs_f, out_f, sizes, spatial, _, _ = conv_factors(ins[0], ins[1], outs[0], attrs)
-    need = {x for x, _, _ in spatial} | {k for _, k, _ in spatial}
+    need = {f for whole, _, _ in spatial for f in whole}
     return _make([lhs_f, rhs_f], [out_f], sizes, need)
 
 
@@ -143,10 +173,11 @@ def convolution_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     lhs_f, rhs_f, out_f, sizes, spatial, o_dim, n_dim = conv_factors(lhs, rhs, grad, conv_attrs)
     candidates = [lhs_f, rhs_f, [o_dim]]
     results = [candidates[i] for i in range(3) if mask[i]][: len(outs)]
-    need = {f for trio in spatial for f in trio}
+    need = {f for whole, y, halo in spatial for f in (*whole, *(() if halo else (y,)))}
     in_results = {f for r in results for d in r for f in d}
     summed = []
-    for factors in (n_dim, tuple(f for f in o_dim if f not in lhs_f[_feature(attrs)])):
+    rows = tuple(y for _, y, halo in spatial if halo)  # summed into the weight/bias grads
+    for factors in (n_dim + rows, tuple(f for f in o_dim if f not in lhs_f[_feature(attrs)])):
         for f in factors:
             into = tuple(k for k, r in enumerate(results) if not any(f in d for d in r))
             if f in in_results and into:

@@ -48,8 +48,22 @@ def _local_groups(groups: int, x: Any) -> int:
     return groups * _local(x).shape[1] // x.shape[1]
 
 
+def _rows_split(x: Any) -> list[int]:
+    """Spatial dims of a convolution input the plan splits (a halo split)."""
+    if not isinstance(x, DTensor):
+        return []
+    return sorted({p.dim for p in x.placements if isinstance(p, Shard) and p.dim >= 2})
+
+
 def run(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """The aten call ``step`` on local shards; results at their planned layouts."""
+    x = args[0] if step.target == FORWARD else args[1] if step.target == BACKWARD else None
+    if x is not None and _rows_split(x):
+        raise NotImplementedError(
+            f"{step.target}: the plan splits the input rows (dims {_rows_split(x)}, a halo "
+            "split); running it needs the halo exchange, which torch emission does not issue "
+            "yet. Plan with the rows pinned whole (sp.Pin) or a batch/channel split"
+        )
     if step.target == FORWARD:
         return _forward(follower, step, args)
     if step.target == BACKWARD:

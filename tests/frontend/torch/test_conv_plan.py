@@ -54,3 +54,29 @@ def test_cnn_at_large_batch_plans_data_parallel(axes, level) -> None:  # type: i
         one_node = collective_time(c.kind, c.bytes, "dp", sp.Mesh({"dp": 8}, cluster="h100-sxm"))
         assert c.time > 1.5 * one_node
     assert seconds < 20
+
+
+def test_batch_one_high_resolution_convs_split_rows_with_a_halo() -> None:
+    """One 64x1024x1024 image through four same-padded 3x3 convolutions on 8 H100s: the batch
+    cannot split, a channel split would all-gather the 256 MiB activations at every layer, so
+    the plan splits the rows (GSPMD's windowed split) and pays a halo exchange of
+    (3 - 1) * 1 rows of the local slab per convolution, priced as a collective-permute."""
+    from shardplan.costmodel.collectives import collective_time
+    from shardplan.costmodel.conv import halo_rows, halo_time
+
+    with torch.device("meta"):
+        model = nn.Sequential(*[m for _ in range(4) for m in (nn.Conv2d(64, 64, 3, padding=1),
+                                                               nn.ReLU())])  # fmt: skip
+    mesh = sp.Mesh({"x": 8}, cluster="h100-sxm")
+    plan = sp.plan(model, torch.empty(1, 64, 1024, 1024, device="meta"), mesh=mesh)
+    convs = [(i, op) for i, op in enumerate(plan.graph.ops) if op.kind.startswith("convolution")]
+    assert len(convs) == 8
+    assert halo_rows(3, 1, 1, 1) == (1, 1)
+    row_bytes = 64 * 1024 * 4  # one row of one image, f32
+    permute = collective_time("collective-permute", 2 * row_bytes, ("x",), mesh)
+    for i, op in convs:
+        x = plan.operand_shardings[(i, 1 if op.kind == "convolution_backward" else 0)]
+        assert x.dims == ((), (), ("x",), ()), (op.kind, x)  # rows split, nothing else
+        operands = [plan.operand_shardings[(i, j)] for j in range(len(op.operands))]
+        want = permute * (2 if op.kind == "convolution_backward" else 1)
+        assert halo_time(op, operands, mesh, "h100-sxm") == pytest.approx(want)
