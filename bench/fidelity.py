@@ -15,6 +15,9 @@ in ``transformer_cost.py`` with ONE calibration per GPU generation
 (``costmodel.calibration.DEFAULTS``); nothing is fitted per row. TF/GPU uses model FLOPs
 (``6 N T + 12 l s h T`` = Korthikanti's ``72 B s l h^2 (1 + s/6h + V/12lh)`` for GPTs).
 
+``--cnn`` predicts the ResNet-50 v1.5 training row (NVIDIA DeepLearningExamples, 8x A100
+80GB, AMP) end to end with ``sp.evaluate`` on the captured HF ResNet-50 (``fidelity_cnn.py``).
+
 ``--builder`` predicts the three Llama 3 405B rows (the 8K ones and the 128K context-parallel
 one) end to end with ``sp.evaluate`` on the IR builder's whole training step
 (``fidelity_builder.py``; seconds to build, no torch) and prints predicted vs published TF/GPU.
@@ -452,6 +455,10 @@ def main(argv: list[str] | None = None) -> int:
         help="also predict each row end to end with sp.evaluate on the whole captured model",
     )  # fmt: skip
     parser.add_argument(
+        "--cnn", action="store_true",
+        help="also predict the ResNet-50 v1.5 row (DeepLearningExamples, 8x A100) end to end",
+    )  # fmt: skip
+    parser.add_argument(
         "--builder", action="store_true",
         help="also predict the Llama 3 405B rows with sp.evaluate on the IR builder's model",
     )  # fmt: skip
@@ -466,6 +473,12 @@ def main(argv: list[str] | None = None) -> int:
         print(ir_layer_check(rows))
     if args.builder:
         print(builder_report(builder_results()))
+    if args.cnn:
+        from fidelity_cnn import cnn_report, cnn_results
+
+        cnn = cnn_results()
+        print(cnn_report(cnn))
+        results = [*results, *cnn]
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     save_record(args, "fidelity", results=results, wall_times=clock.total())

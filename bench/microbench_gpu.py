@@ -31,7 +31,11 @@ per-expert GEMMs at small tokens-per-expert) and memory-bound elementwise kernel
      "attention_decode": [{"batch", "heads", "context", "head_dim", "kv_bytes", "seconds"}],
      "grouped_gemm": [{"experts", "tokens_per_expert", "hidden", "ffn", "flops", "bmm_seconds",
                        "loop_seconds"}],
-     "elementwise": [{"op", "bytes", "seconds"}]
+     "elementwise": [{"op", "bytes", "seconds"}],
+     "conv": [{"batch", "in_channels", "out_channels", "kernel", "groups", "flops", "seconds"}]
+
+(``conv``: ResNet-50's cuDNN convolutions in fp16 channels-last, fitted to
+``Calibration.conv_efficiency``).
 
 Bus bandwidth follows nccl-tests: all-reduce ``2(n-1)/n * S / t``, all-gather ``(n-1)/n * S / t``.
 """
@@ -222,6 +226,39 @@ MOE = [  # (experts, tokens per expert, hidden, ffn): Mixtral-8x7B and fine-grai
 ]  # fmt: skip
 
 
+CONVS = [  # (batch, in channels, size, out channels, kernel, stride, groups): ResNet-50 v1.5
+    (256, 3, 224, 64, 7, 2, 1), (256, 64, 56, 64, 1, 1, 1), (256, 64, 56, 64, 3, 1, 1),
+    (256, 64, 56, 256, 1, 1, 1), (256, 128, 28, 128, 3, 1, 1), (256, 256, 14, 256, 3, 1, 1),
+    (256, 512, 7, 512, 3, 1, 1), (256, 1024, 14, 256, 1, 1, 1), (256, 2048, 7, 512, 1, 1, 1),
+    # ResNeXt grouped and MobileNet/ConvNeXt depthwise (memory-bound)
+    (256, 128, 56, 128, 3, 1, 32), (256, 96, 56, 96, 7, 1, 96),
+]  # fmt: skip
+
+
+def sweep_conv(device: torch.device, iters: int) -> list[dict]:
+    """cuDNN forward convolutions, fp16 channels-last (the AMP recipe's layout); FLOPs count
+    2 per multiply-add. ``compute_bound``: more FLOPs than the HBM bytes' worth at peak."""
+    rows = []
+    for n, c, size, k, r, stride, groups in CONVS:
+        x = torch.randn(n, c, size, size, device=device, dtype=torch.float16)
+        x = x.to(memory_format=torch.channels_last)
+        w = torch.randn(k, c // groups, r, r, device=device, dtype=torch.float16)
+        w = w.to(memory_format=torch.channels_last)
+
+        def fn(x=x, w=w, s=stride, g=groups, p=r // 2):  # type: ignore[no-untyped-def]
+            return torch.nn.functional.conv2d(x, w, stride=s, padding=p, groups=g)
+
+        out = fn()
+        flops = 2.0 * out.numel() * (c // groups) * r * r
+        nbytes = (x.numel() + w.numel() + out.numel()) * 2
+        row = {"batch": n, "in_channels": c // groups, "size": size, "out_channels": k // groups,
+               "kernel": r, "stride": stride, "groups": groups, "dtype": "f16", "flops": flops,
+               "bytes": nbytes, "seconds": _time(fn, device, iters),
+               "compute_bound": groups == 1 or c // groups > 1}  # fmt: skip
+        rows.append(row)
+    return rows
+
+
 def sweep_gemms(device: torch.device, iters: int) -> list[dict]:
     rows = bench_matmul(device, torch.bfloat16, SWEEP_GEMMS, iters)
     rows += bench_matmul(device, torch.float16, SWEEP_DTYPE_GEMMS, iters)
@@ -374,6 +411,7 @@ def main(argv: list[str] | None = None) -> int:
             "attention_decode": sweep_attention_decode,
             "grouped_gemm": sweep_grouped_gemm,
             "elementwise": sweep_elementwise,
+            "conv": sweep_conv,
         }
         for key, sweep in sweeps.items():
             begin = time.perf_counter()

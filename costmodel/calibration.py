@@ -5,6 +5,9 @@ A ``Calibration`` holds one GPU generation's achievable fractions of the datashe
 - **matmul efficiency by size**: ``eff(F) = e_max * F / (F + F_half)`` for a GEMM of ``F``
   FLOPs - small GEMMs cannot fill the machine (Calculon's size-bucketed table, ref §5, is the
   step-function form of the same idea; the saturating curve is our smooth re-derivation);
+- **convolution efficiency**: the fraction of peak a full-tile implicit-GEMM convolution
+  reaches (0: the GEMM's; ``costmodel/conv.py`` adds tile quantisation), fitted from the
+  ``conv`` rows of ``bench/microbench_gpu.py``;
 - **memory efficiency**: achieved / datasheet HBM bandwidth (ref §3: 0.70-0.84);
 - **collective bus-bandwidth efficiency** per link level: a multiplier on the catalogue's busbw
   (the catalogue already holds *measured* busbw, so the default is 1.0);
@@ -43,6 +46,9 @@ class Calibration:
     attention_efficiency: float = 0.50
     """Fraction of dense peak a fused (flash) attention kernel reaches on its causal FLOPs."""
     memory_efficiency: float = 0.80
+    conv_efficiency: float = 0.0
+    """Fraction of dense peak a full-tile implicit-GEMM convolution reaches; 0: the GEMM's
+    ``matmul_efficiency`` (``costmodel/conv.py`` adds the tile quantisation)."""
     intra_busbw_efficiency: float = 1.0
     inter_busbw_efficiency: float = 1.0
     kernel_floor: float = 7e-6
@@ -52,6 +58,8 @@ class Calibration:
         for name in ("matmul_efficiency", "attention_efficiency", "memory_efficiency"):
             if not 0 < getattr(self, name) <= 1:
                 raise ClusterConfigError(f"calibration {self.name!r}: {name} not in (0, 1]")
+        if not 0 <= self.conv_efficiency <= 1:
+            raise ClusterConfigError(f"calibration {self.name!r}: conv_efficiency not in [0, 1]")
         for name in ("intra_busbw_efficiency", "inter_busbw_efficiency"):
             if not 0 < getattr(self, name) <= 2:
                 raise ClusterConfigError(f"calibration {self.name!r}: {name} not in (0, 2]")
@@ -101,6 +109,7 @@ def apply(calibration: Calibration, cluster: Cluster | str) -> Cluster:
         compute_efficiency=calibration.matmul_efficiency,
         memory_efficiency=calibration.memory_efficiency,
         attention_efficiency=calibration.attention_efficiency,
+        conv_efficiency=calibration.conv_efficiency,
         kernel_floor=calibration.kernel_floor,
         intra_node=LinkLevel(
             intra.name, intra.bandwidth * calibration.intra_busbw_efficiency, intra.latency
@@ -180,6 +189,7 @@ def fit(measurements: Mapping[str, object] | str | Path, cluster: Cluster | str 
     changes.update(_fit_matmul(data.get("matmul", []), base))
     changes.update(_fit_attention(data.get("attention", []), base, data.get("attention_train", ())))
     changes.update(_fit_memory(data.get("hbm", []), base))
+    changes.update(_fit_conv(data.get("conv", []), base))
     changes.update(_fit_links(data.get("collectives", []), base))
     src = f"fitted from {data.get('device', 'measurements')} ({data.get('date', 'undated')})"
     return replace(start, name=f"{base.name}-fit", source=src, **changes)
@@ -234,6 +244,21 @@ def _fit_attention(rows, cluster: Cluster, train_rows=()) -> dict[str, float]:
         if float(r["seconds"]) > 0
     ]
     return {"attention_efficiency": min(1.0, statistics.median(effs))} if effs else {}
+
+
+def _fit_conv(rows, cluster: Cluster) -> dict[str, float]:
+    """Median full-tile efficiency over the compute-bound convolutions: each row's achieved
+    fraction of peak over its tile utilisation (``conv.tile_utilisation`` of its shape)."""
+    from .conv import tile_utilisation
+
+    effs = []
+    for r in rows:
+        seconds = gpu_seconds(r)
+        used = tile_utilisation(int(r["out_channels"]), int(r["in_channels"]),
+                                int(r["kernel"]) ** 2, int(r.get("groups", 1)))  # fmt: skip
+        if seconds > 0 and used > 0 and r.get("compute_bound", True):
+            effs.append(float(r["flops"]) / (seconds * cluster.peak(str(r["dtype"]))) / used)
+    return {"conv_efficiency": min(1.0, statistics.median(effs))} if effs else {}
 
 
 def _fit_memory(rows, cluster: Cluster) -> dict[str, float]:

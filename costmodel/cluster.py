@@ -101,6 +101,10 @@ class Cluster:
     """Fraction of dense peak a fused (flash) attention kernel reaches on its causal FLOPs;
     0 means ``compute_efficiency`` (a kernel at GEMM efficiency, FlashAttention-3's level on
     Hopper). Calibrations of older runs set their kernel's (``costmodel.calibration``)."""
+    conv_efficiency: float = 0.0
+    """Fraction of dense peak a full-tile implicit-GEMM convolution reaches (cuDNN); 0 means
+    ``compute_efficiency`` (a GEMM's). Tile quantisation comes on top (``costmodel/conv.py``).
+    """
     kernel_floor: float = 0.0
     """Seconds: the least any non-empty kernel takes (launch + tail)."""
     source: str = ""
@@ -130,6 +134,11 @@ class Cluster:
             value = getattr(self, name)
             if not 0 < value <= 1:
                 raise ClusterConfigError(f"cluster {self.name!r}: {name}={value} is not in (0, 1]")
+        if not 0 <= self.conv_efficiency <= 1:
+            raise ClusterConfigError(
+                f"cluster {self.name!r}: conv_efficiency={self.conv_efficiency} is not in "
+                "(0, 1] (or 0 for compute_efficiency)"
+            )
         if not 0 <= self.attention_efficiency <= 1:
             raise ClusterConfigError(
                 f"cluster {self.name!r}: attention_efficiency={self.attention_efficiency} is "

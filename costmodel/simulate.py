@@ -29,6 +29,7 @@ from dataclasses import dataclass, field, replace
 from typing import TYPE_CHECKING
 
 from shardplan.costmodel.context_parallel import attention_work_factor
+from shardplan.costmodel.conv import conv_work_factor, halo_time
 from shardplan.ir.graph import Graph, Op, Role, Value
 from shardplan.ir.registry import op_bytes, op_flops, op_info
 
@@ -462,11 +463,13 @@ def _op_time(op: Op, operands, results, mesh, cluster: Cluster, fused: OpFusion 
     ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / split
     flops *= attention_work_factor(op, operands, mesh, cluster)
+    flops *= conv_work_factor(op, cluster)  # implicit-GEMM tiles (costmodel/conv.py)
     counts = [s.shard_count(mesh) for s in operands], [s.shard_count(mesh) for s in results]
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip)
     launches = fused is None or fused.launches
-    return compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster, launches=launches)
+    halo = halo_time(op, operands, mesh, cluster)  # a spatially split convolution
+    return halo + compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster, launches=launches)
 
 
 def _transfer(

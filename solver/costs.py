@@ -12,6 +12,7 @@ import numpy as np
 from ..costmodel import compute_time
 from ..costmodel.cluster import Cluster
 from ..costmodel.context_parallel import attention_work_factor
+from ..costmodel.conv import conv_work_factor, halo_time
 from ..costmodel.fusion import Fusion, OpFusion, fusion, unfused_penalty
 from ..costmodel.reshard import ReshardPricer
 from ..ir import (
@@ -284,6 +285,7 @@ def op_cost(
     outs = [v.type for v in op.results]
     flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / strategy.split
     flops *= attention_work_factor(op, strategy.operands, mesh, cluster)
+    flops *= conv_work_factor(op, cluster)  # implicit-GEMM tiles (costmodel/conv.py)
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(
         op.kind,
@@ -294,7 +296,10 @@ def op_cost(
         *on_chip,
     )
     dtype = (outs or ins)[0].dtype
-    return compute_time(flops, nbytes, dtype, cluster, launches=fused is None or fused.launches)
+    halo = halo_time(op, strategy.operands, mesh, cluster)  # a spatially split convolution
+    return halo + compute_time(
+        flops, nbytes, dtype, cluster, launches=fused is None or fused.launches
+    )
 
 
 def _local_bytes(type_: TensorType, sharding: Sharding, mesh: Mesh) -> int:

@@ -69,3 +69,21 @@ def test_product_predicts_published_runs_end_to_end():
         assert abs(r["product_error"]) <= PRODUCT_ROWS[r["row"]], (r["row"], r["product_error"])
         # the product column is not the analytic model under another name
         assert r["product_s"] != pytest.approx(r["predicted_s"], rel=1e-3)
+
+
+@pytest.mark.slow
+@pytest.mark.torch
+def test_resnet50_row_within_20_percent():
+    """ResNet-50 v1.5 AMP on 8x A100 80GB (DeepLearningExamples): the whole captured model
+    under data parallelism predicts the published step within 20% (measured -16.7% with the
+    batch-norm lowering merged). Batch norm must lower (not run replicated) for the batch to
+    split; without that lowering the row measures something else and is skipped."""
+    from shardplan.frontend.torch.ops import TABLE
+
+    if "native_batch_norm" not in TABLE:
+        pytest.skip("needs the batch-norm lowering (aten.native_batch_norm)")
+    import fidelity_cnn
+
+    (r,) = fidelity_cnn.cnn_results()
+    assert "batch over dp" in r["strategy"]
+    assert abs(r["product_error"]) <= 0.20, r["product_error"]

@@ -136,7 +136,8 @@ def capture(
         ``"decode"`` (required).
       loss_fn: ``loss_fn(output, *positional_inputs)``; default: ``output.loss`` when the model
         returns one, else the mean square of its first output tensor.
-      optimizer: ``"adamw"`` (two fp32 moments per parameter) or ``"sgd"``.
+      optimizer: ``"adamw"`` (two fp32 moments per parameter), ``"sgd"``, or
+        ``"sgd-momentum"`` (one fp32 momentum buffer, weight decay; torch.optim.SGD's step).
       stamp_layers: trace 3 layers of a deep stack of alike layers and stamp out the rest
         (``frontend/torch/stack.py``; the graph is the same, capture is much faster). Such a
         capture cannot be replayed by ``follow_plan``; pass False for that.

@@ -20,6 +20,8 @@ class OptimizerSpec:
     betas: tuple[float, float] = (0.9, 0.999)
     eps: float = 1e-8
     weight_decay: float = 0.01
+    momentum: float = 0.875
+    """``sgd-momentum`` only (DeepLearningExamples' ResNet-50 recipe value)."""
 
     @property
     def state_names(self) -> tuple[str, ...]:
@@ -29,8 +31,12 @@ class OptimizerSpec:
                 return ("exp_avg", "exp_avg_sq")
             case "sgd":
                 return ()
+            case "sgd-momentum":
+                return ("momentum_buffer",)  # torch.optim.SGD's state name
             case _:
-                raise ValueError(f"unknown optimizer {self.name!r}; use 'adamw' or 'sgd'")
+                raise ValueError(
+                    f"unknown optimizer {self.name!r}; use 'adamw', 'sgd' or 'sgd-momentum'"
+                )
 
 
 def init_states(spec: OptimizerSpec, param: torch.Tensor) -> list[torch.Tensor]:
@@ -44,6 +50,11 @@ def update(
     """One step for one parameter: ``(new_param, new_states)``."""
     if spec.name == "sgd":
         return param - grad * spec.lr, []
+    if spec.name == "sgd-momentum":  # torch.optim.SGD after its first step (weight decay,
+        (buf,) = states  # momentum buffer in fp32, then the step)
+        d_p = grad.float() + param.float() * spec.weight_decay
+        buf = buf * spec.momentum + d_p
+        return param - (buf * spec.lr).to(param.dtype), [buf]
     # AdamW (Loshchilov & Hutter), first step: bias corrections with t = 1.
     beta1, beta2 = spec.betas
     exp_avg, exp_avg_sq = states

@@ -1,0 +1,146 @@
+"""Convolutions priced as implicit GEMMs (cuDNN's and CUTLASS's forward, data- and
+weight-gradient kernels).
+
+A convolution of ``N`` images of ``P`` output pixels, ``G`` groups of ``C`` input and ``K``
+output channels and an ``R x S`` kernel is a GEMM of ``M = N * P``, ``N_gemm = K``,
+``K_gemm = C * R * S`` per group (NVIDIA's Deep Learning Performance Guide, "Convolution
+Algorithms": the implicit-GEMM view), so it runs at GEMM efficiency
+(``Cluster.compute_efficiency``) times the fraction of the kernel's tiles that hold data:
+
+* output channels fill threadblock tiles ``TILE_N`` wide and the reduction runs in
+  ``TILE_K`` steps (CUTLASS's Ampere/Hopper conv2d kernels: 64/128-wide N tiles, K steps of
+  32 or 64 half-precision values); a 147-deep reduction (the 7x7 stem on 3 channels) fills 147
+  of 160 slots;
+* Tensor Cores take channels in multiples of 8 (the guide's "channels multiple of 8" rule):
+  cuDNN pads a 3-channel input to 8, so the stem does 8/3 of its useful work;
+* a grouped convolution packs several groups into one tile along N (CUTLASS's
+  multiple-groups-per-CTA mode), so the N tile holds ``G * K`` channels;
+* a depthwise convolution (one input channel per group) is not a GEMM: cuDNN runs it as a
+  direct, memory-bound kernel, priced by its bytes alone (work factor 0, the roofline's memory
+  term decides).
+
+``conv_work_factor`` is the multiplier on the op's even per-device FLOPs that turns the
+roofline's GEMM efficiency into this one (``attention_work_factor``'s convention). Pooling and
+resampling ops keep their element count as FLOPs: they are memory-bound, the roofline's bytes
+decide.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+
+from ..ir import Mesh, Op, Sharding, TensorType
+from .cluster import Cluster, get_cluster
+from .collectives import collective_time
+
+CONV_KINDS = ("convolution", "convolution_backward")
+TILE_N = 64
+"""Output channels per threadblock tile (the narrowest CUTLASS/cuDNN implicit-GEMM tile)."""
+TILE_K = 32
+"""Reduction step of a tile, in elements (one 64-byte half-precision K step)."""
+TENSOR_CORE_CHANNELS = 8
+"""Tensor Core kernels read input channels in groups of this many (padded)."""
+
+
+def _ceil(x: int, step: int) -> int:
+    return step * math.ceil(x / step)
+
+
+def implicit_gemm(op: Op) -> tuple[int, int, int, int, int]:
+    """``(M, N, K, groups, channels per group)`` of a convolution's forward implicit GEMM
+    (the backward's two GEMMs are its transposes, with the same tiles along channels)."""
+    types = [v.type for v in op.operands]
+    if op.kind == "convolution":
+        lhs, rhs, out = types[0], types[1], op.results[0].type
+        lhs_dims = tuple(op.attrs.get("lhs_dims", range(lhs.rank)))  # type: ignore[call-overload]
+        rhs_dims = tuple(op.attrs.get("rhs_dims", range(rhs.rank)))  # type: ignore[call-overload]
+        out_dims = tuple(op.attrs.get("out_dims", range(out.rank)))  # type: ignore[call-overload]
+    else:  # convolution_backward(grad_out, lhs, rhs): torch layouts
+        out, lhs, rhs = types[0], types[1], types[2]
+        lhs_dims = out_dims = tuple(range(lhs.rank))
+        rank = rhs.rank
+        rhs_dims = (1, 0, *range(2, rank)) if op.attrs.get("transposed") else tuple(range(rank))
+    groups = int(op.attrs.get("feature_group_count", 1))  # type: ignore[call-overload]
+    return _gemm(lhs, rhs, out, (lhs_dims, rhs_dims, out_dims), groups)
+
+
+def _gemm(lhs: TensorType, rhs: TensorType, out: TensorType, dims: tuple, groups: int) -> tuple:
+    lhs_dims, rhs_dims, out_dims = dims
+    taps = math.prod(rhs.shape[d] for d in rhs_dims[2:])
+    channels = lhs.shape[lhs_dims[1]] // max(groups, 1)
+    out_features = out.shape[out_dims[1]]
+    m = out.numel // max(out_features, 1)
+    return m, out_features // max(groups, 1), channels * taps, groups, channels
+
+
+def tile_utilisation(out_channels: int, in_channels: int, taps: int, groups: int = 1) -> float:
+    """Fraction of an implicit-GEMM kernel's tile slots holding data (per-group channel
+    counts); 0 for a depthwise convolution (no GEMM)."""
+    if groups > 1 and in_channels == 1:
+        return 0.0
+    packed_n = groups * out_channels
+    k = in_channels * taps
+    padded = _ceil(in_channels, TENSOR_CORE_CHANNELS) * taps
+    return (packed_n / _ceil(packed_n, TILE_N)) * (k / _ceil(padded, TILE_K))
+
+
+def conv_work_factor(op: Op, cluster: Cluster | str | None = None) -> float:
+    """Multiplier on a convolution's FLOPs for a roofline at GEMM efficiency (1 for other
+    ops; 0 for a depthwise convolution, which its bytes price): the tile quantisation, and
+    the cluster's ``conv_efficiency`` against its ``compute_efficiency`` where calibrated."""
+    if op.kind not in CONV_KINDS:
+        return 1.0
+    _, n, k, groups, channels = implicit_gemm(op)
+    used = tile_utilisation(n, channels, k // max(channels, 1), groups)
+    if used == 0:
+        return 0.0
+    kernel = 1.0
+    if cluster is not None:
+        c = get_cluster(cluster)
+        kernel = c.compute_efficiency / (c.conv_efficiency or c.compute_efficiency)
+    return kernel / used
+
+
+def halo_rows(kernel: int, dilation: int, stride: int, pad_lo: int) -> tuple[int, int]:
+    """Input rows a slab of output rows needs from the shard before and after its own: output
+    row ``o`` reads input rows ``o * stride - pad_lo + j * dilation`` (``j < kernel``), so a
+    slab whose input shard starts at ``o0 * stride`` reaches ``pad_lo`` rows back and
+    ``(kernel - 1) * dilation - pad_lo - (stride - 1)`` rows past its end (``(k - 1) * d`` in
+    all for stride 1: GSPMD's halo)."""
+    return pad_lo, (kernel - 1) * dilation - pad_lo - (stride - 1)
+
+
+def halo_time(op: Op, operands: Sequence[Sharding], mesh: Mesh, cluster: Cluster | str) -> float:
+    """Seconds of the halo exchanges a convolution split along its spatial rows needs: per
+    split spatial dim of the input, one collective-permute of the halo rows of the local
+    shard along the splitting axes (a backward exchanges two: the output gradient's rows for
+    the input gradient, the input's for the weight gradient). Exposed: the kernel waits."""
+    if op.kind not in CONV_KINDS or not operands:
+        return 0.0
+    backward = op.kind == "convolution_backward"
+    lhs, sharding = op.operands[int(backward)].type, operands[int(backward)]
+    rhs = op.operands[1 + int(backward)].type
+    total = 0.0
+    for i, d in enumerate(range(2, lhs.rank)):
+        axes = sharding.dims[d] if d < len(sharding.dims) else ()
+        if not axes:
+            continue
+        kernel = rhs.shape[d]
+        lo, hi = halo_rows(kernel, _nth(op, "rhs_dilation", i), _nth(op, "strides", i),
+                           _pad_lo(op, i))  # fmt: skip
+        local_rows = max(lhs.shape[d] // mesh.group_size(axes), 1)
+        row_bytes = lhs.nbytes / sharding.shard_count(mesh) / local_rows
+        exchange = (max(lo, 0) + max(hi, 0)) * row_bytes
+        total += collective_time("collective-permute", exchange, axes, mesh, cluster)
+    return total * (2 if backward else 1)
+
+
+def _nth(op: Op, key: str, i: int) -> int:
+    values = tuple(op.attrs.get(key, ()))  # type: ignore[call-overload]
+    return int(values[i]) if i < len(values) else 1
+
+
+def _pad_lo(op: Op, i: int) -> int:
+    pads = tuple(op.attrs.get("padding", ()))  # type: ignore[call-overload]
+    return int(pads[i][0]) if i < len(pads) else 0
