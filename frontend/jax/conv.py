@@ -10,21 +10,17 @@
   ``select_and_scatter_add`` (max-pool backward) -> ops of the same names (rules in
   ``ir/window.py``).
 
-Until the core registry has a ``convolution`` rule, ``convolution_rule`` below stands in:
-batch, output feature and feature groups pass through, the input feature is a reduction (a
-partial sum), every spatial dim needs replication (no halos); a batch-grouped conv (the weight
-gradient of a grouped conv) is kept whole, as XLA's partitioner computes it (measured: it
-all-gathers both operands rather than split the contraction). The core rule replaces it.
+The rules are the core registry's (``ir/conv.py``: batch and output features pass through,
+input features are a reduction, groups pass through, same-padded rows may split with a halo;
+``ir/window.py``: pooling windows).
 """
 
 from __future__ import annotations
 
-import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Sequence
 from typing import Any
 
-from ...ir import ShardingRule, TensorType, Value, op_info, register_rule
-from .rules import _Factors
+from ...ir import TensorType, Value
 
 
 def _ints(values: Sequence[Any] | None) -> tuple[int, ...]:
@@ -54,10 +50,7 @@ def conv_attrs(eqn: Any) -> dict[str, Any]:
 
 def lower_conv(em: Any, eqn: Any, ins: list[Value]) -> list[Value]:
     (out,) = [_type(v.aval) for v in eqn.outvars]
-    attrs = conv_attrs(eqn)
-    if op_info("convolution") is _STAND_IN:
-        attrs["flops"] = conv_flops(ins[0].type, ins[1].type, out, attrs)
-    return [em.one("convolution", ins, out, **attrs)]
+    return [em.one("convolution", ins, out, **conv_attrs(eqn))]
 
 
 def window_attrs(eqn: Any) -> dict[str, Any]:
@@ -101,75 +94,3 @@ def _type(aval: Any) -> TensorType:
     from .lower import ir_type
 
     return ir_type(aval)
-
-
-# -- the stand-in convolution rule -----------------------------------------------------------
-
-
-def conv_flops(
-    lhs: TensorType, rhs: TensorType, out: TensorType, attrs: Mapping[str, Any]
-) -> float:
-    """2 x output elements x input features per group x kernel window (multiply-adds)."""
-    rhs_dims = attrs["rhs_dims"]
-    window = math.prod(rhs.shape[d] for d in rhs_dims[2:])
-    return 2.0 * out.numel * rhs.shape[rhs_dims[1]] * window
-
-
-def convolution_rule(
-    ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Mapping[str, Any]
-) -> ShardingRule:
-    """Batch and output features pass through, input features are a reduction, feature groups
-    pass through, spatial dims need replication; a batch-grouped conv is kept whole."""
-    lhs, rhs, out = ins[0], ins[1], outs[0]
-    lb, lf, *ls = attrs["lhs_dims"]
-    ro, ri, *rs = attrs["rhs_dims"]
-    ob, of, *os_ = attrs["out_dims"]
-    groups, batch_groups = attrs["feature_group_count"], attrs["batch_group_count"]
-    fs = _Factors()
-    lhs_f: list[list[str]] = [[] for _ in lhs.shape]
-    rhs_f: list[list[str]] = [[] for _ in rhs.shape]
-    out_f: list[list[str]] = [[] for _ in out.shape]
-    # XLA's partitioner does not split the contraction of a batch-grouped conv (the weight
-    # gradient of a grouped one): it gathers both operands, so the rule keeps it whole.
-    cin = fs.new(rhs.shape[ri], batch_groups > 1)
-    g = fs.new(groups) if groups > 1 else None
-    lhs_f[lf] = [f for f in (g, cin) if f]
-    rhs_f[ri] = [cin]
-    if batch_groups > 1:  # out features and lhs batch both split by group: kept whole
-        lhs_f[lb] = [fs.new(lhs.shape[lb], True)]
-        rhs_f[ro] = [fs.new(rhs.shape[ro], True)]
-        out_f[ob] = [fs.new(out.shape[ob], True)]
-        out_f[of] = [fs.new(out.shape[of], True)]
-    else:
-        batch = fs.new(lhs.shape[lb])
-        cout = fs.new(rhs.shape[ro] // groups)
-        lhs_f[lb], out_f[ob] = [batch], [batch]
-        rhs_f[ro] = out_f[of] = [f for f in (g, cout) if f]
-    for dims, tensor, f in ((ls, lhs, lhs_f), (rs, rhs, rhs_f), (os_, out, out_f)):
-        for d in dims:
-            f[d] = [fs.new(tensor.shape[d], True)]
-    return _compound_rule(fs, [lhs_f, rhs_f], [out_f])
-
-
-def _compound_rule(
-    fs: _Factors, operands: list[list[list[str]]], results: list[list[list[str]]]
-) -> ShardingRule:
-    ones = {f for f, size in fs.sizes.items() if size == 1}  # a size-1 factor never splits
-    operands = [[[f for f in dim if f not in ones] for dim in t] for t in operands]
-    results = [[[f for f in dim if f not in ones] for dim in t] for t in results]
-    order: list[str] = []
-    for t in operands + results:
-        for dim in t:
-            order.extend(f for f in dim if f not in order)
-    return ShardingRule(
-        tuple(tuple(tuple(d) for d in t) for t in operands),
-        tuple(tuple(tuple(d) for d in t) for t in results),
-        tuple((f, fs.sizes[f]) for f in order),
-        frozenset(fs.need & set(order)),
-    )
-
-
-_STAND_IN: Any = None
-if op_info("convolution") is None:
-    register_rule("convolution", convolution_rule, flops="attr")
-    _STAND_IN = op_info("convolution")
