@@ -30,6 +30,11 @@ from ...ir import FrontendError, Role
 _ARRAYS = (jax.Array, np.ndarray, np.generic, jax.ShapeDtypeStruct, bool, int, float, complex)
 
 
+_PYTHON_SCALARS = (bool, int, float, complex)
+"""Traced in a plain pytree (as ``jax.jit`` does); static once a function's arguments are
+filtered, as ``eqx.is_array`` says."""
+
+
 def is_array(leaf: Any) -> bool:
     """Array-like leaves are traced; anything else (functions, strings) is static."""
     return isinstance(leaf, _ARRAYS) or hasattr(leaf, "aval")
@@ -122,9 +127,9 @@ class Filtered:
     def of(fn: Callable[..., Any], args: tuple[Any, ...]) -> Filtered | None:
         """None when every leaf is an array (the function is traced as it is)."""
         leaves, tree = jax.tree_util.tree_flatten(args)
-        mask = [is_array(leaf) for leaf in leaves]
-        if all(mask):
+        if all(is_array(leaf) for leaf in leaves):
             return None
+        mask = [is_array(leaf) and not isinstance(leaf, _PYTHON_SCALARS) for leaf in leaves]
         static = [None if m else leaf for leaf, m in zip(leaves, mask, strict=True)]
         return Filtered(fn, tree, static, mask)
 
