@@ -51,7 +51,10 @@ def _dims(
     for k, shape in enumerate(shapes):
         dims = []
         for d, size in enumerate(shape):
-            f = next(letters) if moved[d] else shared.setdefault(d, next(letters))
+            if moved[d]:
+                f = next(letters)
+            else:
+                f = shared[d] = shared.get(d) or next(letters)
             if moved[d] and k < len(shapes) - 1:
                 need.add(f)
             sizes[f] = size

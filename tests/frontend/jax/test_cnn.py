@@ -73,24 +73,6 @@ def test_convolution_rule_splits_batch_and_sums_input_features():
     assert cin not in rule.need_replication
 
 
-def test_pooling_windows_pass_batch_and_channels_only():
-    attrs = dict(
-        window=(1, 2, 2, 1), strides=(1, 2, 2, 1), padding=((0, 0),) * 4,
-        base_dilation=(1,) * 4, window_dilation=(1,) * 4,
-    )  # fmt: skip
-    rule = _rule("reduce_window_max", [(8, 16, 16, 4)], (8, 8, 8, 4), **attrs)
-    (x,), (out,) = rule.operands, rule.results
-    assert x[0] == out[0]
-    assert x[3] == out[3]
-    assert {x[1][0], x[2][0]} <= rule.need_replication
-    assert x[1] != out[1]
-    back = _rule("select_and_scatter_add", [(8, 8, 8, 4), (8, 16, 16, 4)], (8, 16, 16, 4), **attrs)
-    (src, operand), (res,) = back.operands, back.results
-    assert src[0] == operand[0] == res[0]
-    assert src[3] == res[3]
-    assert {operand[1][0], src[2][0]} <= back.need_replication
-
-
 _CELLS: dict[tuple[str, str, str], object] = {}
 
 
