@@ -426,6 +426,7 @@ def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
     planned) unless they were captured unrolled.
     """
     context = _context(plan)
+    name = getattr(fn, "__name__", "planned")
     filtered = None
     if context.filtered is not None:  # non-array leaves: jit the array part, recombine
         filtered = dataclasses.replace(context.filtered, fn=fn)
@@ -442,12 +443,12 @@ def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
         outs = walker.pin_outputs(outs)
         if walker.step != len(context.steps):
             raise FrontendError(
-                f"{getattr(fn, '__name__', fn)} traced to {walker.step} steps, the plan has "
+                f"{name} traced to {walker.step} steps, the plan has "
                 f"{len(context.steps)}; plan and run the same function"
             )
         return jax.tree_util.tree_unflatten(context.out_tree, outs)
 
-    planned.__name__ = getattr(fn, "__name__", "planned")
+    planned.__name__ = name
     jitted = jax.jit(
         planned,
         in_shardings=in_shardings(plan, jax_mesh),
