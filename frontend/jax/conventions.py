@@ -40,6 +40,11 @@ def is_array(leaf: Any) -> bool:
     return isinstance(leaf, _ARRAYS) or hasattr(leaf, "aval")
 
 
+def _dynamic(leaf: Any) -> bool:
+    """Traced once arguments are filtered (``eqx.is_array``): arrays, not Python scalars."""
+    return is_array(leaf) and not isinstance(leaf, _PYTHON_SCALARS)
+
+
 def _nnx() -> Any:
     """``flax.nnx`` if the user's program loaded it (never imported here otherwise)."""
     return sys.modules.get("flax.nnx")
@@ -129,7 +134,7 @@ class Filtered:
         leaves, tree = jax.tree_util.tree_flatten(args)
         if all(is_array(leaf) for leaf in leaves):
             return None
-        mask = [is_array(leaf) and not isinstance(leaf, _PYTHON_SCALARS) for leaf in leaves]
+        mask = [_dynamic(leaf) for leaf in leaves]
         static = [None if m else leaf for leaf, m in zip(leaves, mask, strict=True)]
         return Filtered(fn, tree, static, mask)
 
@@ -147,7 +152,7 @@ class Filtered:
         leaves = [next(arrays) if m else s for m, s in zip(self.mask, self.static, strict=True)]
         out = self.fn(*jax.tree_util.tree_unflatten(self.tree, leaves))
         out_leaves, self.out_tree = jax.tree_util.tree_flatten(out)
-        self.out_mask = [is_array(leaf) for leaf in out_leaves]
+        self.out_mask = [_dynamic(leaf) for leaf in out_leaves]
         self.out_static = [None if m else x for x, m in zip(out_leaves, self.out_mask, strict=True)]
         masked = [x if m else None for x, m in zip(out_leaves, self.out_mask, strict=True)]
         return jax.tree_util.tree_unflatten(self.out_tree, masked)

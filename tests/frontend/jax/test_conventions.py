@@ -16,6 +16,7 @@ import shardplan as sp
 from flax import nnx
 from shardplan.frontend.jax.capture import capture
 from shardplan.frontend.jax.emit import make_jax_mesh
+from shardplan.frontend.jax.hlo import check_plan_collectives
 from shardplan.ir import FrontendError, Role
 
 pytestmark = [pytest.mark.jax]
@@ -151,3 +152,53 @@ def test_linen_batch_stats_are_held_state_not_a_batch():
     assert roles["opt_state[0].mu['Conv_0']['kernel']"] is Role.OPTIMIZER_STATE
     assert roles["x"] is Role.INPUT
     assert len(graph.output_aliases) == len(graph.inputs) - 2  # params, stats, opt state
+
+
+class EqxCNN(eqx.Module):
+    """eqx.nn.Conv2d + MaxPool2d (its ``init`` is a Python float, its reduction a function:
+    both static under ``eqx.filter_jit``) + a linear head, on one CHW image (vmapped)."""
+
+    conv: eqx.nn.Conv2d
+    pool: eqx.nn.MaxPool2d
+    head: eqx.nn.Linear
+
+    def __init__(self, key):
+        k1, k2 = jax.random.split(key)
+        self.conv = eqx.nn.Conv2d(3, 8, 3, padding=1, key=k1)
+        self.pool = eqx.nn.MaxPool2d(2, 2)
+        self.head = eqx.nn.Linear(8 * 4 * 4, 10, key=k2)
+
+    def __call__(self, x):
+        return self.head(self.pool(jax.nn.relu(self.conv(x))).reshape(-1))
+
+
+def test_an_equinox_cnn_plans_data_parallel_and_runs_the_planned_collectives():
+    shapes = eqx.filter_eval_shape(EqxCNN, jax.random.PRNGKey(0))
+    arrays, static = eqx.partition(shapes, lambda x: isinstance(x, jax.ShapeDtypeStruct))
+    model = eqx.combine(jax_cnn.filled(arrays), static)
+    tx = optax.sgd(0.1, momentum=0.9)
+    opt_state = tx.init(eqx.filter(model, eqx.is_array))
+    x = jnp.asarray(np.random.default_rng(0).normal(size=(16, 3, 8, 8)), jnp.float32)
+    y = jnp.arange(16) % 10
+
+    def step(model, opt_state, x, y):
+        def loss_fn(m):
+            logits = jax.vmap(m)(x)
+            return optax.softmax_cross_entropy_with_integer_labels(logits, y).mean()
+
+        loss, grads = eqx.filter_value_and_grad(loss_fn)(model)
+        updates, opt_state = tx.update(grads, opt_state, eqx.filter(model, eqx.is_array))
+        return eqx.apply_updates(model, updates), opt_state, loss
+
+    args = (model, opt_state, x, y)
+    pins = {"x": sp.Sharding.of("dp", None, None, None)}
+    plan = sp.plan(step, *args, mesh=sp.Mesh(MESH), pins=pins)
+    convs = [i for i, op in enumerate(plan.graph.ops) if op.kind == "convolution"]
+    assert any(plan.assignments.get(i) for i in convs)  # the batch splits the convs
+    jitted = plan.jit(step, make_jax_mesh(plan))
+    got = jitted(*args)
+    assert got[0].pool.init == -jnp.inf  # static fields come back as they were
+    _assert_same(
+        eqx.filter(got, eqx.is_array), eqx.filter(eqx.filter_jit(step)(*args), eqx.is_array)
+    )
+    assert check_plan_collectives(plan, jitted, *args)
