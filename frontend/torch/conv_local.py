@@ -7,8 +7,11 @@ convolution; for those DTensor hands the kernel the local channels with the glob
 their planned layouts: ``groups`` becomes the number of groups a rank holds, and the results
 are the local shards of the planned result layouts (the rule says so for every factor it lets
 split). An output-only split of the spatial rows (the input whole) is computed whole and
-sliced (no collective). A bias runs as the IR has it: the convolution, then a broadcast add at
-the add's planned layouts.
+sliced (no collective). A row split of the input (the IR's halo split) runs with a halo
+exchange (``halo.py``): the neighbours' rows are fetched, the convolution runs unpadded along
+the rows on the extended slab, and the backward sends the halo rows' input gradient back. A
+bias runs as the IR has it: the convolution, then a broadcast add at the add's planned
+layouts.
 """
 
 from __future__ import annotations
@@ -17,6 +20,9 @@ from typing import Any
 
 import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
+
+from ...costmodel.conv import halo_rows
+from . import halo
 
 FORWARD = "aten.convolution.default"
 BACKWARD = "aten.convolution_backward.default"
@@ -48,22 +54,35 @@ def _local_groups(groups: int, x: Any) -> int:
     return groups * _local(x).shape[1] // x.shape[1]
 
 
-def _rows_split(x: Any) -> list[int]:
-    """Spatial dims of a convolution input the plan splits (a halo split)."""
-    if not isinstance(x, DTensor):
-        return []
-    return sorted({p.dim for p in x.placements if isinstance(p, Shard) and p.dim >= 2})
+def _halo(x: Any, w: Any, geometry: list) -> tuple[int, int, int, int] | None:
+    """``(dim, mesh dim, lo, hi)`` of the input's row split (a halo split), None without one.
+    ``geometry``: stride, padding, dilation, transposed, ... as the aten call has them."""
+    splits = halo.split_rows(x)
+    if not splits:
+        return None
+    stride, padding, dilation, transposed = (list(g) if isinstance(g, (list, tuple)) else g
+                                             for g in geometry[:4])  # fmt: skip
+    if len(splits) > 1 or transposed:
+        raise NotImplementedError(
+            f"convolution input split along rows {splits}: one row split of a plain "
+            "(not transposed) convolution is run with a halo exchange; pin the rest whole"
+        )
+    dim, mesh_dim = splits[0]
+    i = dim - 2
+    lo, hi = halo_rows(int(w.shape[dim]), int(dilation[i]), int(stride[i]), int(padding[i]))
+    if lo < 0 or hi < 0:
+        raise NotImplementedError(f"a row split whose halo is negative ({lo}, {hi})")
+    return dim, mesh_dim, lo, hi
+
+
+def _unpadded(padding: Any, dim: int) -> list[int]:
+    pads = list(padding)
+    pads[dim - 2] = 0  # the halo rows (or zeros at the ends) stand in for the padding
+    return pads
 
 
 def run(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict) -> Any:
     """The aten call ``step`` on local shards; results at their planned layouts."""
-    x = args[0] if step.target == FORWARD else args[1] if step.target == BACKWARD else None
-    if x is not None and _rows_split(x):
-        raise NotImplementedError(
-            f"{step.target}: the plan splits the input rows (dims {_rows_split(x)}, a halo "
-            "split); running it needs the halo exchange, which torch emission does not issue "
-            "yet. Plan with the rows pinned whole (sp.Pin) or a batch/channel split"
-        )
     if step.target == FORWARD:
         return _forward(follower, step, args)
     if step.target == BACKWARD:
@@ -90,7 +109,12 @@ def _forward(follower: Any, step: Any, args: tuple) -> DTensor:
     x, w, bias = args[:3]
     geometry = list(args[3:9])
     geometry[5] = _local_groups(int(args[8]), x)
-    y = torch.ops.aten.convolution.default(_local(x), _local(w), None, *geometry)
+    lhs, rows = _local(x), _halo(x, w, geometry)
+    if rows is not None:
+        dim, mesh_dim, lo, hi = rows
+        lhs = halo.extend(lhs, dim, lo, hi, x.device_mesh, mesh_dim)
+        geometry[1] = _unpadded(geometry[1], dim)
+    y = torch.ops.aten.convolution.default(lhs, _local(w), None, *geometry)
     value = follower.plan.graph.ops[step.ops[0]].results[0]
     name = value.name
     out = _wrap_planned(follower, y, value, step)
@@ -107,7 +131,14 @@ def _backward(follower: Any, step: Any, args: tuple) -> tuple:
     rest = list(args[3:])
     rest[0] = [_local(grad).shape[1]] if rest[0] is not None else None  # bias_sizes
     rest[6] = _local_groups(int(args[9]), x)
-    outs = torch.ops.aten.convolution_backward.default(_local(grad), _local(x), _local(w), *rest)
+    lhs, rows = _local(x), _halo(x, w, rest[1:5])
+    if rows is not None:
+        dim, mesh_dim, lo, hi = rows
+        lhs = halo.extend(lhs, dim, lo, hi, x.device_mesh, mesh_dim)
+        rest[2] = _unpadded(rest[2], dim)
+    outs = list(torch.ops.aten.convolution_backward.default(_local(grad), lhs, _local(w), *rest))
+    if rows is not None and outs[0] is not None:
+        outs[0] = halo.fold_back(outs[0], dim, lo, hi, x.device_mesh, mesh_dim)
     values = iter(follower.plan.graph.ops[step.ops[0]].results)
     return tuple(
         None if t is None else _wrap_planned(follower, t, next(values), step) for t in outs

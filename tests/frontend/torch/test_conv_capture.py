@@ -75,7 +75,7 @@ def _check_every_factor(rule, fn, operands, attrs_for_half) -> list[str]:  # typ
     for f in rule.factor_names:
         in_operands = any(f in d for t in rule.operands for d in t)
         if f in rule.need_replication or sizes[f] % 2 or not in_operands or f in halo:
-            continue  # a spatial split needs its halo rows: test_halo_split_...
+            continue  # a row split needs its halo (test_conv_plan: ..._split_rows_with_a_halo)
         shards = []
         for k in range(2):
             parts = [
