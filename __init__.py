@@ -18,13 +18,13 @@ from .ir import (
     TensorType,
     UnsupportedOpWarning,
 )
-from .ir.errors import ArgumentError, DefaultClusterWarning, IdleAxisWarning
+from .ir.errors import ArgumentError, IdleAxisWarning
 from .solver.plan import Plan, load_plan
+from .whatif import WhatIf, whatif
 
 __version__ = "0.1.0"
 __all__ = [
     "ArgumentError",
-    "DefaultClusterWarning",
     "Evaluation",
     "Graph",
     "IdleAxisWarning",
@@ -38,9 +38,11 @@ __all__ = [
     "ShardplanError",
     "TensorType",
     "UnsupportedOpWarning",
+    "WhatIf",
     "annotate",
     "evaluate",
     "load_plan",
     "plan",
     "strategies",
+    "whatif",
 ]  # fmt: skip

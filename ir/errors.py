@@ -32,10 +32,6 @@ class ArgumentError(ShardplanError, ValueError):
     keyword; the one-line message names the argument, the value and the fix."""
 
 
-class DefaultClusterWarning(UserWarning):
-    """A mesh without ``cluster=`` is planned on the synthetic ``cpu-test`` cluster."""
-
-
 class UnsupportedOpWarning(UserWarning):
     """An op has no sharding rule; it was given the safe all-need-replication rule."""
 

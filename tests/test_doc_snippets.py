@@ -58,7 +58,7 @@ from hf_llama import make
 from shardplan.frontend.torch import simulate
 from torch.distributed.device_mesh import init_device_mesh
 model, (batch,) = make(kv_heads=4)
-plan = sp.plan(model, batch, mesh=sp.Mesh({"dp": 2, "tp": 2}))
+plan = sp.plan(model, batch, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"))
 simulate.simulated_world(4)
 device_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
 simulate.local_ranks(4).__enter__()
@@ -79,7 +79,7 @@ from shardplan.frontend.torch.pipeline import (
 )
 model, (batch,) = make(layers=4)
 ids = batch["input_ids"]
-plan = sp.plan(model, batch, mesh=sp.Mesh({"pp": 2}), microbatches=2)
+plan = sp.plan(model, batch, mesh=sp.Mesh({"pp": 2}, cluster="cpu-test"), microbatches=2)
 simulate.simulated_world(2)
 rank = 0
 """,

@@ -14,7 +14,7 @@ pytestmark = pytest.mark.jax
 
 def test_evaluated_fsdp_plan_jits_and_matches_the_unsharded_step() -> None:
     step, args = jax_mlp.make()
-    mesh = sp.Mesh({"dp": 4, "tp": 2})
+    mesh = sp.Mesh({"dp": 4, "tp": 2}, cluster="cpu-test")
     ev = sp.evaluate(step, *args, mesh=mesh, strategy=sp.strategies.fsdp())
     plan = ev.plan
     # FSDP: every weight matrix is sharded over both data axes (dp and tp here)
