@@ -18,7 +18,7 @@ from .ir import (
     TensorType,
     UnsupportedOpWarning,
 )
-from .ir.errors import ArgumentError, IdleAxisWarning
+from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
 from .solver.plan import Plan, load_plan
 from .whatif import WhatIf, whatif
 
@@ -28,6 +28,7 @@ __all__ = [
     "Evaluation",
     "Graph",
     "IdleAxisWarning",
+    "IdleDevicesWarning",
     "InfeasiblePlanError",
     "Mesh",
     "Origin",
