@@ -54,7 +54,7 @@ def _data_parallel(graph, mesh, axes, pins, memory_limit, semantics) -> tuple[st
         split = {**_batch_split_activations(graph, inputs, axes), **(pins or {})}
         try:
             plan = _solve(graph, mesh, strategy, limit, CHECK_TIME_LIMIT, semantics, split)
-        except ShardplanError:  # does not fit, or a user pin contradicts it
+        except (ShardplanError, ValueError):  # does not fit, or a user pin contradicts it
             continue
         if _peak(plan) <= limit:
             return name, plan

@@ -310,6 +310,11 @@ def test_an_axis_the_plan_cannot_use_is_named_with_the_fix() -> None:
     assert "'tp'" not in text  # 8 divides by 2: leaving tp idle was the solver's choice
     assert "dp" in idle_axes(plan)
     assert "dp idle" in strategy_words(plan)
-    with warnings.catch_warnings():
-        warnings.simplefilter("error", sp.IdleAxisWarning)
+    with warnings.catch_warnings(record=True) as later:
+        warnings.simplefilter("always")
         sp.plan(make(batch=12, model=64, hidden=128), mesh=mesh)
+    idle = [w for w in later if issubclass(w.category, sp.IdleAxisWarning)]
+    # the batch divides: no axis is named as unusable; the tiny step's idle devices are said
+    # by the subclass, with the modelled reason (tests/test_idle_devices.py)
+    assert all(issubclass(w.category, sp.IdleDevicesWarning) for w in idle), idle
+    assert all("'dp' (size 3)" not in str(w.message) for w in idle)
