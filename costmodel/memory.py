@@ -76,14 +76,15 @@ class MemoryProfile:
 
     def __getitem__(self, kind: str) -> int:
         """Bytes of one kind at the peak: ``plan.memory_breakdown()["kv_cache"]``."""
-        try:
+        if kind in self.by_category:
             return self.by_category[kind]
-        except KeyError:
-            known = ", ".join(sorted(self.by_category)) or "none"
-            raise KeyError(f"no memory kind {kind!r} in this profile; kinds: {known}") from None
+        if kind in CATEGORIES:  # a kind nothing of which is live at the peak
+            return 0
+        known = ", ".join(sorted({*CATEGORIES, *self.by_category}))
+        raise KeyError(f"no memory kind {kind!r}; kinds: {known}")
 
     def __contains__(self, kind: object) -> bool:
-        return kind in self.by_category
+        return kind in self.by_category or kind in CATEGORIES
 
     def keys(self):  # type: ignore[no-untyped-def]
         """The memory kinds (``dict(profile.items())`` is ``by_category``)."""
