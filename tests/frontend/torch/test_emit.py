@@ -437,3 +437,26 @@ def test_apply_more_hf_families_matches_plain_model(case) -> None:  # type: igno
             strategy = getattr(sp.strategies, kind)("tp")
             plan = sp.evaluate(model, batch, mesh=mesh, strategy=strategy).plan
         _check_numerics(plan, model, (batch,))
+
+
+def test_prefer_throughput_plan_applies_as_data_parallel(examples) -> None:  # type: ignore[no-untyped-def]
+    """A tiny MLP on 4 H100s: the free plan repeats the whole step on every device (and says
+    so); ``prefer="throughput"`` splits the batch over both axes, and applied on simulated
+    ranks it gives the plain module's loss and gradients, reducing the gradients over dp×tp
+    (a reduce-scatter or all-reduce per gradient) as data parallelism does."""
+    from shardplan.solver.summary import batch_axes
+
+    model, inputs = examples["torch_mlp"].make(batch=16, dim=32, hidden=64)
+    mesh = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")
+    with pytest.warns(sp.IdleDevicesWarning, match="4 devices repeat the same work"):
+        free = sp.plan(model, *inputs, mesh=mesh, time_limit=10)
+    assert not batch_axes(free)
+    plan = sp.plan(model, *inputs, mesh=mesh, time_limit=10, prefer="throughput")
+    assert batch_axes(plan) == ["dp", "tp"]
+    assert plan.idle.free.step == free.step_time and plan.idle.split.step == plan.step_time
+    applied = _check_numerics(plan, model, inputs)
+    reductions = ("all-reduce", "reduce-scatter")
+    reduced = [n for (kind, axes, _), n in applied.observed.items()
+               if kind in reductions and axes == ("dp", "tp")]  # fmt: skip
+    params = len(list(model.parameters()))
+    assert sum(reduced) == params, simulate.collective_listing(applied.observed)
