@@ -92,25 +92,29 @@ def check_idle_devices(  # type: ignore[no-untyped-def]
     """``free`` with ``free.idle`` set when it leaves devices repeating the same work and the
     batch could be split; with ``prefer="throughput"`` the data-parallel plan instead (its
     ``idle`` records both). ``free`` unchanged when nothing is idle or nothing can split."""
-    from .solver.summary import idle_axes
+    from .solver.idle import REPEAT_THRESHOLD, work_repeats
+    from .solver.summary import batch_axes, idle_axes
 
-    axes = tuple(idle_axes(free))
-    if free.pipeline is not None or not axes:
+    if free.pipeline is not None or free.serving is not None:
         return free
     mesh = free.mesh
+    axes, work = tuple(idle_axes(free)), work_repeats(free)
     data_axes = split_axes(free.graph, mesh, skip=(pipeline_axis,))
-    if not set(axes) & set(data_axes):
-        return free  # the batch cannot use the idle axes (IdleAxisWarning says so)
+    unsplit = tuple(a for a in data_axes if a not in batch_axes(free))
+    whole = bool(set(axes) & set(data_axes))  # some axis splits nothing though it could
+    if not whole and (work < REPEAT_THRESHOLD or not unsplit):
+        return free  # nothing idle, or the batch cannot use it (IdleAxisWarning says so)
     semantics = getattr(free.frontend_context, "partial_semantics", None)
     found = _data_parallel(free.graph, mesh, data_axes, pins, memory_limit, semantics)
     if found is None:
         return free
     name, split = found
     cluster_floor = _kernel_floor(mesh)
+    shown = axes if whole else unsplit
+    repeats = math.prod(mesh.axis_size(a) for a in axes) if whole else int(work)
     idle = IdleDevices(
-        axes, math.prod(mesh.axis_size(a) for a in axes), data_axes, name, _times(free),
-        _times(split), cluster_floor,
-    )  # fmt: skip
+        shown, repeats, work, whole, data_axes, name, _times(free), _times(split), cluster_floor
+    )
     if prefer != "throughput":
         free.idle = idle
         return free

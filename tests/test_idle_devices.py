@@ -13,6 +13,7 @@ import pytest
 import shardplan as sp
 from shardplan.ir import Role
 from shardplan.models import TransformerConfig, training_step
+from shardplan.solver.idle import work_repeats
 from shardplan.solver.summary import batch_axes, idle_axes
 
 TINY = TransformerConfig("tiny", layers=1, hidden=32, heads=2, ffn=64, vocab=128, seq=16)
@@ -34,6 +35,7 @@ def test_tiny_model_plan_warns_that_devices_repeat_work() -> None:
     assert idle_axes(plan) == ["dp", "tp"] and not batch_axes(plan)
     idle = plan.idle
     assert idle.repeats == 4 and idle.chosen == "step" and idle.split_axes == ("dp", "tp")
+    assert idle.whole and idle.work == pytest.approx(4.0)
     assert idle.free.step == plan.step_time
     assert idle.free.step <= idle.split.step  # why the free plan left them idle
     assert idle.kernel_floor == pytest.approx(7e-6)
@@ -75,16 +77,31 @@ def _plan_quiet():  # type: ignore[no-untyped-def]
 
 
 def test_no_idle_warning_when_the_plan_shards() -> None:
-    """On the slow synthetic cluster the same step's compute pays for a split."""
+    """On the slow synthetic cluster, at batch 64, the same step's compute pays for a split:
+    the free plan is data parallel and the mesh computes the step once."""
     with warnings.catch_warnings():
         warnings.simplefilter("error", sp.IdleAxisWarning)
+        plan = sp.plan(
+            training_step(TINY, batch=64), mesh=sp.Mesh({"dp": 4}, cluster="cpu-test"),
+            time_limit=10,
+        )  # fmt: skip
+    assert batch_axes(plan) == ["dp"] and plan.idle is None
+    assert work_repeats(plan) == pytest.approx(1.0, abs=0.01)
+    assert "idle devices" not in str(plan)
+
+
+def test_partly_split_plan_that_repeats_most_work_says_so() -> None:
+    """At batch 8 on the synthetic cluster the free plan shards some parameters over dp but
+    not the batch: no axis is wholly idle, yet the mesh computes the step 2.5 times over."""
+    with pytest.warns(sp.IdleDevicesWarning, match=r"computes the step 2\.\d times over"):
         plan = sp.plan(
             training_step(TINY, batch=8), mesh=sp.Mesh({"dp": 4}, cluster="cpu-test"),
             time_limit=10,
         )  # fmt: skip
-    assert not idle_axes(plan) and plan.idle is None
-    assert any("dp" in layout.used_axes for layout in plan.shardings.values())
-    assert "idle devices" not in str(plan)
+    assert not idle_axes(plan) and not batch_axes(plan)
+    assert plan.idle.axes == ("dp",) and not plan.idle.whole
+    assert plan.idle.work == pytest.approx(work_repeats(plan)) and plan.idle.work >= 2
+    assert "the batch is not split over dp" in str(plan)
 
 
 def test_bad_prefer_is_one_line() -> None:
