@@ -193,6 +193,7 @@ def test_readme_memory_breakdown_by_kind_works() -> None:
     memory = plan.memory_breakdown()
     assert memory["kv_cache"] == memory.by_category.get("kv_cache", 0) == 0
     assert memory["parameters"] == memory.by_category["parameters"] > 0
-    assert "parameters" in memory and dict(memory.items()) == memory.by_category
-    with pytest.raises(KeyError, match="no memory kind 'kv_cach'; kinds: .*kv_cache"):
+    assert "parameters" in memory
+    assert dict(memory.items()) == memory.by_category
+    with pytest.raises(KeyError, match=r"no memory kind 'kv_cach'; kinds: .*kv_cache"):
         memory["kv_cach"]

@@ -32,10 +32,14 @@ def test_tiny_model_plan_warns_that_devices_repeat_work() -> None:
     message = str(caught[0].message)
     assert "4 devices repeat the same work" in message
     assert "prefer='throughput'" in message
-    assert idle_axes(plan) == ["dp", "tp"] and not batch_axes(plan)
+    assert idle_axes(plan) == ["dp", "tp"]
+    assert not batch_axes(plan)
     idle = plan.idle
-    assert idle.repeats == 4 and idle.chosen == "step" and idle.split_axes == ("dp", "tp")
-    assert idle.whole and idle.work == pytest.approx(4.0)
+    assert idle.repeats == 4
+    assert idle.chosen == "step"
+    assert idle.split_axes == ("dp", "tp")
+    assert idle.whole
+    assert idle.work == pytest.approx(4.0)
     assert idle.free.step == plan.step_time
     assert idle.free.step <= idle.split.step  # why the free plan left them idle
     assert idle.kernel_floor == pytest.approx(7e-6)
@@ -50,7 +54,8 @@ def test_prefer_throughput_splits_the_batch_over_every_axis() -> None:
     assert batch_axes(plan) == ["dp", "tp"]
     assert not idle_axes(plan)
     idle = plan.idle
-    assert idle.chosen == "throughput" and idle.strategy == "dp"
+    assert idle.chosen == "throughput"
+    assert idle.strategy == "dp"
     assert idle.split.step == plan.step_time > idle.free.step  # both modelled steps kept
     params = [v for v in plan.graph.inputs if v.role is Role.PARAMETER]
     assert all(not plan.shardings[v.name].used_axes for v in params)  # replicated: they fit
@@ -85,7 +90,8 @@ def test_no_idle_warning_when_the_plan_shards() -> None:
             training_step(TINY, batch=64), mesh=sp.Mesh({"dp": 4}, cluster="cpu-test"),
             time_limit=10,
         )  # fmt: skip
-    assert batch_axes(plan) == ["dp"] and plan.idle is None
+    assert batch_axes(plan) == ["dp"]
+    assert plan.idle is None
     assert work_repeats(plan) == pytest.approx(1.0, abs=0.01)
     assert "idle devices" not in str(plan)
 
@@ -98,12 +104,15 @@ def test_partly_split_plan_that_repeats_most_work_says_so() -> None:
             training_step(TINY, batch=8), mesh=sp.Mesh({"dp": 4}, cluster="cpu-test"),
             time_limit=10,
         )  # fmt: skip
-    assert not idle_axes(plan) and not batch_axes(plan)
-    assert plan.idle.axes == ("dp",) and not plan.idle.whole
-    assert plan.idle.work == pytest.approx(work_repeats(plan)) and plan.idle.work >= 2
+    assert not idle_axes(plan)
+    assert not batch_axes(plan)
+    assert plan.idle.axes == ("dp",)
+    assert not plan.idle.whole
+    assert plan.idle.work == pytest.approx(work_repeats(plan))
+    assert plan.idle.work >= 2
     assert "the batch is not split over dp" in str(plan)
 
 
 def test_bad_prefer_is_one_line() -> None:
-    with pytest.raises(sp.ArgumentError, match="prefer='fast'.*'throughput'"):
+    with pytest.raises(sp.ArgumentError, match=r"prefer='fast'.*'throughput'"):
         _plan(prefer="fast")

@@ -38,8 +38,10 @@ def test_prefer_throughput_plan_jits_as_data_parallel() -> None:
     with pytest.warns(sp.IdleDevicesWarning, match="repeat the same work"):
         free = sp.plan(step, *args, mesh=mesh, time_limit=10)
     plan = sp.plan(step, *args, mesh=mesh, time_limit=10, prefer="throughput")
-    assert not batch_axes(free) and batch_axes(plan) == ["dp", "tp"]
-    assert plan.idle.free.step == free.step_time and plan.idle.split.step == plan.step_time
+    assert not batch_axes(free)
+    assert batch_axes(plan) == ["dp", "tp"]
+    assert plan.idle.free.step == free.step_time
+    assert plan.idle.split.step == plan.step_time
     jitted = plan.jit(step, make_jax_mesh(plan))
     found = check_plan_collectives(plan, jitted, *args)
     assert any(c.kind in ("all-reduce", "reduce-scatter") for c in found)  # the gradients

@@ -453,7 +453,8 @@ def test_prefer_throughput_plan_applies_as_data_parallel(examples) -> None:  # t
     assert not batch_axes(free)
     plan = sp.plan(model, *inputs, mesh=mesh, time_limit=10, prefer="throughput")
     assert batch_axes(plan) == ["dp", "tp"]
-    assert plan.idle.free.step == free.step_time and plan.idle.split.step == plan.step_time
+    assert plan.idle.free.step == free.step_time
+    assert plan.idle.split.step == plan.step_time
     applied = _check_numerics(plan, model, inputs)
     reductions = ("all-reduce", "reduce-scatter")
     reduced = [n for (kind, axes, _), n in applied.observed.items()
