@@ -82,7 +82,9 @@ def plan(
         ``IdleDevicesWarning`` gives the modelled reason and both step times);
         ``"throughput"``: in that case the data-parallel plan instead (batch split over every
         axis that divides it, parameters replicated or FSDP-sharded as memory needs;
-        ``plan.idle`` has both step times; ``idle_devices.py``).
+        ``plan.idle`` has both step times; ``idle_devices.py``). Checked for a ``mesh=``
+        training or inference plan without a pipeline; a searched mesh and serving plans
+        are not checked.
       options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``,
         ``mode="decode", context_len=4096``);
         one the frontend does not take is an ``ArgumentError`` (a Graph takes none).
