@@ -191,6 +191,11 @@ def build_parser() -> argparse.ArgumentParser:
         "--full", action="store_true", help="print every input, op and reshard, not the summary"
     )
     plan.add_argument(
+        "--prefer", choices=("step", "throughput"), default="step",
+        help="step: the fastest modelled step (default); throughput: the data-parallel plan "
+        "when the fastest step leaves devices repeating the same work",
+    )  # fmt: skip
+    plan.add_argument(
         "--quiet", "-q", action="store_true", help="no progress lines on stderr (by default each "
         "planning phase prints one, with the seconds since the start)",
     )  # fmt: skip
@@ -415,6 +420,7 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 memory_limit=args.memory_limit,
                 time_limit=args.time_limit,
                 pins=dict(args.pin) or None,
+                prefer=args.prefer,
             )
         except ShardplanError:
             raise
