@@ -1,5 +1,6 @@
 """The sharding IR: meshes, types, shardings, factor rules, ops and graphs (no torch, no jax)."""
 
+from . import conv as _conv  # noqa: F401  (registers the convolution and pooling rules)
 from . import moe as _moe  # noqa: F401  (registers the mixture-of-experts rules)
 from . import regions as _regions  # noqa: F401  (registers the shard_map region rule)
 from .errors import (

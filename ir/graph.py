@@ -16,7 +16,7 @@ from .rules import ShardingRule
 from .sharding import Sharding
 from .types import TensorType
 
-AttrValue = int | float | str | bool | tuple[int, ...]
+AttrValue = int | float | str | bool | tuple[int, ...] | tuple[tuple[int, ...], ...]
 
 
 class Role(enum.Enum):

@@ -402,8 +402,22 @@ class Parser:
         if token.kind == "str":
             return self.parse_string("")
         if self.parse_optional_punct("["):
-            return tuple(self.parse_list("]", lambda: self.parse_int("in the list"), "in the list"))
+            if self.parse_optional_punct("[") is not None:  # [[1, 1], [0, 0]]: conv padding
+                rows = [self.parse_int_list()]
+                while self.parse_optional_punct(",") is not None:
+                    rows.append(self.parse_nested_int_list())
+                self.parse_punct("]", "closing the list of lists")
+                return tuple(rows)
+            return self.parse_int_list()
         raise self.error("expected an attribute value (int, float, string, bool or [ints])")
+
+    def parse_int_list(self) -> tuple[int, ...]:
+        """The rest of ``[1, 2]`` after its ``[``."""
+        return tuple(self.parse_list("]", lambda: self.parse_int("in the list"), "in the list"))
+
+    def parse_nested_int_list(self) -> tuple[int, ...]:
+        self.parse_punct("[", "opening an inner list")
+        return self.parse_int_list()
 
     def parse_rule_body(self) -> tuple[str, list[str], list[tuple[str, tuple[int, ...]]], dict]:
         self.parse_punct("<", "after 'rule'")

@@ -26,6 +26,7 @@ RuleBuilder = Callable[[Types, Types, Attrs], ShardingRule]
 FlopModel = (
     str  # "dot": 2 x product of factor sizes; "elementwise": result elements; "attention"; "none";
     # "attr": attrs["flops"]
+    | Callable[[Types, Types, Attrs], float]  # a function of the shapes (convolution)
 )
 
 
@@ -152,6 +153,8 @@ def op_flops(
     the key blocks above the diagonal (FlashAttention's count)."""
     info = _REGISTRY.get(kind)
     model = info.flops if info else "elementwise"
+    if callable(model):
+        return float(model(ins, outs, attrs or {}))
     if model == "dot":
         return 2.0 * math.prod(rule.size_of.values())
     if model in ("attention", "attention_backward"):

@@ -230,12 +230,12 @@ def _unknown(low: Lowering, node: fx.Node, name: str) -> Lowered:
     types = low.result_types(node)
     if not types:
         return None
-    results = low.emit(f"aten.{name}", low.tensors(node.args), types, safe=True)
-    return (
-        results[0]
-        if len(results) == 1 and not isinstance(node.meta.get("val"), (list, tuple))
-        else list(results)
-    )
+    results = iter(low.emit(f"aten.{name}", low.tensors(node.args), types, safe=True))
+    val = node.meta.get("val")
+    if not isinstance(val, (list, tuple)):
+        return next(results)
+    # None (or non-tensor) outputs keep their positions, so ``getitem`` indices stay right
+    return [next(results) if isinstance(v, torch.Tensor) else None for v in val]
 
 
 def add_input(low: Lowering, node: fx.Node, role: Role, path: str, module: str = "") -> None:

@@ -1,0 +1,206 @@
+"""Sharding rules of convolutions (XLA ``ConvGeneralDilated``) and pooling / resampling.
+
+``convolution(lhs, rhs) -> out`` follows XLA: ``attrs`` name the roles of the dims,
+``lhs_dims=(batch, feature, *spatial)``, ``rhs_dims=(out_feature, in_feature, *spatial)``,
+``out_dims=(batch, feature, *spatial)`` (indices into each tensor; torch NCHW is
+``(0, 1, 2, 3)`` for all three, Flax NHWC/HWIO is ``(0, 3, 1, 2)``, ``(3, 2, 0, 1)``,
+``(0, 3, 1, 2)``), plus ``strides``, ``padding`` (``(lo, hi)`` per spatial dim),
+``lhs_dilation``, ``rhs_dilation``, ``feature_group_count``, ``batch_group_count``. No bias: a
+bias is a broadcast ``add`` after it. The factors:
+
+* ``batch`` (lhs batch -> out batch) passes through;
+* ``out feature`` (rhs out_feature -> out feature) passes through (a column split);
+* ``in feature`` (lhs feature, rhs in_feature) is a reduction: split, the result is partial;
+* grouped convolutions (``feature_group_count = G > 1``, depthwise when every group has one
+  channel) get a *group* factor, major in the lhs feature, rhs out-feature and out feature dims,
+  that passes through: each device runs whole groups. ``batch_group_count = B > 1`` (XLA's weight
+  gradient of a grouped convolution) is the mirror image: the group factor is major in the lhs
+  batch dim and the out feature dim, and the per-group batch is the out batch;
+* kernel spatial dims and lhs spatial dims need replication; each out spatial dim is an
+  output-only factor: a device may compute a slab of output rows from the whole input (no halo
+  exchange). The group factor is read off the sizes, so a dim that holds one group's features
+  (torch's transposed weight ``[C_in, C_out / G, *k]``) gets just the per-group factor.
+
+``convolution_backward(grad_out, lhs, rhs) -> (grad_lhs?, grad_rhs?, grad_bias?)`` (torch's
+fused kernel, ``attrs["output_mask"]`` says which results exist, ``attrs["transposed"]`` which
+rhs dim is the out feature): the forward's factors, with the batch *summed* into the weight and
+bias gradients (a batch split leaves them partial: data parallelism's gradient all-reduce) and
+the out feature summed into the input gradient (a column split leaves it partial). The output
+spatial dims need replication here.
+
+FLOPs count multiply-adds that touch data (2 per MAC): a strided or dilated window skips
+nothing, a transposed convolution (``lhs_dilation > 1``) skips the inserted zeros, as cuDNN's
+data-gradient kernels do. The backward counts one forward per gradient it computes.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Iterator
+
+from .errors import IRVerifyError
+from .registry import Attrs, Types, _letter_stream, _make, register_rule, replicated_rule
+from .rules import ShardingRule
+from .types import TensorType
+
+
+def _dims(attrs: Attrs, key: str, rank: int) -> tuple[int, ...]:
+    dims = tuple(int(d) for d in attrs.get(key, range(rank)))  # type: ignore[call-overload]
+    if sorted(dims) != list(range(rank)):
+        raise IRVerifyError(
+            f"convolution {key}={dims} must name each of the {rank} dims once "
+            "(batch/out_feature, feature/in_feature, then the spatial dims)"
+        )
+    return dims
+
+
+class _Factors:
+    """Factor letters handed out with their sizes; size-1 factors are left out (a dim made of
+    nothing but them is an unmapped size-1 dim)."""
+
+    def __init__(self) -> None:
+        self.letters: Iterator[str] = _letter_stream()
+        self.sizes: dict[str, int] = {}
+
+    def new(self, size: int) -> str:
+        f = next(self.letters)
+        self.sizes[f] = size
+        return f
+
+    def dim(self, *factors: str) -> tuple[str, ...]:
+        return tuple(f for f in factors if self.sizes[f] != 1)
+
+
+def _groups(attrs: Attrs) -> tuple[int, int]:
+    g = int(attrs.get("feature_group_count", 1))  # type: ignore[call-overload]
+    b = int(attrs.get("batch_group_count", 1))  # type: ignore[call-overload]
+    if g < 1 or b < 1:
+        raise IRVerifyError(f"convolution group counts must be >= 1, got {g} and {b}")
+    return g, b
+
+
+def conv_factors(lhs: TensorType, rhs: TensorType, out: TensorType, attrs: Attrs) -> tuple:
+    """Per-dim factors of (lhs, rhs, out), the factor sizes, the spatial factors
+    (lhs, kernel, out) and the out-feature and batch factor dims."""
+    ld, rd, od = (_dims(attrs, k, t.rank) for k, t in zip(
+        ("lhs_dims", "rhs_dims", "out_dims"), (lhs, rhs, out), strict=True))  # fmt: skip
+    groups, batch_groups = _groups(attrs)
+    n_out, feat_out = out.shape[od[0]], out.shape[od[1]]
+    feat_in = lhs.shape[ld[1]]
+    g = groups if groups > 1 else batch_groups
+    if feat_in % groups or feat_out % g or lhs.shape[ld[0]] % batch_groups:
+        raise IRVerifyError(
+            f"convolution {lhs} x {rhs} -> {out}: features {feat_in} -> {feat_out} do not "
+            f"divide into {g} groups"
+        )
+    fs = _Factors()
+    gf = fs.new(g)
+    n, c, o = fs.new(n_out), fs.new(feat_in // groups), fs.new(feat_out // g)
+    lhs_f: list[tuple[str, ...]] = [()] * lhs.rank
+    rhs_f: list[tuple[str, ...]] = [()] * rhs.rank
+    out_f: list[tuple[str, ...]] = [()] * out.rank
+    lhs_f[ld[0]] = fs.dim(gf, n) if batch_groups > 1 else fs.dim(n)
+    lhs_f[ld[1]] = fs.dim(gf, c) if groups > 1 else fs.dim(c)
+    out_f[od[0]], out_f[od[1]] = fs.dim(n), fs.dim(gf, o)
+    rhs_f[rd[0]] = fs.dim(gf, o) if rhs.shape[rd[0]] == feat_out else fs.dim(o)
+    rhs_f[rd[1]] = fs.dim(gf, c) if rhs.shape[rd[1]] == feat_in and groups > 1 else fs.dim(c)
+    spatial: list[tuple[str, str, str]] = []
+    for dl, dr, do in zip(ld[2:], rd[2:], od[2:], strict=True):
+        x, k, y = fs.new(lhs.shape[dl]), fs.new(rhs.shape[dr]), fs.new(out.shape[do])
+        lhs_f[dl], rhs_f[dr], out_f[do] = fs.dim(x), fs.dim(k), fs.dim(y)
+        spatial.append((x, k, y))
+    _check_sizes(fs.sizes, (lhs, rhs, out), (lhs_f, rhs_f, out_f))
+    return lhs_f, rhs_f, out_f, fs.sizes, spatial, out_f[od[1]], fs.dim(n)
+
+
+def _check_sizes(sizes: dict[str, int], types: tuple, factors: tuple) -> None:
+    for t, dims in zip(types, factors, strict=True):
+        for size, dim in zip(t.shape, dims, strict=True):
+            if math.prod(sizes[f] for f in dim) != size:
+                raise IRVerifyError(
+                    f"convolution operand {t}: a dim of size {size} does not match the "
+                    f"feature/group sizes {[sizes[f] for f in dim]} (check lhs_dims/rhs_dims/"
+                    "out_dims and the group counts)"
+                )
+
+
+def convolution(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """XLA ConvGeneralDilated: see the module docstring."""
+    groups, batch_groups = _groups(attrs)
+    if groups > 1 and batch_groups > 1:  # XLA forbids it; stay safe rather than guess
+        return replicated_rule(ins, outs)
+    lhs_f, rhs_f, out_f, sizes, spatial, _, _ = conv_factors(ins[0], ins[1], outs[0], attrs)
+    need = {x for x, _, _ in spatial} | {k for _, k, _ in spatial}
+    return _make([lhs_f, rhs_f], [out_f], sizes, need)
+
+
+def convolution_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """(grad_out, lhs, rhs) -> the gradients named by ``output_mask``: see the module
+    docstring."""
+    grad, lhs, rhs = ins[0], ins[1], ins[2]
+    mask = tuple(bool(m) for m in attrs.get("output_mask", (True, True, True)))  # type: ignore[union-attr]
+    conv_attrs = {**attrs, "rhs_dims": _rhs_dims(attrs, rhs.rank)}
+    lhs_f, rhs_f, out_f, sizes, spatial, o_dim, n_dim = conv_factors(lhs, rhs, grad, conv_attrs)
+    candidates = [lhs_f, rhs_f, [o_dim]]
+    results = [candidates[i] for i in range(3) if mask[i]][: len(outs)]
+    need = {f for trio in spatial for f in trio}
+    in_results = {f for r in results for d in r for f in d}
+    summed = []
+    for factors in (n_dim, tuple(f for f in o_dim if f not in lhs_f[_feature(attrs)])):
+        for f in factors:
+            into = tuple(k for k, r in enumerate(results) if not any(f in d for d in r))
+            if f in in_results and into:
+                summed.append((f, into))
+    return _make([out_f, lhs_f, rhs_f], results, sizes, need, tuple(summed))
+
+
+def _feature(attrs: Attrs) -> int:
+    return int(tuple(attrs.get("lhs_dims", (0, 1)))[1])  # type: ignore[arg-type]
+
+
+def _rhs_dims(attrs: Attrs, rank: int) -> tuple[int, ...]:
+    """A torch weight: ``[out, in/G, *k]``, or ``[in, out/G, *k]`` when transposed."""
+    if "rhs_dims" in attrs:
+        return tuple(attrs["rhs_dims"])  # type: ignore[arg-type]
+    return (1, 0, *range(2, rank)) if attrs.get("transposed") else tuple(range(rank))
+
+
+def _kernel_volume(rhs: TensorType, rhs_dims: tuple[int, ...]) -> int:
+    return math.prod(rhs.shape[d] for d in rhs_dims[2:])
+
+
+def conv_macs(lhs: TensorType, rhs: TensorType, out: TensorType, attrs: Attrs) -> float:
+    """Multiply-adds that touch data: every out element sums its group's in features times the
+    kernel window; with ``lhs_dilation`` (a transposed convolution) every lhs element meets
+    every kernel tap for each out feature of its group instead (the zeros are skipped)."""
+    ld = _dims(attrs, "lhs_dims", lhs.rank)
+    rd = _dims(attrs, "rhs_dims", rhs.rank)
+    od = _dims(attrs, "out_dims", out.rank)
+    groups, batch_groups = _groups(attrs)
+    taps = _kernel_volume(rhs, rd)
+    if any(int(d) > 1 for d in attrs.get("lhs_dilation", ())):  # type: ignore[union-attr]
+        per_group_out = out.shape[od[1]] // (groups * batch_groups)
+        return float(lhs.numel // batch_groups * per_group_out * taps)
+    per_group_in = lhs.shape[ld[1]] // groups
+    return float(out.numel * per_group_in * taps)
+
+
+def convolution_flops(ins: Types, outs: Types, attrs: Attrs) -> float:
+    return 2.0 * conv_macs(ins[0], ins[1], outs[0], attrs)
+
+
+def convolution_backward_flops(ins: Types, outs: Types, attrs: Attrs) -> float:
+    """One forward's FLOPs per input/weight gradient computed, plus the bias gradient's sum."""
+    grad, lhs, rhs = ins[0], ins[1], ins[2]
+    mask = tuple(bool(m) for m in attrs.get("output_mask", (True, True, True)))  # type: ignore[union-attr]
+    rd = _rhs_dims(attrs, rhs.rank)
+    taps = _kernel_volume(rhs, rd)
+    if attrs.get("transposed"):
+        forward = 2.0 * lhs.numel * rhs.shape[1] * taps
+    else:
+        forward = 2.0 * grad.numel * rhs.shape[1] * taps
+    return forward * (int(mask[0]) + int(mask[1])) + (grad.numel if mask[2] else 0.0)
+
+
+register_rule("convolution", convolution, flops=convolution_flops)
+register_rule("convolution_backward", convolution_backward, flops=convolution_backward_flops)
