@@ -553,7 +553,7 @@ def _install_grad_hooks(plan: Plan, context: TorchContext, model: nn.Module) -> 
     params = dict(model.named_parameters())
     for fqn, grad_value in context.grad_values.items():
         param = params.get(fqn)
-        if param is None:
+        if param is None or not param.requires_grad:  # a frozen parameter has no gradient
             continue
         layout = consumed_layout(plan, grad_value, "optimizer")
         placements = placements_of(layout.without_partial(), plan.mesh, grad_value)
