@@ -204,3 +204,68 @@ def convolution_backward_flops(ins: Types, outs: Types, attrs: Attrs) -> float:
 
 register_rule("convolution", convolution, flops=convolution_flops)
 register_rule("convolution_backward", convolution_backward, flops=convolution_backward_flops)
+
+
+# -- pooling and resampling -------------------------------------------------------------------
+
+
+def windowed(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """Pooling / resampling (and their backwards) over ``attrs["window_dims"]``.
+
+    Every other dim (batch, channels) is one factor through all the tensors. A window dim
+    mixes neighbouring rows, so it needs replication in every operand; in the results it is an
+    output-only factor (one per distinct size, shared by results of that size: a max pool's
+    values and indices): a device may compute a slab of output rows from the whole input.
+    """
+    rank = max(t.rank for t in (*ins, *outs))
+    window = {int(d) % rank for d in attrs.get("window_dims", ())}  # type: ignore[union-attr]
+    fs = _Factors()
+    shared: dict[int, str] = {}
+    out_window: dict[tuple[int, int], str] = {}
+    need: set[str] = set()
+
+    def dims_of(t: TensorType, result: bool) -> list[tuple[str, ...]]:
+        dims: list[tuple[str, ...]] = []
+        for d, size in enumerate(t.shape):
+            if d in window and result:
+                f = out_window.setdefault((d, size), fs.new(size))
+            elif d in window or (d in shared and fs.sizes[shared[d]] != size):
+                f = fs.new(size)
+                need.add(f)
+            else:
+                f = shared.setdefault(d, fs.new(size))
+            dims.append(fs.dim(f))
+        return dims
+
+    if any(t.rank != rank for t in (*ins, *outs)):
+        raise IRVerifyError(
+            f"a pooling/resampling op needs operands and results of one rank, got "
+            f"{[str(t) for t in (*ins, *outs)]}"
+        )
+    operands = [dims_of(t, False) for t in ins]
+    results = [dims_of(t, True) for t in outs]
+    return _make(operands, results, fs.sizes, need)
+
+
+def pixel_shuffle(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """``[..., C*r*r, H, W] -> [..., C, H*r, W*r]``: leading dims, ``C`` and the rows and
+    columns (major in their output dims) pass through; the ``r`` factors need replication.
+    ``pixel_unshuffle`` is the inverse (``attrs["inverse"]``)."""
+    x = ins[0]
+    r = int(attrs["upscale_factor"])  # type: ignore[call-overload]
+    lead = "".join(FACTORS_LEAD[: x.rank - 3])
+    shuffled, spread = f"{lead}(cuv)hw", f"{lead}c(hu)(wv)"
+    spec = f"{spread}->{shuffled}" if attrs.get("inverse") else f"{shuffled}->{spread}"
+    shapes_in, shapes_out = [x.shape], [outs[0].shape]
+    return ShardingRule.from_spec(spec, shapes_in, shapes_out, "uv", sizes={"u": r, "v": r})
+
+
+FACTORS_LEAD = "abdefg"
+"""Letters of the leading (batch) dims of a pixel shuffle (``c h w u v`` are taken)."""
+
+for _kind in ("max_pool", "max_pool_backward", "adaptive_max_pool", "adaptive_max_pool_backward"):
+    register_rule(_kind, windowed)
+for _kind in """avg_pool avg_pool_backward adaptive_avg_pool adaptive_avg_pool_backward upsample
+upsample_backward""".split():
+    register_rule(_kind, windowed, linear=True)
+register_rule("pixel_shuffle", pixel_shuffle, flops="none", linear=True)

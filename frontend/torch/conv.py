@@ -11,10 +11,24 @@ on the high side), the weight's dims 1 and 0 as its out and in features. The fus
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 from torch import fx
 
 from ...ir import TensorType, Value
 from .lower import Lowered, Lowering
+
+Row = Callable[[Lowering, fx.Node], Lowered]
+
+
+def _single(low: Lowering, kind: str, operands: list[Value], node: fx.Node, **attrs) -> Value:  # type: ignore[no-untyped-def]
+    return low.emit(kind, operands, low.result_types(node)[:1], attrs)[0]
+
+
+def _multi(low: Lowering, kind: str, operands: list[Value], node: fx.Node, **attrs) -> list:  # type: ignore[no-untyped-def]
+    """Several results (a max pool's values and indices); None outputs stay None."""
+    results = iter(low.emit(kind, operands, low.result_types(node), attrs))
+    return [next(results) if hasattr(v, "shape") else None for v in node.meta["val"]]
 
 
 def _ints(value: object, n: int) -> tuple[int, ...]:
@@ -89,4 +103,90 @@ def convolution_backward(low: Lowering, node: fx.Node) -> Lowered:
     return [next(results) if p else None for p in present]
 
 
-TABLE = {"convolution": convolution, "convolution_backward": convolution_backward}
+def _spatial(name: str) -> int:
+    """1, 2 or 3 from ``max_pool2d_with_indices``, ``upsample_trilinear3d_backward``..."""
+    for n in (1, 2, 3):
+        if f"{n}d" in name:
+            return n
+    raise ValueError(f"no spatial rank in aten op name {name!r}")
+
+
+def window(kind: str, name: str) -> Row:
+    """A pooling / resampling op over the trailing spatial dims of its first tensor operand:
+    every tensor operand in order (grad, input, indices), one result or (values, indices)."""
+    spatial = _spatial(name)
+
+    def row(low: Lowering, node: fx.Node) -> Lowered:
+        operands = low.tensors(node.args)
+        rank = operands[0].type.rank
+        attrs = {"window_dims": tuple(range(rank - spatial, rank))}
+        if isinstance(node.meta.get("val"), (list, tuple)):
+            return _multi(low, kind, operands, node, **attrs)
+        return _single(low, kind, operands, node, **attrs)
+
+    return row
+
+
+def adaptive_avg_pool(name: str) -> Row:
+    """To size 1 everywhere (a classifier's global pool) it is a mean over the spatial dims,
+    whose backward spreads the gradient back (a broadcast): both get the reduction's factors
+    (a spatial split leaves partial sums, not replication). Else a window op."""
+    backward = name.endswith("_backward")
+    spatial = _spatial(name)
+    general = window("adaptive_avg_pool" + "_backward" * backward, name)
+
+    def row(low: Lowering, node: fx.Node) -> Lowered:
+        x = low.value(node.args[0])
+        out = low.result_types(node)[0]
+        small = x.type if backward else out
+        if any(d != 1 for d in small.shape[small.rank - spatial :]):
+            return general(low, node)
+        if backward:
+            return _single(low, "copy", [x], node)
+        axes = tuple(range(x.type.rank - spatial, x.type.rank))
+        return _single(low, "mean", [x], node, axes=axes)
+
+    return row
+
+
+def pixel_shuffle(inverse: bool) -> Row:
+    def row(low: Lowering, node: fx.Node) -> Value:
+        attrs = {"upscale_factor": int(node.args[1]), "inverse": inverse}  # type: ignore[call-overload]
+        return _single(low, "pixel_shuffle", [low.value(node.args[0])], node, **attrs)
+
+    return row
+
+
+POOLS = {
+    "max_pool": ("max_pool{n}d_with_indices", "max_pool{n}d_with_indices_backward"),
+    "avg_pool": ("avg_pool{n}d", "avg_pool{n}d_backward"),
+    "adaptive_max_pool": ("adaptive_max_pool{n}d", "adaptive_max_pool{n}d_backward"),
+    "upsample": tuple(
+        f"upsample_{mode}{{n}}d{suffix}"
+        for mode in ("nearest", "_nearest_exact", "linear", "bilinear", "bicubic", "trilinear")
+        for suffix in ("", "_backward")
+    ),
+}
+"""IR kind -> aten name patterns (the backward ones get the kind's ``_backward``)."""
+
+
+def _table() -> dict[str, Row]:
+    table: dict[str, Row] = {
+        "convolution": convolution,
+        "convolution_backward": convolution_backward,
+    }
+    for kind, patterns in POOLS.items():
+        for pattern in patterns:
+            for n in (1, 2, 3):
+                name = pattern.format(n=n).replace("upsample__", "_upsample_")
+                ir_kind = kind + ("_backward" if name.endswith("_backward") else "")
+                table[name] = window(ir_kind, name)
+    for n in (1, 2, 3):
+        for name in (f"_adaptive_avg_pool{n}d", f"_adaptive_avg_pool{n}d_backward"):
+            table[name] = adaptive_avg_pool(name)
+            table[name.lstrip("_")] = table[name]
+    table["pixel_shuffle"], table["pixel_unshuffle"] = pixel_shuffle(False), pixel_shuffle(True)
+    return table
+
+
+TABLE = _table()

@@ -42,7 +42,14 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
-from . import context_parallel, emit, nn_local, reshard, views  # modules: emit imports this one too
+from . import (  # modules: emit imports this one too
+    context_parallel,
+    conv_local,
+    emit,
+    nn_local,
+    reshard,
+    views,
+)
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
@@ -336,6 +343,8 @@ class PlanFollower(TorchDispatchMode):
             out = self._attention(func, args, kwargs, qkv)
         elif step.target in _MATMUL_ADD:
             out = self._matmul_add(step, args, kwargs)
+        elif conv_local.handles(self.plan, step):  # local shards: groups per rank, halos
+            out = conv_local.run(self, step, func, args, kwargs)
         elif step.target in VIEW_CALLS and (local := _local_view(args)) is not None:
             out = local
         elif step.target in _EMPTY and step.results[0] in self.fill_layout:

@@ -1,0 +1,115 @@
+"""Convolutions run on each rank's local shards while ``follow_plan`` replays a step.
+
+DTensor's convolution rule knows batch splits. The IR rule (``ir/conv.py``) also splits
+output channels, input channels (a pending sum), and the groups of a grouped or depthwise
+convolution; for those DTensor hands the kernel the local channels with the global
+``groups`` (a wrong count). So the call runs here on the local shards of the operands at
+their planned layouts: ``groups`` becomes the number of groups a rank holds, and the results
+are the local shards of the planned result layouts (the rule says so for every factor it lets
+split). An output-only split of the spatial rows (the input whole) is computed whole and
+sliced (no collective). A bias runs as the IR has it: the convolution, then a broadcast add at
+the add's planned layouts.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from torch.distributed.tensor import DTensor, Replicate, Shard
+
+FORWARD = "aten.convolution.default"
+BACKWARD = "aten.convolution_backward.default"
+WINDOW_KINDS = frozenset(
+    """max_pool max_pool_backward adaptive_max_pool adaptive_max_pool_backward
+avg_pool avg_pool_backward adaptive_avg_pool adaptive_avg_pool_backward upsample
+upsample_backward""".split()
+)
+"""IR kinds of ``ir.conv.windowed``: batch and channels split, spatial output-only splits."""
+
+
+def handles(plan: Any, step: Any) -> bool:
+    """Whether the aten call ``step`` runs here: a convolution, or a pooling / resampling op
+    lowered to a window op (DTensor has no strategy for most of their backwards)."""
+    if step.target in (FORWARD, BACKWARD):
+        return True
+    return bool(step.ops) and plan.graph.ops[step.ops[0]].kind in WINDOW_KINDS
+
+
+def _local(t: Any) -> Any:
+    return t.to_local() if isinstance(t, DTensor) else t
+
+
+def _local_groups(groups: int, x: Any) -> int:
+    """Groups held by a rank: the input channels are (group, channel in group), group major,
+    so a split channel dim is a split of the groups."""
+    if groups == 1 or not isinstance(x, DTensor):
+        return groups
+    return groups * _local(x).shape[1] // x.shape[1]
+
+
+def run(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """The aten call ``step`` on local shards; results at their planned layouts."""
+    if step.target == FORWARD:
+        return _forward(follower, step, args)
+    if step.target == BACKWARD:
+        return _backward(follower, step, args)
+    return _window(follower, step, func, args, kwargs)
+
+
+def _window(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict) -> Any:
+    """A pool / resample call on the local batch and channel shards. The backward of an
+    upsample names the input's global size: its batch and channels become the local ones."""
+    local_args = [_local(a) for a in args]
+    if "upsample" in step.target and "backward" in step.target:
+        grad = local_args[0]
+        size = list(local_args[2])
+        local_args[2] = [grad.shape[0], grad.shape[1], *size[2:]]
+    out = func(*local_args, **{k: _local(v) for k, v in kwargs.items()})
+    values = iter(follower.plan.graph.ops[step.ops[0]].results)
+    if isinstance(out, torch.Tensor):
+        return _wrap_planned(follower, out, next(values), step)
+    return tuple(_wrap_planned(follower, t, next(values), step) for t in out)
+
+
+def _forward(follower: Any, step: Any, args: tuple) -> DTensor:
+    x, w, bias = args[:3]
+    geometry = list(args[3:9])
+    geometry[5] = _local_groups(int(args[8]), x)
+    y = torch.ops.aten.convolution.default(_local(x), _local(w), None, *geometry)
+    value = follower.plan.graph.ops[step.ops[0]].results[0]
+    name = value.name
+    out = _wrap_planned(follower, y, value, step)
+    if bias is None:
+        return out
+    add = step.ops[-1]
+    out = follower._to(out, follower._placements(
+        follower.plan.operand_shardings.get((add, 0)), name), step)  # fmt: skip
+    return out + bias.reshape(bias.shape[0], *([1] * (out.ndim - 2)))
+
+
+def _backward(follower: Any, step: Any, args: tuple) -> tuple:
+    grad, x, w = args[:3]
+    rest = list(args[3:])
+    rest[0] = [_local(grad).shape[1]] if rest[0] is not None else None  # bias_sizes
+    rest[6] = _local_groups(int(args[9]), x)
+    outs = torch.ops.aten.convolution_backward.default(_local(grad), _local(x), _local(w), *rest)
+    values = iter(follower.plan.graph.ops[step.ops[0]].results)
+    return tuple(
+        None if t is None else _wrap_planned(follower, t, next(values), step) for t in outs
+    )
+
+
+def _wrap_planned(follower: Any, local: torch.Tensor, value: Any, step: Any) -> DTensor:
+    """``local`` (this rank's result) as a DTensor at the planned layout of IR ``value``. A
+    planned spatial split the local result does not have (the rows were computed whole) is
+    made by slicing."""
+    want = tuple(follower._placements(None, value.name))
+    shape = value.type.shape
+    have = tuple(
+        Replicate() if isinstance(p, Shard) and p.dim >= 2 and local.shape[p.dim] == shape[p.dim]
+        else p
+        for p in want
+    )  # fmt: skip
+    out = follower._wrap(local, have)
+    return out if have == want else follower._to(out, want, step)
