@@ -34,6 +34,7 @@ ACTIVATION_NAMES = frozenset({
     "logsigmoid", "selu", "celu",
 })  # fmt: skip
 RNN_CALLS = frozenset({torch.lstm, torch.gru, torch.rnn_tanh, torch.rnn_relu})
+CONVS = frozenset({F.conv1d, F.conv2d, F.conv3d})
 
 
 def _whole(x: DTensor) -> DTensor:
@@ -72,6 +73,8 @@ def _intercept(func: Any, args: tuple, kwargs: dict) -> Any:
         return group_norm(*args, **kwargs)
     if func in RNN_CALLS:
         return rnn(func, args)
+    if func in CONVS:
+        return conv(func, *args, **kwargs)
     if getattr(func, "__name__", "") in ACTIVATION_NAMES:
         return elementwise(func, args, kwargs)
     return NotImplemented
@@ -219,6 +222,45 @@ def rnn(func: Any, args: tuple) -> tuple:
     for h, like in zip(out[1:], states, strict=True):
         results.append(_wrap(h, moved, state_layout, tuple(like.shape)))
     return tuple(results)
+
+
+def conv(func: Any, x: DTensor, weight: Any, bias: Any = None, stride: Any = 1,
+         padding: Any = 0, dilation: Any = 1, groups: int = 1) -> DTensor:  # fmt: skip
+    """A convolution on the rank's batch rows and, for a depthwise one (Mamba's conv1d), its
+    channels: each rank holds whole groups, so it runs with the groups it holds. DTensor's
+    rule would treat a channel split as a spatial one (``tp_conv``: "expected bias ... 128
+    elements, got [16]") or refuse a batch split over two mesh dims. Other splits (input
+    channels of a dense convolution, spatial dims) are gathered first."""
+    x = _whole(x)
+    depthwise = groups > 1 and groups == x.shape[1]
+    mesh = x.device_mesh
+    layout = []
+    for p in x.placements:
+        keep = isinstance(p, Shard) and (p.dim == 0 or (p.dim == 1 and depthwise))
+        layout.append(p if keep else Replicate())
+    split = math.prod(mesh.size(i) for i, p in enumerate(layout) if p == Shard(1))
+    if x.shape[1] % split or weight.shape[0] % split:
+        layout, split = [Shard(0) if p == Shard(0) else Replicate() for p in layout], 1
+    layout_t = tuple(layout)
+    moved = x.redistribute(placements=layout_t) if tuple(x.placements) != layout_t else x
+    weight_layout = tuple(Shard(0) if p == Shard(1) else Replicate() for p in layout_t)
+    grads = tuple(Partial() if p == Shard(0) else q for p, q in zip(layout_t, weight_layout,
+                                                                    strict=True))  # fmt: skip
+    w, b = (_local_weight(t, weight_layout, grads) for t in (weight, bias))
+    local = func(moved.to_local(), w, b, stride, padding, dilation, groups // split)
+    shape = list(local.shape)
+    for i, p in enumerate(layout_t):
+        if isinstance(p, Shard):
+            shape[p.dim] *= mesh.size(i)
+    return _wrap(local, moved, layout_t, shape)
+
+
+def _local_weight(w: Any, layout: Placements, grads: Placements) -> Any:
+    """A parameter at ``layout`` as its local shard, its gradient at ``grads``."""
+    if not isinstance(w, DTensor):
+        return w
+    moved = w.redistribute(placements=layout) if tuple(w.placements) != layout else w
+    return moved.to_local(grad_placements=grads)
 
 
 def _state_local(h: Any, like: DTensor, layout: Placements) -> torch.Tensor:
