@@ -126,15 +126,27 @@ def strided_view(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     passing = set()
     for d in range(x.rank):
         for i in range(out.rank):
-            if size[i] != x.shape[d] or stride[i] != own[d] or x.shape[d] == 1:
-                continue
-            reach = [
-                (n - 1) * s for j, (n, s) in enumerate(zip(size, stride, strict=True)) if j != i
-            ]
-            if offset + sum(reach) < own[d]:
-                result[i] = operand[d]
-                passing.add(operand[d][0])
+            if size[i] == x.shape[d] > 1 and stride[i] == own[d]:
+                if _slab_local(size, stride, offset, i, own[d], own[d] * x.shape[d]):
+                    result[i] = operand[d]
+                    passing.add(operand[d][0])
     return _make([operand], [result], sizes, set(sizes) - passing)
+
+
+def _slab_local(size: tuple, stride: tuple, offset: int, i: int, slab: int, block: int) -> bool:
+    """Result dim ``i`` walks the operand dim of stride ``slab`` (``block``: its whole extent)
+    and every other result dim stays inside one slab (inner: its reach plus the offset is
+    under ``slab``) or steps over whole blocks (outer: a stride that is a multiple of
+    ``block``), so slice ``k`` of dim ``i`` reads slab ``k`` only."""
+    inner = offset
+    for j, (n, s) in enumerate(zip(size, stride, strict=True)):
+        if j == i or n == 1:
+            continue
+        if s < slab:
+            inner += (n - 1) * s
+        elif s % block:
+            return False
+    return inner < slab
 
 
 ACTIVATIONS = """hardswish hardswish_backward hardsigmoid hardsigmoid_backward softplus
