@@ -126,10 +126,10 @@ def strided_view(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     passing = set()
     for d in range(x.rank):
         for i in range(out.rank):
-            if size[i] == x.shape[d] > 1 and stride[i] == own[d]:
-                if _slab_local(size, stride, offset, i, own[d], own[d] * x.shape[d]):
-                    result[i] = operand[d]
-                    passing.add(operand[d][0])
+            walks = size[i] == x.shape[d] > 1 and stride[i] == own[d]
+            if walks and _slab_local(size, stride, offset, i, own[d], own[d] * x.shape[d]):
+                result[i] = operand[d]
+                passing.add(operand[d][0])
     return _make([operand], [result], sizes, set(sizes) - passing)
 
 

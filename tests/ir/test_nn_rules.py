@@ -24,7 +24,8 @@ def test_batch_norm_apply_passes_every_dim() -> None:
     rule = rule_for("batch_norm_apply", [X, C, C, C, C], [X], {})
     assert rule.results[0] == rule.operands[0]
     assert all(t == ((rule.operands[0][1][0],),) for t in rule.operands[1:])
-    assert not rule.reduction and not rule.need_replication
+    assert not rule.reduction
+    assert not rule.need_replication
 
 
 def test_batch_norm_backward_reduce_sums_over_the_batch() -> None:
@@ -40,7 +41,8 @@ def test_group_norm_splits_the_batch_and_sums_weight_gradients() -> None:
     assert forward.need_replication == set(forward.factor_names) - {n}
     backward = rule_for("group_norm_backward", [X, X, stats, stats, C], [X, C, C], {"groups": 2})
     assert backward.summed == ((n, (1, 2)),)
-    assert backward.partial_factors(1) == {n} and backward.partial_factors(0) == set()
+    assert backward.partial_factors(1) == {n}
+    assert backward.partial_factors(0) == set()
 
 
 def test_rnn_layer_splits_only_the_batch() -> None:
@@ -53,7 +55,8 @@ def test_rnn_layer_splits_only_the_batch() -> None:
                     [out, hidden, hidden, empty], attrs)  # fmt: skip
     b = rule.operands[0][1][0]
     assert rule.need_replication == set(rule.factor_names) - {b}
-    assert rule.results[0][1] == (b,) and rule.results[1][0] == (b,)
+    assert rule.results[0][1] == (b,)
+    assert rule.results[1][0] == (b,)
     grads = rule_for(
         "rnn_layer", [seq, w_ih, out], [seq, w_ih], {"batch": (1, -1, 1, 1, -1), "summed": (1,)}
     )
@@ -76,11 +79,13 @@ def test_strided_view_passes_dims_read_slab_by_slab() -> None:
     rule = rule_for("strided_view", [x], [TensorType((8, 4, 4, 3))], attrs)
     b, c, _ = (d[0] for d in rule.operands[0])
     assert rule.results[0][:2] == ((b,), (c,))
-    assert b not in rule.need_replication and c not in rule.need_replication
+    assert b not in rule.need_replication
+    assert c not in rule.need_replication
     crossing = {"size": (8, 3, 8), "stride": (24, 6, 1), "offset": 0}  # a row reads the next
     rule = rule_for("strided_view", [x], [TensorType((8, 3, 8))], crossing)
     b, c, _ = (d[0] for d in rule.operands[0])
-    assert c in rule.need_replication and rule.results[0][0] == (b,)
+    assert c in rule.need_replication
+    assert rule.results[0][0] == (b,)
     beyond = {"size": (8, 4, 8), "stride": (24, 6, 1), "offset": 0}  # the last row: next sample
     rule = rule_for("strided_view", [x], [TensorType((8, 4, 8))], beyond)
     assert rule.need_replication == set(rule.factor_names)
