@@ -301,6 +301,8 @@ def run_step(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict,
             n = 3 if ops[0].kind == "group_norm" else 5
             local_args = (*local_args[:n], local_args[1].shape[0] if n == 5 else
                           local_args[0].shape[0], *local_args[n + 1 :])  # fmt: skip
+        if step.target == RNN_BACKWARD:
+            local_args = _fresh_workspace(local_args)
         out = func(*local_args, **local_kwargs)
         return _wrap_results(follower, step, out)
     env = {name: t for name, t in zip(step.operands, moved, strict=True) if name is not None}
@@ -309,6 +311,22 @@ def run_step(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict,
     mask = args[9] if "backward" in step.target else (True, True, True)
     names = iter(step.results)
     return tuple(env.get(next(names) or "") if wanted else None for wanted in mask)
+
+
+RNN_BACKWARD = "aten.mkldnn_rnn_layer_backward.default"
+
+
+def _fresh_workspace(a: tuple) -> tuple:
+    """The backward's arguments with the workspace of a forward run on these very rows.
+
+    The kernel's workspace depends on the batch rows a rank ran; when the plan moves the
+    backward's operands to another batch split than the forward's, the saved one does not fit
+    (the kernel aborts). The forward is run again on the backward's local operands."""
+    forward = torch.ops.aten.mkldnn_rnn_layer.default
+    # backward: (input, w0..w3, hx, cx, out, hy, cy, g_out, g_hy, g_cy, reverse, mode,
+    # hidden_size, num_layers, has_biases, train, bidirectional, batch_sizes, batch_first, ws)
+    again = forward(*a[:7], a[13], a[20], a[14], a[15], a[16], a[17], a[19], a[21], a[18])
+    return (*a[:-1], again[3])
 
 
 def _to_local(tree: Any) -> Any:
