@@ -393,6 +393,7 @@ class PlanFollower(TorchDispatchMode):
             return False  # a broadcasting or casting copy stays in place
         return (
             isinstance(target, DTensor)
+            and not target._is_view()  # a write into a view must reach its base: in place
             and name is not None
             and step.operands[0] is not None
             and not same_layout(tuple(target.placements), self._placements(None, name))
