@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
-from . import fallback, follow, local, reshard, views
+from . import fallback, follow, local, lookup, reshard, views
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -288,8 +288,7 @@ class _ApplyMode(TorchFunctionMode):
             if out is not None:
                 return out
         elif func is F.embedding and len(args) > 1 and isinstance(args[1], DTensor):
-            table = one_vocab_split(args[1])
-            args = (ids_for_lookup(args[0], table), table, *args[2:])
+            return embedding(*args, **kwargs)
         elif func is F.scaled_dot_product_attention:
             out = local_attention(func, args, kwargs)
             if out is not None:
@@ -329,6 +328,16 @@ _IN_PLACE_ADDS = frozenset({torch.Tensor.add_, torch.Tensor.sub_})
 _MATMULS = frozenset({
     torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm,
 })  # fmt: skip
+
+
+def embedding(ids: Any, table: DTensor, *args: Any, **kwargs: Any) -> Any:
+    """A lookup into a DTensor table: the project's (``lookup.py``) where the rows are split
+    and the call is a plain lookup; otherwise DTensor's, one vocabulary split at most."""
+    out = lookup.embedding(ids, table, *args, **kwargs)
+    if out is not None:
+        return out
+    table = one_vocab_split(table)
+    return F.embedding(ids_for_lookup(ids, table), table, *args, **kwargs)
 
 
 def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
