@@ -42,7 +42,14 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
-from . import context_parallel, emit, fallback, reshard, views  # modules: emit imports this one too
+from . import (
+    context_parallel,
+    emit,
+    fallback,
+    lookup,
+    reshard,
+    views,
+)  # modules: emit imports this one too
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
@@ -50,6 +57,7 @@ _MATMUL_ADD = {"aten.addmm.default": torch.ops.aten.mm, "aten.baddbmm.default": 
 _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 """Run-time calls that ``make_fx`` records under another name."""
 _ADD = "aten.add.Tensor"
+_EMBEDDING = "aten.embedding.default"
 _CLONE = "aten.clone.default"
 _COPY = "aten.copy_.default"
 _IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
@@ -345,6 +353,8 @@ class PlanFollower(TorchDispatchMode):
             self.plan.graph.ops[i].operands for i in step.ops
         ):
             out = self._fill_at(func, args, kwargs, step)
+        elif step.target == _EMBEDDING and lookup.fits(*args[:2]):
+            out = lookup.masked_lookup(args[1], args[0])[0]  # the project's, not DTensor's
         elif step.target == "aten.cat.default" and len(args[0]) == 1:
             out = torch.ops.aten.clone.default(args[0][0])  # DTensor would gather the cat dim
         else:
@@ -359,7 +369,11 @@ class PlanFollower(TorchDispatchMode):
         args, kwargs = call
         if step.target == "aten.cat.default":
             args = (without_legacy_empty(args[0]), *args[1:])
-        if step.target == "aten.embedding.default" and isinstance(args[0], DTensor):
+        if (
+            step.target == _EMBEDDING
+            and isinstance(args[0], DTensor)
+            and not lookup.fits(*args[:2])
+        ):
             table = emit.one_vocab_split(args[0])  # DTensor's mask: one vocabulary split
             if table is not args[0]:
                 self.deviations.append(f"{step.target}: table gathered to {table.placements}")
@@ -513,10 +527,10 @@ class PlanFollower(TorchDispatchMode):
         if same_layout(have, want):
             return t
         fixed = tuple(
-            h if isinstance(w, Partial) and isinstance(h, Shard) else w
+            h if isinstance(w, Partial) and isinstance(h, (Shard, Replicate)) else w
             for h, w in zip(have, want, strict=True)
         )
-        if fixed != want:  # DTensor cannot turn a shard into a pending sum
+        if fixed != want:  # DTensor cannot turn a shard or a whole value into a pending sum
             self.deviations.append(f"{step.target}: cannot move {have} to {want}")
         moved, as_priced = reshard.reshard(t, fixed, self.plan.mesh)
         if not as_priced:

@@ -80,27 +80,47 @@ def _first_rows(table: DTensor) -> torch.Tensor:
     return whole.to_local()[:1]
 
 
+def masked_lookup(ids: DTensor, table: DTensor) -> tuple[DTensor, torch.Tensor, torch.Tensor]:
+    """The lookup with each rank's rows (module docstring, third case): the result (a plain
+    pending sum on the row-split mesh dims), the local row index and the mask of local ids."""
+    local_table = table.to_local()
+    index = ids.to_local() - _first_rows(table)
+    hit = (index >= 0) & (index < local_table.shape[0])
+    index = torch.where(hit, index, torch.zeros_like(index))
+    out = F.embedding(index, local_table) * hit.unsqueeze(-1).to(local_table.dtype)
+    placements = [
+        Partial() if _rows(t) else Shard(ids.ndim) if isinstance(t, Shard) else i
+        for t, i in zip(table.placements, ids.placements, strict=True)
+    ]
+    shape = (*ids.shape, table.shape[1])
+    result = DTensor.from_local(out, table.device_mesh, placements, run_check=False,
+                                shape=torch.Size(shape), stride=_contiguous(shape))  # fmt: skip
+    return result, index, hit
+
+
+def fits(table: Any, ids: Any) -> bool:
+    """Whether ``aten.embedding(table, ids)`` at the layouts ``follow_plan`` moved them to is a
+    masked lookup (rows split, ids whole wherever the table is split): the follower runs it
+    so, as DTensor's lookup makes a ``MaskPartial`` no planned pending sum may be moved to."""
+    if not (isinstance(table, DTensor) and isinstance(ids, DTensor)):
+        return False
+    return any(_rows(p) for p in table.placements) and not any(
+        isinstance(t, Shard) and not isinstance(i, Replicate)
+        for t, i in zip(table.placements, ids.placements, strict=True)
+    )
+
+
 class _MaskedLookup(torch.autograd.Function):
     """A lookup into a table whose rows are split, ids whole on those mesh dims."""
 
     @staticmethod
     def forward(ctx: Any, ids: DTensor, table: DTensor, padding_idx: int | None) -> DTensor:  # type: ignore[override]
-        local_table = table.to_local()
-        index = ids.to_local() - _first_rows(table)
-        hit = (index >= 0) & (index < local_table.shape[0])
-        index = torch.where(hit, index, torch.zeros_like(index))
-        out = F.embedding(index, local_table) * hit.unsqueeze(-1).to(local_table.dtype)
-        placements = [
-            Partial() if _rows(t) else Shard(ids.ndim) if isinstance(t, Shard) else i
-            for t, i in zip(table.placements, ids.placements, strict=True)
-        ]
+        out, index, hit = masked_lookup(ids, table)
         if padding_idx is not None:  # no gradient for the padding row
             hit = hit & (ids.to_local() != padding_idx % table.shape[0])
         ctx.index, ctx.hit = index, hit  # plain: not through apply's saved-tensor hooks
-        ctx.table, ctx.placements = table, placements
-        shape = (*ids.shape, table.shape[1])
-        return DTensor.from_local(out, table.device_mesh, placements, run_check=False,
-                                  shape=torch.Size(shape), stride=_contiguous(shape))  # fmt: skip
+        ctx.table, ctx.placements = table, out.placements
+        return out
 
     @staticmethod
     def backward(ctx: Any, grad: DTensor) -> tuple:  # type: ignore[override]
