@@ -177,10 +177,9 @@ def _capture(
     except FrontendError:
         raise
     except Exception as exc:  # tracing failures surface as one typed error with the cause
-        raise FrontendError(
-            f"could not trace {type(model).__name__} with make_fx ({type(exc).__name__}: {exc}); "
-            "hint: the forward must run on fake tensors (no data-dependent Python control flow)"
-        ) from exc
+        from .diagnose import trace_failure
+
+        raise FrontendError(trace_failure(model, exc)) from exc
     graph = Graph(name or type(model).__name__)
     context = TorchContext(mode=mode, tied=traced.tied, optimizer=spec, serving=shape)
     context.module_kinds = {path: _kind(m) for path, m in model.named_modules()}
