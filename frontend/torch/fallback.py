@@ -5,18 +5,18 @@ a sharding strategy registered") for ops outside its registry: ``fill_.Tensor`` 
 Face's ``_shift_right`` / ``shift_tokens_right``), ``_embedding_bag`` (``nn.EmbeddingBag``),
 ``mkldnn_rnn_layer`` (``nn.LSTM`` on CPU), ``transpose_`` (``nn.GRU``) and their backwards.
 Before ``plan.apply`` or ``follow_plan`` runs a captured step, every traced aten op without a
-strategy gets one (DTensor's public ``register_sharding``), forward and backward alike:
+strategy gets one (of the kind ``register_sharding`` takes), forward and backward alike:
 
-- ops elementwise in their first operand (``_ELEMENTWISE``: a fill) run on local shards at that
+- ops elementwise in their first operand (``_LOCAL``: a fill) run on local shards at that
   operand's layout, the other operands whole;
 - every other op runs whole: its operands are gathered (DTensor's redistribution, pending sums
   reduced), it computes on every rank, and its results are replicated (a later planned layout is
-  a local slice). The IR gives such an op the all-``need_replication`` rule
-  (``ir/rules.py``: an unknown op), so the plan prices exactly these gathers.
+  a local slice). The IR gives such an op the all-``need_replication`` rule (an unknown op), so
+  the plan prices exactly these gathers.
 
-An in-place op on a split tensor cannot be run whole (DTensor keeps an in-place target's
-placements); it gets the elementwise strategy only when it is elementwise, and otherwise
-DTensor's own error names it.
+In-place views (``transpose_``: ``torch.Tag.inplace_view``) change a DTensor's shape, which no
+strategy can describe: ``emit`` reruns a torch function DTensor refuses on whole plain tensors
+(``run_whole``), its backward too.
 """
 
 from __future__ import annotations
