@@ -43,10 +43,10 @@ LAYOUTS = {
 }
 """Each layout pins every table to that sharding (rows, columns)."""
 MESH = sp.Mesh({"dp": 2, "tp": 2})
-EXAMPLES = 40
+EXAMPLES = 100
 """One example is one simulated forward + backward on 4 ranks (``LocalTensorMode``), about
-0.8-1.2 s on the 2-core CI machine: 40 keep the file near a minute (500 were run once by hand,
-all green; see the commit message)."""
+0.3 s on the shared 2-core machine: 100 take ~50 s with the capture and the four plans
+(500 were run by hand once, all green, in 700 s under load)."""
 
 
 class _Lookups(nn.Module):
