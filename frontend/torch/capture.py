@@ -82,6 +82,9 @@ class TorchContext:
     optimizer: optim.OptimizerSpec = field(default_factory=optim.OptimizerSpec)
     steps: list[AtenStep] = field(default_factory=list)
     """Every aten call of the step in execution order (marks and ``getitem`` left out)."""
+    traced_ops: frozenset[str] = frozenset()
+    """Every aten overload the trace called (kept when ``steps`` is emptied): the ops
+    ``fallback.py`` checks DTensor's strategies for."""
     stamped: bool = False
     """Layers past the third were stamped, not traced: ``steps`` is empty (no replay)."""
     pins: dict[str, Sharding] = field(default_factory=dict)
@@ -175,10 +178,9 @@ def _capture(
     except FrontendError:
         raise
     except Exception as exc:  # tracing failures surface as one typed error with the cause
-        raise FrontendError(
-            f"could not trace {type(model).__name__} with make_fx ({type(exc).__name__}: {exc}); "
-            "hint: the forward must run on fake tensors (no data-dependent Python control flow)"
-        ) from exc
+        from .diagnose import trace_failure
+
+        raise FrontendError(trace_failure(model, exc)) from exc
     graph = Graph(name or type(model).__name__)
     context = TorchContext(mode=mode, tied=traced.tied, optimizer=spec, serving=shape)
     context.module_kinds = {path: _kind(m) for path, m in model.named_modules()}
@@ -240,6 +242,7 @@ def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
             add_input(low, node, Role.CONSTANT, node.target, module=low.module_of.get(node, ""))
     _record_marks(context, low.marks, traced.pins)
     _set_outputs(traced, graph, low, context)
+    context.traced_ops = frozenset(s.target for s in context.steps)
     if low.fold_broadcast_weights and _erase_dead_views(graph):
         context.steps = []  # op indices moved: a serving step is not replayed by follow_plan
 
