@@ -87,6 +87,9 @@ class TorchContext:
     optimizer: optim.OptimizerSpec = field(default_factory=optim.OptimizerSpec)
     steps: list[AtenStep] = field(default_factory=list)
     """Every aten call of the step in execution order (marks and ``getitem`` left out)."""
+    traced_ops: frozenset[str] = frozenset()
+    """Every aten overload the trace called (kept when ``steps`` is emptied): the ops
+    ``fallback.py`` checks DTensor's strategies for."""
     stamped: bool = False
     """Layers past the third were stamped, not traced: ``steps`` is empty (no replay)."""
     pins: dict[str, Sharding] = field(default_factory=dict)
@@ -288,6 +291,7 @@ def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
             add_input(low, node, Role.CONSTANT, node.target, module=low.module_of.get(node, ""))
     _record_marks(context, low.marks, traced.pins)
     _set_outputs(traced, graph, low, context)
+    context.traced_ops = frozenset(s.target for s in context.steps)
     if low.fold_broadcast_weights and _erase_dead_views(graph):
         context.steps = []  # op indices moved: a serving step is not replayed by follow_plan
 

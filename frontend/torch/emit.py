@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
-from . import follow, inputs, local, reshard, views
+from . import fallback, follow, inputs, local, reshard, views
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -193,6 +193,7 @@ def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
     """
     context = context_of(plan)
     check_mesh(plan, device_mesh)
+    fallback.ensure_strategies(context.traced_ops)  # ops DTensor cannot shard run whole
     flattened_meshes(device_mesh)  # multi-axis collectives run as one (see there)
     _distribute_parameters(plan, context, model, device_mesh)
     _install_root_hooks(plan, context, model, device_mesh)
@@ -301,7 +302,20 @@ class _ApplyMode(TorchFunctionMode):
             return linear(*args, **kwargs)
         elif func in _IN_PLACE_ADDS and len(args) > 1 and isinstance(args[0], DTensor):
             args = (args[0], pending_like(args[0], args[1]), *args[2:])
+        return _call(func, args, kwargs)
+
+
+def _call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func``, or - when DTensor has no strategy for one of its aten ops - ``func`` on whole
+    tensors (``fallback.run_whole``; outside the follower's replay: it computes no planned
+    layout)."""
+    try:
         return func(*args, **kwargs)
+    except NotImplementedError as error:
+        if not fallback.is_unsupported(error):
+            raise
+    with follow.paused():
+        return fallback.run_whole(func, args, kwargs, follow.paused)
 
 
 _CATS = frozenset({torch.cat, torch.concat, torch.concatenate})

@@ -42,7 +42,7 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
-from . import context_parallel, emit, reshard, views  # modules: emit imports this one too
+from . import context_parallel, emit, fallback, reshard, views  # modules: emit imports this one too
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
@@ -120,6 +120,7 @@ class PlanFollower(TorchDispatchMode):
                 "this plan's capture stamped repeated layers instead of tracing them, so there "
                 "is no aten call list to follow; plan with stamp_layers=False to use follow_plan"
             )
+        fallback.ensure_strategies(context.traced_ops)  # ops DTensor cannot shard run whole
         replayed = [s for s in context.steps if s.module != "optimizer"]
         self.steps = [s for s in replayed if not s.identity]
         self.same: dict[str, str] = {}
