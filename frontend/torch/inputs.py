@@ -16,6 +16,7 @@ model may be called positionally or by keyword, whatever the example call did.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 import enum
 import inspect
 from collections.abc import Callable, Iterator, Mapping
@@ -24,7 +25,6 @@ from typing import Any
 import torch
 from torch import nn
 
-from ...ir import FrontendError
 from ...ir.errors import ArgumentError
 
 _CONSTANTS = (
@@ -71,9 +71,14 @@ def accepts_keyword(model: nn.Module, key: str) -> bool:
     names = named_parameters(signature)
     if key in names:
         return True
-    from ...validate import did_you_mean
-
     return takes_any_keyword(signature) and not did_you_mean(key, names)
+
+
+def did_you_mean(name: str, known: list[str]) -> str:
+    """`` did you mean 'x'?`` for a near miss of a ``forward`` parameter, else ``""``."""
+    folded = [k for k in known if k.lower() == name.lower()]
+    close = folded or difflib.get_close_matches(name, known, n=1, cutoff=0.6)
+    return f" did you mean {close[0]!r}?" if close else ""
 
 
 # -- binding --------------------------------------------------------------------------------
@@ -137,8 +142,6 @@ def _check_binding(
             "loss_inputs=(y,) with loss_fn=fn(output, y); other inputs go by name "
             f"({', '.join(n + '=' for n in names[:4]) or 'no names'})"
         )
-    from ...validate import did_you_mean
-
     for key in kwargs:
         if key in names:
             continue
@@ -276,14 +279,17 @@ def _copy_mapping(tree: Mapping) -> Any:
         return dict(tree)
 
 
-def binding_text(leaves: list[tuple[str, torch.Tensor]]) -> str:
-    """``input_ids=[8, 16] int64, labels=[8, 16] int64``: how the example inputs bound."""
-    return (
-        ", ".join(
-            f"{path}={list(t.shape)} {str(t.dtype).removeprefix('torch.')}" for path, t in leaves
+def example_tensor(shape: tuple[int, ...], dtype: str) -> torch.Tensor:
+    """A CLI example input (``--input input_ids=8x128:int64``): zeros of an integer or bool
+    dtype (valid token ids), normal samples of a floating one; planning reads only the shape."""
+    kind = getattr(torch, dtype, None)
+    if not isinstance(kind, torch.dtype):
+        raise ArgumentError(
+            f"unknown dtype {dtype!r}; use a torch dtype name like int64, float32 or bfloat16"
         )
-        or "no tensors"
-    )
+    if kind.is_floating_point:
+        return torch.randn(shape, dtype=kind)
+    return torch.zeros(shape, dtype=kind)
 
 
 def capture_hint(exc: BaseException) -> str:
@@ -312,12 +318,15 @@ def check_loss_inputs(loss_fn: Any, loss_inputs: Any) -> tuple:
 
 
 __all__ = [
-    "FrontendError",
     "accepts_keyword",
     "bind",
-    "binding_text",
     "capture_hint",
+    "check_loss_inputs",
+    "example_tensor",
     "forward_signature",
     "map_tensors",
+    "map_tree",
+    "named_parameters",
     "tensor_leaves",
+    "tree_tensors",
 ]
