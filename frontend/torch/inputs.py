@@ -109,7 +109,7 @@ def _fold_keyword_dict(
         names = named_parameters(signature)
         taken = set(names[: len(args) - 1])
         known = all(k in names or takes_any_keyword(signature) for k in last)
-        if not known or taken & set(last):
+        if not known or taken & set(last) or _unfilled(signature, len(args) - 1, {*last, *kwargs}):
             return args, kwargs
     elif len(args) > 1:
         return args, kwargs
@@ -119,6 +119,19 @@ def _fold_keyword_dict(
             f"example input {twice[0]!r} is given twice (in the dict and as {twice[0]}=)"
         )
     return args[:-1], {**last, **kwargs}
+
+
+def _unfilled(signature: inspect.Signature, given: int, keys: set) -> list[str]:
+    """Required parameters that neither the first ``given`` positionals nor ``keys`` fill:
+    then a trailing dict is that positional input (``forward(self, batch, **kwargs)``)."""
+    params = list(signature.parameters.values())
+    return [
+        p.name
+        for p in params[given:]
+        if p.default is inspect.Parameter.empty
+        and p.kind in (inspect.Parameter.POSITIONAL_ONLY, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+        and p.name not in keys
+    ]
 
 
 def _check_binding(

@@ -139,6 +139,22 @@ def test_pytree_inputs_are_graph_inputs_by_path() -> None:
     assert [v.origin.path for v in graph.inputs if v.role.value == "input"] == context.input_slots
 
 
+class DictBatch(nn.Module):
+    """``forward(batch, **kwargs)``: one dict is the batch, not keywords."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.a = nn.Linear(4, 4)
+
+    def forward(self, batch, **kwargs):  # type: ignore[no-untyped-def]
+        return self.a(batch["x"])
+
+
+def test_a_dict_for_a_required_positional_is_that_input() -> None:
+    _, context = capture(DictBatch(), {"x": torch.randn(8, 4)})
+    assert context.input_slots == ["batch['x']"]
+
+
 def _simulated(plan: sp.Plan):  # type: ignore[no-untyped-def]
     simulate.simulated_world(plan.mesh.size)
     sizes = tuple(plan.mesh.shape[a] for a in plan.mesh.axis_names)
