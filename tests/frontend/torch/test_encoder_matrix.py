@@ -96,16 +96,24 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
 MESHES = {"8": {"dp": 8}, "2x4": {"dp": 2, "tp": 4}, "2x2x2": {"dp": 2, "fsdp": 2, "tp": 2}}
 KINDS = ("free", "fsdp", "megatron")
 ALL_CELLS = [(family, mesh, kind) for mesh in MESHES for family in FAMILIES for kind in KINDS]
-CI_CELLS = [
+ROTATED = [
     (family, mesh, KINDS[(i + j) % len(KINDS)])
     for j, mesh in enumerate(MESHES)
     for i, family in enumerate(FAMILIES)
 ]
-"""Every family on every mesh once, the kinds rotated (each kind 4 times): one cell costs
-about 25 s on the loaded 2-core machine (a ``follow_plan`` step of a 1-layer model on 8
-simulated ranks is most of it), so the 36 cells of the full matrix (about 15 minutes) run
-with ``SHARDPLAN_FULL_MATRIX=1`` and CI runs these 12."""
-CELLS = ALL_CELLS if os.environ.get("SHARDPLAN_FULL_MATRIX") else CI_CELLS
+"""Every family on every mesh once, the kinds rotated (each kind 4 times): the 12 cells
+measured (the other 24 of ``ALL_CELLS`` were not run to the end)."""
+CI_CELLS = [
+    ("bert", "8", "free"), ("roberta", "8", "fsdp"), ("t5", "2x4", "free"),
+    ("bart", "2x4", "fsdp"), ("bert", "2x2x2", "megatron"), ("roberta", "2x2x2", "free"),
+]  # fmt: skip
+"""Six of ``ROTATED``: each family, mesh and kind at least once. A cell costs about 50 s on
+the loaded 2-core machine (two steps of a 1-layer model on 8 simulated ranks, most of it
+``follow_plan``'s), so CI runs these (about 5 minutes loaded); ``SHARDPLAN_ENCODER_MATRIX=rotated``
+runs the 12 (about 10 minutes), ``=all`` the 36."""
+CELLS = {"all": ALL_CELLS, "rotated": ROTATED}.get(
+    os.environ.get("SHARDPLAN_ENCODER_MATRIX", ""), CI_CELLS
+)
 
 
 @dataclass
@@ -243,13 +251,19 @@ _MASK_PARTIAL = (
     "MaskPartial (torch 2.13 _redistribute: 'from one partial type ... is unsupported')"
 )
 _VIEW = "a view of a split dim: 'view size is not compatible with input tensor's size and stride'"
+_T5_TP8 = (
+    "T5 with 8 heads on tp=8: apply: 'view size is not compatible'; follow_plan: the relative "
+    "position bias reshaped as '[1, 1, 8, 8]' from a tensor of size 512"
+)
 APPLY_GAPS_XFAIL: dict[tuple[str, str, str], str] = {
+    ("t5", "8", "megatron"): _T5_TP8,
     ("bert", "2x4", "fsdp"): _MASK_PARTIAL,
     ("bart", "2x2x2", "megatron"): _MASK_PARTIAL,
     ("t5", "2x2x2", "fsdp"): _VIEW,
 }
 """Cells whose applied plan does not run or differs (strict xfails), as measured."""
 FOLLOW_GAPS: dict[tuple[str, str, str], str] = {
+    ("t5", "8", "megatron"): _T5_TP8,
     ("bart", "8", "free"): _SHIFT,
     ("t5", "2x4", "free"): _SHIFT,
     ("bart", "2x4", "fsdp"): _SHIFT,
