@@ -263,7 +263,7 @@ FOLLOW_GAPS: dict[tuple[str, str, str], str] = {
 }
 """Cells whose followed plan differs from the plain model (strict xfails), as measured.
 BART's and T5's label shift (``shifted[:, 1:] = labels[:, :-1]``, a ``copy_`` into a view)
-lost its write under ``follow_plan`` until the follower kept writes into views in place
+lost its write under ``follow_plan`` until the follower kept copies into views in place
 (``follow.Follower._relayout``): the decoder read ``[2, 0, 0, ...]``, BART's loss on (8,) was
 4.1663 against 4.1289."""
 
