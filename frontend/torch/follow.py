@@ -387,8 +387,6 @@ class PlanFollower(TorchDispatchMode):
         and the target takes the result (``_assign``). HF Falcon's ``mlp_output +=
         attention_output`` adds a pending sum the plan reduce-scatters first."""
         name = step.results[0] if step.results else None
-        if step.target == _COPY and target._is_view():
-            return False  # a copy into a view (x[:, 1:] = y) stays in place: it reaches the base
         if step.target == _COPY and not (
             len(step.operands) == 2 and self._same_type(step.operands[0], step.operands[1])
         ):

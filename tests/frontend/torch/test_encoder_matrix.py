@@ -241,6 +241,11 @@ def _cell(family: str, mesh: str, kind: str) -> tuple[Family, sp.Plan]:
     return _family(family), _PLANS[key]
 
 
+_SHIFT = (
+    "follow_plan's loss differs when the decoder inputs are shifted from the labels inside "
+    "forward (new_zeros, a slice copy_, a select fill_, masked_fill_): BART on (8,) free 4.1663 "
+    "against 4.1289; the same model given decoder_input_ids explicitly matches exactly"
+)
 _MASK_PARTIAL = (
     "apply: DTensor cannot redistribute the position-embedding lookup's Partial(sum) to its "
     "MaskPartial (torch 2.13 _redistribute: 'from one partial type ... is unsupported')"
@@ -259,13 +264,18 @@ APPLY_GAPS_XFAIL: dict[tuple[str, str, str], str] = {
 """Cells whose applied plan does not run or differs (strict xfails), as measured."""
 FOLLOW_GAPS: dict[tuple[str, str, str], str] = {
     ("t5", "8", "megatron"): _T5_TP8,
+    ("bart", "8", "free"): _SHIFT,
+    ("t5", "2x4", "free"): _SHIFT,
+    ("bart", "2x4", "fsdp"): _SHIFT,
+    ("bart", "2x2x2", "megatron"): _SHIFT,
     ("t5", "2x2x2", "fsdp"): _VIEW,
 }
 """Cells whose followed plan differs from the plain model (strict xfails), as measured.
-BART's and T5's label shift (``shifted[:, 1:] = labels[:, :-1]``, a ``copy_`` into a view)
-lost its write under ``follow_plan`` until the follower kept copies into views in place
-(``follow.Follower._relayout``): the decoder read ``[2, 0, 0, ...]``, BART's loss on (8,) was
-4.1663 against 4.1289."""
+The label shift: the follower runs ``shifted[:, 1:] = labels[:, :-1]`` (a ``copy_`` into a
+view) out of place at the planned layout, so the write never reaches ``shifted`` (the decoder
+read ``[2, 0, 0, ...]``). Keeping a ``copy_`` into a view in place (``Follower._relayout``)
+fixes these cells, but changed the collectives of the emission matrix's Qwen2 TP x FSDP on
+(2, 4): not merged, left to the follower's owner."""
 
 
 def _marked(gaps: dict[tuple[str, str, str], str]) -> list:
