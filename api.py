@@ -200,6 +200,7 @@ def _plan(
         "capture", "%s -> %d ops, %d inputs (%.1f s)", _model_name(model_or_fn),
         len(graph.ops), len(graph.inputs), capture_seconds,
     )  # fmt: skip
+    _report_binding(context)
     annotated = context.user_pins(mesh) if hasattr(context, "user_pins") else {}
     if annotated:  # annotations in the user's code (constraints, DTensor placements); an
         pins = {**annotated, **(pins or {})}  # explicit pin of the same value wins
@@ -238,6 +239,13 @@ def _plan(
     return result
 
 
+def _report_binding(context: object) -> None:
+    """How a torch model's example inputs bound to its ``forward`` (a progress line)."""
+    binding = getattr(context, "input_binding", "")
+    if binding:
+        progress.report("inputs", "bound by forward's signature: %s", binding)
+
+
 def _warn_idle_axes(result: Plan) -> None:
     """An ``IdleAxisWarning`` when a mesh axis the user chose cannot split the batch and the
     plan splits nothing over it: silently repeating work on those devices is not what a user
@@ -272,6 +280,7 @@ def _plan_serving(model, example_args, checked, options, objective, max_batch) -
     from .frontend.torch.serving import resized_inputs
     from .serving import check_cache_fits, plan_serving
 
+    example_args, options = _serving_inputs(example_args, options)
     batch, seq = resized_inputs(example_args, None)[1]
     mesh = checked["mesh"]
     if mesh is None:
@@ -289,6 +298,22 @@ def _plan_serving(model, example_args, checked, options, objective, max_batch) -
         return _plan(model, args, checked, options, captured)
 
     return plan_serving(plan_at, batch, options["mode"], context_len, seq, objective, max_batch)
+
+
+def _serving_inputs(example_args: tuple, options: dict) -> tuple[tuple, dict]:
+    """A serving step's ``input_ids=`` given by name, as the one dict ``serving.py`` reads."""
+    from .frontend.torch.capture import capture
+    from .validate import frontend_keywords
+
+    known = frontend_keywords(capture)
+    named = {k: v for k, v in options.items() if k not in known}
+    if not named:
+        return example_args, options
+    if example_args:
+        raise ArgumentError(
+            f"mode={options['mode']!r}: give input_ids positionally or by name, not both ways"
+        )
+    return (named,), {k: v for k, v in options.items() if k in known}
 
 
 def _plan_serving_jax(fn, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]

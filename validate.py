@@ -280,11 +280,13 @@ RECOMPUTE = (None, "selective", "full")
 
 def check_options(model: Any, options: Mapping[str, Any], where: str, own: Iterable[str]) -> None:
     """Keyword options go to the model's frontend: reject those it does not declare (a Graph
-    takes none), with a did-you-mean over them and ``where``'s own keywords."""
+    takes none), with a did-you-mean over them and ``where``'s own keywords. For a torch
+    module a keyword its ``forward`` takes is an example input (``input_ids=ids``)."""
     from .ir.graph import Graph
 
     if not options:
         return
+    inputs: list[str] = []
     if isinstance(model, Graph):
         frontend, known = "an IR Graph", []
     else:
@@ -296,14 +298,43 @@ def check_options(model: Any, options: Mapping[str, Any], where: str, own: Itera
             from .frontend.jax.capture import capture
         frontend = "the torch frontend" if _is_torch_module(model) else "the JAX frontend"
         known = frontend_keywords(capture)
+        if _is_torch_module(model):
+            inputs = _forward_inputs(model, [k for k in options if k not in known])
     for key in options:
-        if key not in known:
-            hint = did_you_mean(key, [*own, *known])
-            takes = ", ".join(k + "=" for k in known) or "no extra options"
-            raise ArgumentError(
-                f"{where} got an unexpected keyword argument {key!r};"
-                f"{hint or ''} ({frontend} takes {takes})"
-            )
+        if key not in known and key not in inputs:
+            raise ArgumentError(_unexpected(model, key, where, frontend, list(own), known))
+
+
+def _forward_inputs(model: Any, keys: list[str]) -> list[str]:
+    """The ``keys`` a torch module's ``forward`` takes (example keyword inputs)."""
+    from .frontend.torch.inputs import accepts_keyword
+
+    return [k for k in keys if accepts_keyword(model, k)]
+
+
+def _unexpected(
+    model: Any, key: str, where: str, frontend: str, own: list[str], known: list[str]
+) -> str:
+    from .api import _is_torch_module
+
+    params: list[str] = []
+    if _is_torch_module(model):
+        from .frontend.torch.inputs import forward_signature, named_parameters
+
+        signature = forward_signature(model)
+        params = named_parameters(signature) if signature is not None else []
+    hint = did_you_mean(key, [*own, *known, *params])
+    takes = ", ".join(k + "=" for k in known) or "no extra options"
+    inputs = ""
+    if params:
+        inputs = (
+            f"; {type(model).__name__}.forward takes the example inputs "
+            f"{', '.join(params)} (by name, positionally, or as one dict)"
+        )
+    return (
+        f"{where} got an unexpected keyword argument {key!r};{hint or ''} "
+        f"({frontend} takes {takes}{inputs})"
+    )
 
 
 def check_plan_call(model: Any, args: Mapping[str, Any], options: Mapping[str, Any]) -> dict:

@@ -9,17 +9,14 @@ from types import TracebackType
 _DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode")
 
 
-def trace_failure(model: object, exc: BaseException) -> str:
+def trace_failure(model: object, exc: BaseException, hint: str) -> str:
     """The message of a failed ``make_fx`` trace of ``model``: the cause, and for a read of a
     tensor's value (``aten._local_scalar_dense``: ``.item()``, ``if t.max() > n``, a shape that
-    depends on values) the model line that made it and how to plan around it."""
+    depends on values) the model line that made it and how to plan around it; else ``hint``."""
     name = type(model).__name__
     cause = f"{type(exc).__name__}: {exc}"
     if type(exc).__name__ not in _DATA_DEPENDENT:
-        return (
-            f"could not trace {name} with make_fx ({cause}); hint: the forward must run on fake "
-            "tensors (no data-dependent Python control flow)"
-        )
+        return f"could not trace {name} with make_fx ({cause}); {hint}"
     where = _model_frame(exc.__traceback__)
     return (
         f"could not trace {name} with make_fx: {_op(str(exc))} reads a tensor's value in Python "

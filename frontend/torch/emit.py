@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
-from . import fallback, follow, local, lookup, nn_local, reshard, views
+from . import fallback, follow, inputs, local, lookup, nn_local, reshard, views
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -229,9 +229,10 @@ def _install_root_hooks(
         for slot, value in zip(context.input_slots, context.input_values, strict=True)
     }
     active: list[Any] = []
+    signature = inputs.forward_signature(model)
 
-    def distribute(x: Any, slot: int | str) -> Any:
-        if not isinstance(x, torch.Tensor) or isinstance(x, DTensor) or slot not in layouts:
+    def distribute(slot: str, x: torch.Tensor) -> Any:
+        if isinstance(x, DTensor) or slot not in layouts:
             return x
         return distribute_tensor(x, mesh, list(layouts[slot]), src_data_rank=None)
 
@@ -239,9 +240,8 @@ def _install_root_hooks(
         for cm in _forward_contexts(mesh):
             cm.__enter__()
             active.append(cm)
-        with follow.paused():
-            args = tuple(distribute(a, i) for i, a in enumerate(args))
-            return args, {k: distribute(v, k) for k, v in kwargs.items()}
+        with follow.paused():  # inputs bound by forward's signature, as capture bound them
+            return inputs.map_tensors(args, kwargs, signature, distribute)
 
     def post(module: nn.Module, args: tuple, out: Any) -> Any:
         while active:
@@ -511,12 +511,12 @@ def _replicate_saved_tensors(mesh: DeviceMesh) -> Any:
 def _install_boundary_hooks(plan: Plan, context: TorchContext, model: nn.Module) -> None:
     """Redistribute inputs/outputs of parameter-owning modules to their planned layouts."""
     modules = dict(model.named_modules())
-    for path, inputs in context.module_inputs.items():
+    for path, values in context.module_inputs.items():
         if path not in modules or path == "":
             continue
         want = {
             i: placements_of(consumed_layout(plan, v, path), plan.mesh, v)
-            for i, v in inputs.items()
+            for i, v in values.items()
         }
         modules[path].register_forward_pre_hook(_input_hook(want))
     for path, value in context.module_outputs.items():
