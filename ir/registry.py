@@ -321,8 +321,14 @@ def _align(
 ) -> list:
     if t.rank == x.rank:
         return [(letters[d],) if t.shape[d] == x.shape[d] else () for d in range(x.rank)]
-    leading = not trailing and set(range(t.rank, x.rank)) <= mixed and t.shape == x.shape[: t.rank]
-    positions = range(t.rank) if leading else range(x.rank - t.rank, x.rank)
+    kept = [d for d in range(x.rank) if d not in mixed]  # x's dims but the mixed ones
+    if not trailing and t.rank == len(kept) and t.shape == tuple(x.shape[d] for d in kept):
+        positions: Sequence[int] = kept  # labels of a loss over a middle class axis (N, C, H, W)
+    else:
+        leading = (
+            not trailing and set(range(t.rank, x.rank)) <= mixed and t.shape == x.shape[: t.rank]
+        )
+        positions = range(t.rank) if leading else range(x.rank - t.rank, x.rank)
     return [
         (letters[d],) if size == x.shape[d] else ()
         for d, size in zip(positions, t.shape, strict=True)

@@ -404,6 +404,7 @@ def _table() -> dict[str, Row]:
     table["_fused_rms_norm"] = rms_norm("rms_norm", 2)
     table["_fused_rms_norm_backward"] = rms_norm("rms_norm_backward", 3)
     table.update(nll_loss_forward=nll_loss, nll_loss_backward=nll_loss_backward)
+    table.update(nll_loss2d_forward=nll_loss, nll_loss2d_backward=nll_loss_backward)  # (N, C, H, W)
     table.update(embedding=embedding, embedding_dense_backward=embedding_backward)
     table.update(cat=cat, stack=stack, slice=slice_, select=select, slice_backward=slice_backward)
     table.update(select_backward=select_backward, constant_pad_nd=pad)

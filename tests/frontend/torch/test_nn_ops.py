@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import warnings
 
@@ -104,3 +105,52 @@ def test_as_strided_lowers_to_a_reshape_or_a_strided_view() -> None:
     assert rule.results[0][0] == (batch,)
     assert batch not in rule.need_replication
     assert any(op.kind == "reshape" and op.results[0].type.shape == (8, 24) for op in graph.ops)
+
+
+class _Segmenter(nn.Module):
+    """A per-pixel classifier: ``cross_entropy`` of logits [N, C, H, W] against labels
+    [N, H, W] is aten's ``nll_loss2d`` (a class axis in the middle)."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.conv = nn.Conv2d(3, 5, 3, padding=1)
+
+    def forward(self, x: torch.Tensor, labels: torch.Tensor) -> torch.Tensor:
+        return nn.functional.cross_entropy(self.conv(x), labels)
+
+
+@pytest.mark.parametrize("follow", [False, True])
+def test_a_per_pixel_loss_lowers_and_runs_with_a_split_batch(follow: bool) -> None:
+    """``nll_loss2d`` lowers (no UnsupportedOpWarning) with the labels aligned to the logits'
+    batch and pixel dims, not to their trailing dims; with the batch split over 2 ranks the
+    applied (and followed) step equals the plain model's loss and gradients."""
+    from shardplan.frontend.torch.follow import follow_plan
+
+    torch.manual_seed(0)
+    model = _Segmenter()
+    x, labels = torch.randn(4, 3, 6, 6), torch.randint(0, 5, (4, 6, 6))
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnsupportedOpWarning)
+        graph, context = capture(model, x, labels, stamp_layers=False, loss_fn=lambda out, *_: out)
+    loss_op = next(op for op in graph.ops if op.kind == "nll_loss")
+    rule = loss_op.rule
+    assert rule.operands[1] == (rule.operands[0][0], *rule.operands[0][2:])  # N, H, W
+    mesh = sp.Mesh({"dp": 2}, cluster="cpu-test")
+    plan = plan_graph(graph, mesh, pins=sp.strategies.dp().pins(graph, mesh), time_limit=20,
+                      semantics=context.partial_semantics, merge_followers=True)  # fmt: skip
+    plan.frontend_context = context
+    assert plan.shardings[context.input_values[0]].dims[0] == ("dp",)
+    reference = copy.deepcopy(model)
+    want = reference(x, labels)
+    want.backward()
+    simulate.simulated_world(2)
+    device_mesh = init_device_mesh("cpu", (2,), mesh_dim_names=("dp",))
+    with simulate.local_ranks(2):
+        sharded = plan.apply(copy.deepcopy(model), device_mesh)
+        with follow_plan(plan, device_mesh) if follow else contextlib.nullcontext():
+            loss = sharded(x, labels)
+            loss.backward()
+        grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
+    torch.testing.assert_close(simulate.rank0(loss), want.detach(), rtol=1e-4, atol=1e-6)
+    for name, p in reference.named_parameters():
+        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
