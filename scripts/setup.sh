@@ -64,7 +64,9 @@ pip_install() {
         2> >(grep -v -e "is ignored: it is neither a file nor a directory" >&2)
 }
 pip_install -c constraints.txt pip setuptools
-pip_install -c constraints.txt -e ".[torch,jax,dev]"
+# setuptools warns on every editable install of a package whose directory is the project root
+# (this one's, by design: docs/design.md); the message says nothing the user can act on.
+PYTHONWARNINGS="ignore:Editable installation" pip_install -c constraints.txt -e ".[torch,jax,dev]"
 fingerprint >"$stamp"
 compile_sources
 echo "setup: done ($("$venv/bin/python" -c 'import shardplan; print("shardplan", shardplan.__version__)'))"
