@@ -706,3 +706,6 @@ CORE_KINDS: frozenset[str] = frozenset(_REGISTRY)
 
 def core_kinds() -> list[str]:
     return sorted(CORE_KINDS)
+
+
+from . import nn_rules  # noqa: E402, F401  (normalisation/activation/recurrent rules block)

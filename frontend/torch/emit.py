@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
-from . import follow, local, reshard, views
+from . import follow, local, nn_local, reshard, views
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -289,14 +289,8 @@ class _ApplyMode(TorchFunctionMode):
         elif func is F.embedding and len(args) > 1 and isinstance(args[1], DTensor):
             table = one_vocab_split(args[1])
             args = (ids_for_lookup(args[0], table), table, *args[2:])
-        elif func is F.scaled_dot_product_attention:
-            out = local_attention(func, args, kwargs)
-            if out is not None:
-                return out
-        elif func in _MATMULS and not kwargs:
-            out = local_matmul(func, args)
-            if out is not None:
-                return out
+        elif (out := _local_call(func, args, kwargs)) is not None:
+            return out
         elif func is F.linear and args and isinstance(args[0], DTensor) and args[0].ndim > 2:
             return linear(*args, **kwargs)
         elif func in _IN_PLACE_ADDS and len(args) > 1 and isinstance(args[0], DTensor):
@@ -315,6 +309,19 @@ _IN_PLACE_ADDS = frozenset({torch.Tensor.add_, torch.Tensor.sub_})
 _MATMULS = frozenset({
     torch.matmul, torch.Tensor.matmul, torch.Tensor.__matmul__, torch.bmm, torch.Tensor.bmm,
 })  # fmt: skip
+
+
+def _local_call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """Attention, batched matmuls, norms, activations and recurrent layers on local shards;
+    None: not such a call (DTensor runs it)."""
+    out = None
+    if func is F.scaled_dot_product_attention:
+        out = local_attention(func, args, kwargs)
+    elif func in _MATMULS and not kwargs:
+        out = local_matmul(func, args)
+    elif (local_nn := nn_local.intercept(func, args, kwargs)) is not NotImplemented:
+        out = local_nn
+    return out
 
 
 def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
@@ -546,7 +553,7 @@ def _install_grad_hooks(plan: Plan, context: TorchContext, model: nn.Module) -> 
     params = dict(model.named_parameters())
     for fqn, grad_value in context.grad_values.items():
         param = params.get(fqn)
-        if param is None:
+        if param is None or not param.requires_grad:  # a frozen parameter has no gradient
             continue
         layout = consumed_layout(plan, grad_value, "optimizer")
         placements = placements_of(layout.without_partial(), plan.mesh, grad_value)

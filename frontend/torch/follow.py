@@ -42,13 +42,14 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
-from . import (
+from . import (  # modules: emit imports this one too
     context_parallel,
     conv_local,
     emit,
+    nn_local,
     reshard,
     views,
-)  # modules: emit imports this one too
+)
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
@@ -352,6 +353,8 @@ class PlanFollower(TorchDispatchMode):
             self.plan.graph.ops[i].operands for i in step.ops
         ):
             out = self._fill_at(func, args, kwargs, step)
+        elif nn_local.handles([self.plan.graph.ops[i].kind for i in step.ops]):
+            out = nn_local.run_step(self, step, func, args, kwargs, moved)
         elif step.target == "aten.cat.default" and len(args[0]) == 1:
             out = torch.ops.aten.clone.default(args[0][0])  # DTensor would gather the cat dim
         else:

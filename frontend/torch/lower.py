@@ -48,6 +48,8 @@ class Lowering:
     node: fx.Node | None = None
     """The node being lowered (for origins)."""
     module_of: dict[fx.Node, str] = field(default_factory=dict)
+    marked_grads: set[str] = field(default_factory=set)
+    """Values already marked as a parameter's gradient (``_marked``)."""
     fold_broadcast_weights: bool = False
     """Serving steps: a ``bmm`` whose right operand is a 2-D tensor expanded over the batch
     (HF's ``linear`` on a non-contiguous 3-D input) is lowered as a matmul of that 2-D tensor,
@@ -197,7 +199,7 @@ def lower_node(low: Lowering, node: fx.Node) -> None:
         return
     custom = node.meta.get("custom") or {}
     if "mark" in custom:  # identity alias carrying a tag: no IR op, remember the value
-        value = low.value(node.args[0])
+        value = _marked(low, low.value(node.args[0]), str(custom["mark"]))
         low.marks.setdefault(str(custom["mark"]), value.name)
         low.env[node] = value
         return
@@ -216,6 +218,18 @@ def lower_node(low: Lowering, node: fx.Node) -> None:
         low.env[node] = fn(low, node)
     if inplace and isinstance(node.args[0], fx.Node):  # later readers see the mutated value
         low.env[node.args[0]] = low.env[node]
+
+
+def _marked(low: Lowering, value: Value, tag: str) -> Value:
+    """The value a mark names; a gradient already marked for another parameter gets its own
+    copy (an LSTM's two bias gradients are one traced value, but each parameter's gradient is
+    reduced on its own at run time, so the plan prices one reduction per parameter)."""
+    if not tag.startswith("grad:"):
+        return value
+    if value.name in low.marked_grads:
+        value = low.emit("copy", [value], [value.type])[0]
+    low.marked_grads.add(value.name)
+    return value
 
 
 def _unknown(low: Lowering, node: fx.Node, name: str) -> Lowered:

@@ -356,7 +356,7 @@ FACTORIES = (
 
 
 def _table() -> dict[str, Row]:
-    from . import attention, conv
+    from . import attention, conv, ops_nn
 
     table: dict[str, Row] = {}
     names = {
@@ -420,6 +420,7 @@ def _table() -> dict[str, Row]:
     for aten_name in attention.BACKWARD:
         table[aten_name] = attention.backward
     table.update(conv.TABLE)
+    table.update(ops_nn.table())
     return table
 
 
