@@ -30,7 +30,7 @@ from torch.nn.modules.module import (
 from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError
-from . import optim
+from . import optim, optim_splice
 
 LossFn = Callable[..., torch.Tensor]
 
@@ -194,10 +194,13 @@ def trace(
                 return default_loss(out)
             return loss_fn(out, *[x for x in xs[: len(arg_slots)]])
 
+    updated: list[tuple[int, str, torch.Tensor]] = []
+
     def train_step(p, b, s, xs):  # type: ignore[no-untyped-def]
         loss = loss_of(call(p, b, xs), xs)
         grads = torch.autograd.grad(loss, p, allow_unused=True)
-        return loss, *_optimizer(spec, names, p, grads, s)
+        updated[:] = [(i, names[i], g) for i, g in enumerate(grads) if g is not None]
+        return loss, *[g for _, _, g in updated]  # the update is spliced in below
 
     def forward(p, b, s, xs):  # type: ignore[no-untyped-def]
         with torch.no_grad():
@@ -213,6 +216,14 @@ def trace(
         _SourceLines(),
     ):
         gm = make_fx(step, tracing_mode="fake")(fake_params, fake_buffers, states, fake_inputs)
+    if train:
+        per = len(spec.state_names)
+        classes = [
+            (i, n, _fresh(mode, fake_params[i]), _fresh(mode, g), states[i * per : (i + 1) * per])
+            for i, n, g in updated
+        ]
+        layout = (len(fake_params), len(fake_buffers), len(states))
+        optim_splice.append_updates(gm, spec, mark, layout, classes)
     placeholders = [Placeholder("param", n) for n in names]
     placeholders += [Placeholder("buffer", n) for n in buffers]
     placeholders += [
@@ -285,19 +296,10 @@ def _fake_states(mode: FakeTensorMode, spec: optim.OptimizerSpec, p: torch.Tenso
         ]
 
 
-def _optimizer(spec, names, params, grads, states):  # type: ignore[no-untyped-def]
-    """Mark gradients, then update every parameter that received one."""
-    per = len(spec.state_names)
-    new_params, new_states = [], []
-    for i, (name, p, g) in enumerate(zip(names, params, grads, strict=True)):
-        if g is None:
-            continue
-        g = mark(g, f"grad:{name}")
-        with fx_traceback.annotate({"module": "optimizer"}):
-            new_p, new_s = optim.update(spec, p, g, list(states[i * per : (i + 1) * per]))
-        new_params.append(new_p)
-        new_states.extend(new_s)
-    return [*new_params, *new_states]
+def _fresh(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    """A fake tensor of ``mode`` with ``t``'s shape, stride and dtype, outside any trace."""
+    with mode:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
 def _output_specs(gm, train, names, spec) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
