@@ -24,6 +24,22 @@ from . import optim
 _GRAD_TAG = "grad:"
 
 
+def in_trace(spec: optim.OptimizerSpec, mark: Any, names, params, grads, states) -> list:  # type: ignore[no-untyped-def]
+    """Inside the step's trace: mark each gradient, then update every parameter that has one
+    (per parameter: the reference ``append_updates`` must match node for node)."""
+    per = len(spec.state_names)
+    new_params, new_states = [], []
+    for i, (name, p, g) in enumerate(zip(names, params, grads, strict=True)):
+        if g is None:
+            continue
+        g = mark(g, f"{_GRAD_TAG}{name}")
+        with fx_traceback.annotate({"module": "optimizer"}):
+            new_p, new_s = optim.update(spec, p, g, list(states[i * per : (i + 1) * per]))
+        new_params.append(new_p)
+        new_states.extend(new_s)
+    return [*new_params, *new_states]
+
+
 def _class_key(p: torch.Tensor, g: torch.Tensor, states: list[torch.Tensor]) -> tuple:
     return tuple((tuple(t.shape), t.dtype, t.stride()) for t in (p, g, *states))
 
@@ -111,4 +127,21 @@ def append_updates(
             new_params.append(new_p)
             new_states.extend(new_s)
     output.args = ((loss, *new_params, *new_states),)
+    _flat_outputs(graph, 1 + len(new_params) + len(new_states))
     gm.recompile()
+
+
+def _flat_outputs(graph: torch.fx.Graph, count: int) -> None:
+    """Make the graph module return a flat tuple of ``count`` values, as the in-trace step did.
+
+    The one private API here: make_fx's graph unflattens its outputs by the traced function's
+    output spec (``loss, *grads``), held by fx's pytree code generator; it is rebuilt with the
+    new spec so ``gm(...)`` still runs."""
+    info = getattr(graph._codegen, "pytree_info", None)
+    if info is None:
+        return
+    from torch.fx.graph import _PyTreeCodeGen
+    from torch.utils._pytree import tree_flatten
+
+    spec = tree_flatten(tuple(range(count)))[1]
+    graph.set_codegen(_PyTreeCodeGen(info._replace(out_spec=spec)))

@@ -160,8 +160,11 @@ def trace(
     train: bool,
     loss_fn: LossFn | None,
     spec: optim.OptimizerSpec,
+    optimizer_in_trace: bool = False,
 ) -> Traced:
-    """Trace one step of ``model``; see the module docstring."""
+    """Trace one step of ``model``; see the module docstring. The optimizer update is traced once
+    per parameter class and spliced in (``optim_splice``); ``optimizer_in_trace`` traces it per
+    parameter inside the step instead (the reference the splice is tested and benched against)."""
     args, kwargs = split_inputs(example_inputs)
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
@@ -199,6 +202,8 @@ def trace(
     def train_step(p, b, s, xs):  # type: ignore[no-untyped-def]
         loss = loss_of(call(p, b, xs), xs)
         grads = torch.autograd.grad(loss, p, allow_unused=True)
+        if optimizer_in_trace:
+            return loss, *optim_splice.in_trace(spec, mark, names, p, grads, s)
         updated[:] = [(i, names[i], g) for i, g in enumerate(grads) if g is not None]
         return loss, *[g for _, _, g in updated]  # the update is spliced in below
 
@@ -216,14 +221,8 @@ def trace(
         _SourceLines(),
     ):
         gm = make_fx(step, tracing_mode="fake")(fake_params, fake_buffers, states, fake_inputs)
-    if train:
-        per = len(spec.state_names)
-        classes = [
-            (i, n, _fresh(mode, fake_params[i]), _fresh(mode, g), states[i * per : (i + 1) * per])
-            for i, n, g in updated
-        ]
-        layout = (len(fake_params), len(fake_buffers), len(states))
-        optim_splice.append_updates(gm, spec, mark, layout, classes)
+    if train and not optimizer_in_trace:
+        _splice(gm, mode, spec, updated, (fake_params, fake_buffers, states))
     placeholders = [Placeholder("param", n) for n in names]
     placeholders += [Placeholder("buffer", n) for n in buffers]
     placeholders += [
@@ -294,6 +293,18 @@ def _fake_states(mode: FakeTensorMode, spec: optim.OptimizerSpec, p: torch.Tenso
         return [
             torch.zeros(p.shape, dtype=torch.float32, device=p.device) for _ in spec.state_names
         ]
+
+
+def _splice(gm, mode, spec, updated, inputs) -> None:  # type: ignore[no-untyped-def]
+    """Append the update of every parameter in ``updated`` (``(index, name, fake grad)``)."""
+    fake_params, fake_buffers, states = inputs
+    per = len(spec.state_names)
+    classes = [
+        (i, n, _fresh(mode, fake_params[i]), _fresh(mode, g), states[i * per : (i + 1) * per])
+        for i, n, g in updated
+    ]
+    layout = (len(fake_params), len(fake_buffers), len(states))
+    optim_splice.append_updates(gm, spec, mark, layout, classes)
 
 
 def _fresh(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
