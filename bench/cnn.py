@@ -17,10 +17,11 @@ The two plans must be the same (step time and layouts digest); the table says so
     .venv/bin/python bench/cnn.py --repeat 3      # best of 3 processes per row (by CPU s)
     .venv/bin/python bench/cnn.py --record run.json   # + a benchmark record
 
-Latest (2026-12-01, the shared 2-core box at load 6-9, best of 1): in-trace 17.5 s wall /
-7.7 s CPU (capture 12.6 / 5.7, of it the optimizer 5.5 / 2.3; plan_graph 4.8 / 1.9);
-spliced 9.7-11.2 s wall / 5.5-6.2 s CPU (capture 6.2-7.7 / 3.6-4.2, the splice 1.1; plan_graph
-3.3 / 1.8-2.0); same plan (35.46 ms, batch over dp). The 5 s target is not met on this box.
+Latest (2026-12-01, the shared 2-core box; wall / CPU s; docs/design.md, "Capture: the
+optimizer update traced once per parameter class"): at load ~7 in-trace 56.9 / 9.35 (capture
+44.2 / 6.93), spliced 19.5 / 5.00 (capture 13.5 / 2.98); at load ~3 in-trace 5.65-6.96 /
+5.55-6.67, spliced 4.36-5.08 / 4.31-5.01 (capture 4.2-4.6 -> 2.9-3.0 CPU s); same plan
+(35.46 ms, batch over dp, same layouts digest).
 """
 
 from __future__ import annotations
