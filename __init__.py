@@ -18,16 +18,17 @@ from .ir import (
     TensorType,
     UnsupportedOpWarning,
 )
-from .ir.errors import ArgumentError, DefaultClusterWarning, IdleAxisWarning
+from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
 from .solver.plan import Plan, load_plan
+from .whatif import WhatIf, whatif
 
 __version__ = "0.1.0"
 __all__ = [
     "ArgumentError",
-    "DefaultClusterWarning",
     "Evaluation",
     "Graph",
     "IdleAxisWarning",
+    "IdleDevicesWarning",
     "InfeasiblePlanError",
     "Mesh",
     "Origin",
@@ -38,9 +39,11 @@ __all__ = [
     "ShardplanError",
     "TensorType",
     "UnsupportedOpWarning",
+    "WhatIf",
     "annotate",
     "evaluate",
     "load_plan",
     "plan",
     "strategies",
+    "whatif",
 ]  # fmt: skip

@@ -10,8 +10,9 @@ from contextlib import contextmanager
 from typing import Any
 
 from . import progress
+from .idle_devices import PREFERENCES
 from .ir import FrontendError, Graph, Mesh, Pin, Sharding
-from .ir.errors import ArgumentError, IdleAxisWarning
+from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
 from .solver.plan import Plan
 
 
@@ -41,6 +42,7 @@ def plan(
     objective: str | None = None,
     max_batch: int | None = None,
     mesh_top_k: int | None = None,
+    prefer: str = "step",
     **options: Any,
 ) -> Plan:
     """Plan shardings for a model on ``mesh``.
@@ -75,6 +77,14 @@ def plan(
       mesh_top_k: with ``devices``, plan only the ``k`` mesh shapes the learned predictor
         ranks best (shapes it scores alike share the k-th place; ``predictor.py``; needs
         scikit-learn) instead of every shape.
+      prefer: ``"step"`` (default): the fastest modelled step, which on a tiny model may leave
+        devices repeating the same work (then ``print(plan)`` says so and an
+        ``IdleDevicesWarning`` gives the modelled reason and both step times);
+        ``"throughput"``: in that case the data-parallel plan instead (batch split over every
+        axis that divides it, parameters replicated or FSDP-sharded as memory needs;
+        ``plan.idle`` has both step times; ``idle_devices.py``). Checked for a ``mesh=``
+        training or inference plan without a pipeline; a searched mesh and serving plans
+        are not checked.
       options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``,
         ``mode="decode", context_len=4096``);
         one the frontend does not take is an ``ArgumentError`` (a Graph takes none).
@@ -88,6 +98,11 @@ def plan(
                  memory_limit=memory_limit, time_limit=time_limit,
                  mesh_top_k=mesh_top_k)  # fmt: skip
     checked = check_plan_call(model_or_fn, given, options)
+    if prefer not in PREFERENCES:
+        raise ArgumentError(
+            f"prefer={prefer!r}: pass 'step' (the fastest modelled step, the default) or "
+            "'throughput' (the data-parallel plan when the fastest step leaves devices idle)"
+        )
     serving = options.get("mode") in ("prefill", "decode")
     if serving or objective is not None or max_batch is not None:
         from .serving import check_serving_args
@@ -106,6 +121,7 @@ def plan(
             result = _plan(model_or_fn, example_args, checked, options)
             if checked["mesh"] is not None:  # a searched mesh is the planner's own choice
                 _warn_idle_axes(result)
+                result = _check_idle_devices(result, checked, prefer)
         progress.report(
             "done", "step %s modelled, peak %.1f GiB per device",
             progress.seconds_text(result.step_time), result.peak_memory_bytes / 2**30,
@@ -184,6 +200,7 @@ def _plan(
         "capture", "%s -> %d ops, %d inputs (%.1f s)", _model_name(model_or_fn),
         len(graph.ops), len(graph.inputs), capture_seconds,
     )  # fmt: skip
+    _report_binding(context)
     annotated = context.user_pins(mesh) if hasattr(context, "user_pins") else {}
     if annotated:  # annotations in the user's code (constraints, DTensor placements); an
         pins = {**annotated, **(pins or {})}  # explicit pin of the same value wins
@@ -222,6 +239,13 @@ def _plan(
     return result
 
 
+def _report_binding(context: object) -> None:
+    """How a torch model's example inputs bound to its ``forward`` (a progress line)."""
+    binding = getattr(context, "input_binding", "")
+    if binding:
+        progress.report("inputs", "bound by forward's signature: %s", binding)
+
+
 def _warn_idle_axes(result: Plan) -> None:
     """An ``IdleAxisWarning`` when a mesh axis the user chose cannot split the batch and the
     plan splits nothing over it: silently repeating work on those devices is not what a user
@@ -233,11 +257,30 @@ def _warn_idle_axes(result: Plan) -> None:
         warnings.warn(advice, IdleAxisWarning, stacklevel=3)
 
 
+def _check_idle_devices(result: Plan, checked: dict, prefer: str) -> Plan:
+    """The data-parallel plan beside a free plan that leaves devices repeating the same work
+    (``idle_devices.py``): recorded in ``plan.idle`` and warned about, or returned when
+    ``prefer="throughput"``."""
+    from .idle_devices import check_idle_devices
+
+    pins, limit = checked["pins"], checked["memory_limit"]
+    result = check_idle_devices(result, pins, limit, prefer, checked["pipeline_axis"])
+    idle = result.idle
+    if idle is not None and idle.chosen == "step":  # type: ignore[attr-defined]
+        warnings.warn(
+            f"{idle.summary()}",  # type: ignore[attr-defined]
+            IdleDevicesWarning,
+            stacklevel=3,
+        )
+    return result
+
+
 def _plan_serving(model, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]
     """A prefill/decode step planned per candidate batch (``serving.py``)."""
     from .frontend.torch.serving import resized_inputs
     from .serving import check_cache_fits, plan_serving
 
+    example_args, options = _serving_inputs(example_args, options)
     batch, seq = resized_inputs(example_args, None)[1]
     mesh = checked["mesh"]
     if mesh is None:
@@ -255,6 +298,22 @@ def _plan_serving(model, example_args, checked, options, objective, max_batch) -
         return _plan(model, args, checked, options, captured)
 
     return plan_serving(plan_at, batch, options["mode"], context_len, seq, objective, max_batch)
+
+
+def _serving_inputs(example_args: tuple, options: dict) -> tuple[tuple, dict]:
+    """A serving step's ``input_ids=`` given by name, as the one dict ``serving.py`` reads."""
+    from .frontend.torch.capture import capture
+    from .validate import frontend_keywords
+
+    known = frontend_keywords(capture)
+    named = {k: v for k, v in options.items() if k not in known}
+    if not named:
+        return example_args, options
+    if example_args:
+        raise ArgumentError(
+            f"mode={options['mode']!r}: give input_ids positionally or by name, not both ways"
+        )
+    return (named,), {k: v for k, v in options.items() if k in known}
 
 
 def _plan_serving_jax(fn, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]

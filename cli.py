@@ -1,6 +1,7 @@
 """The ``shardplan`` command: plan a model from a shell, show a saved plan, list passes.
 
     shardplan plan examples/mlp_graph.py:make --mesh dp=2,tp=4 --cluster h100-sxm --out plan.json
+    shardplan plan bert.py --mesh dp=8 --input input_ids=8x128:int64 --input labels=8x128:int64
     shardplan show plan.json
     shardplan passes
 
@@ -23,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from . import progress, validate
+from .cli_inputs import keyword_inputs, parse_input
 from .ir import Graph, Mesh, Pin, Sharding, ShardplanError
 from .ir.printer import print_graph
 
@@ -132,6 +134,15 @@ def _clusters_epilog() -> str:
     )
 
 
+def _add_input_option(command: Any) -> None:
+    command.add_argument(
+        "--input", action="append", type=parse_input, default=[], metavar="NAME=SHAPE[:DTYPE]",
+        help="an example input of a torch model, passed to forward by name (repeatable): "
+        "input_ids=8x128:int64 (dtype float32 by default); the factory may then return the "
+        "model alone",
+    )  # fmt: skip
+
+
 def _command(commands: Any, name: str, summary: str, description: str, **kw: Any) -> Any:
     return commands.add_parser(
         name, help=summary, description=description, epilog=_clusters_epilog(),
@@ -183,6 +194,7 @@ def build_parser() -> argparse.ArgumentParser:
         help="fix a value's layout (repeatable): KEY a value name or parameter path, one dim "
         "per comma, '_' replicated, '+' between axes, ':p0' Shardy's priority (w1=_,tp)",
     )  # fmt: skip
+    _add_input_option(plan)
     plan.add_argument(
         "--print-ir", action="store_true", help="print the graph with its pins propagated and "
         "each sharding's origin (pin, constraint, or the tensor it was propagated from)",
@@ -190,6 +202,11 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument(
         "--full", action="store_true", help="print every input, op and reshard, not the summary"
     )
+    plan.add_argument(
+        "--prefer", choices=("step", "throughput"), default="step",
+        help="step: the fastest modelled step (default); throughput: the data-parallel plan "
+        "when the fastest step leaves devices repeating the same work",
+    )  # fmt: skip
     plan.add_argument(
         "--quiet", "-q", action="store_true", help="no progress lines on stderr (by default each "
         "planning phase prints one, with the seconds since the start)",
@@ -263,6 +280,7 @@ def _add_costmodel_commands(commands: Any) -> None:
     sweep = "sweep hardware parameters and re-plan"
     what = _command(commands, "whatif", sweep, sweep[0].upper() + sweep[1:] + ".")
     what.add_argument("target", metavar="FILE.py[:FACTORY]", help="as for plan")
+    _add_input_option(what)
     what.add_argument(
         "--mesh", type=parse_mesh, action=_Once, required=True, help="axes, major first: dp=2,tp=4"
     )
@@ -303,8 +321,11 @@ def cmd_whatif(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int
         except ValueError:
             parser.error(f"argument --vary: {item!r} is not PARAM=X,Y,...")
     mesh = Mesh(args.mesh, cluster=_resolve_cluster(parser, args.cluster))
-    model, example_args = _plan_arguments(load_target(args.target), args.target)
-    result = whatif(model, *example_args, mesh=mesh, vary=vary, repeat=args.repeat, plot=args.plot)
+    model, example_args = _plan_arguments(load_target(args.target), args.target, args.input)
+    named = keyword_inputs(args.input)
+    result = whatif(
+        model, *example_args, mesh=mesh, vary=vary, repeat=args.repeat, plot=args.plot, **named
+    )
     print(result.table())
     return 0
 
@@ -354,9 +375,14 @@ def load_target(target: str) -> Any:
         raise UserCodeError(f"{path_text}:{factory_name}() failed: {_one_line(exc)}") from exc
 
 
-def _plan_arguments(made: Any, target: str) -> tuple[Any, tuple[Any, ...]]:
-    """A factory returns a Graph, or (model_or_fn, example_args) with args a tuple or one value."""
+def _plan_arguments(made: Any, target: str, named: Sequence = ()) -> tuple[Any, tuple[Any, ...]]:
+    """A factory returns a Graph, or (model_or_fn, example_args) with args a tuple or one value;
+    with ``--input`` (``named``) a model alone too."""
     if isinstance(made, Graph):
+        if named:
+            raise CliError(f"--input is for a torch model; {target} made an IR Graph")
+        return made, ()
+    if named and not isinstance(made, tuple):
         return made, ()
     if isinstance(made, tuple) and len(made) == 2:
         model, args = made
@@ -405,8 +431,9 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
     mesh = Mesh(args.mesh, cluster=_resolve_cluster(parser, args.cluster))
     start = time.perf_counter()
     with progress.planning(verbose=not args.quiet):
-        model, example_args = _plan_arguments(load_target(args.target), args.target)
+        model, example_args = _plan_arguments(load_target(args.target), args.target, args.input)
         progress.report("load", "%s built the model (%.1f s)", args.target, progress.elapsed())
+        named = keyword_inputs(args.input)
         try:
             plan = make_plan(
                 model,
@@ -415,6 +442,8 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 memory_limit=args.memory_limit,
                 time_limit=args.time_limit,
                 pins=dict(args.pin) or None,
+                prefer=args.prefer,
+                **named,
             )
         except ShardplanError:
             raise

@@ -15,18 +15,16 @@ import operator
 import os
 import re
 import tempfile
-import warnings
 from collections.abc import Callable, Collection, Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
-from .ir.errors import ArgumentError, DefaultClusterWarning, ShardingError
+from .ir.errors import ArgumentError, ShardingError
 
 DEFAULT_CLUSTER = "h100-sxm"
-"""The cluster ``sp.plan(devices=...)``, a dict ``mesh=`` and the CLI plan on by default."""
-MESH_DEFAULT_CLUSTER = "cpu-test"
-"""What ``sp.Mesh({...})`` without ``cluster=`` means (kept for the IR's tests and small
-examples); planning on it warns once, naming it."""
+"""The one default cluster: of ``sp.Mesh({...})`` without ``cluster=``, of a dict ``mesh=``, of
+``sp.plan(devices=...)`` and of the CLI. A user who names no cluster most likely plans for real
+GPUs; the synthetic ``cpu-test`` cluster is opt-in (``cluster="cpu-test"``)."""
 
 _SIZE = re.compile(r"^\s*([0-9]*\.?[0-9]+(?:[eE][+-]?[0-9]+)?)\s*([A-Za-z]*)\s*$")
 _UNITS = {
@@ -35,7 +33,6 @@ _UNITS = {
     "k": 10**3, "m": 10**6, "g": 10**9, "t": 10**12,
     "kib": 2**10, "mib": 2**20, "gib": 2**30, "tib": 2**40,
 }  # fmt: skip
-_warned_default_cluster = False
 
 
 # -- names ------------------------------------------------------------------------------------
@@ -190,9 +187,9 @@ def check_cluster(name: Any, what: str = "cluster") -> str:
 
 
 def check_mesh(mesh: Any, cluster: str = DEFAULT_CLUSTER, *, allow_none: bool = False) -> Any:
-    """A ``Mesh``; a plain dict ``{"dp": 2}`` becomes ``Mesh(dict, cluster=cluster)``.
-
-    A mesh built without ``cluster=`` warns once that it plans on ``cpu-test``."""
+    """A ``Mesh``; a plain dict ``{"dp": 2}``, or an ``sp.Mesh({...})`` built without
+    ``cluster=``, becomes ``Mesh(axes, cluster=cluster)``: every way of writing a mesh without a
+    cluster plans on the same one (``DEFAULT_CLUSTER`` unless the call names another)."""
     from .ir.mesh import Mesh
 
     if mesh is None and allow_none:
@@ -204,29 +201,10 @@ def check_mesh(mesh: Any, cluster: str = DEFAULT_CLUSTER, *, allow_none: bool = 
             f"mesh= must be sp.Mesh({{...}}, cluster=...) or a dict like {{'dp': 2}}, "
             f"got {type(mesh).__name__}"
         )
-    check_cluster(mesh.cluster, "mesh cluster")
     if not mesh.cluster_given:
-        warn_default_cluster(mesh)
+        mesh = Mesh(mesh.axes, cluster=check_cluster(cluster))
+    check_cluster(mesh.cluster, "mesh cluster")
     return mesh
-
-
-def warn_default_cluster(mesh: Any) -> None:
-    """Once per process: say that a mesh without ``cluster=`` plans on synthetic hardware."""
-    global _warned_default_cluster
-    if _warned_default_cluster:
-        return
-    _warned_default_cluster = True
-    from .costmodel.cluster import get_cluster
-
-    memory = get_cluster(mesh.cluster).hbm_capacity / 1e9
-    warnings.warn(
-        DefaultClusterWarning(
-            f"{mesh} has no cluster=, so it plans on the synthetic {mesh.cluster!r} cluster "
-            f"({memory:g} GB per device); pass sp.Mesh({{...}}, cluster={DEFAULT_CLUSTER!r}) "
-            "or another catalogue name for real hardware"
-        ),
-        stacklevel=5,  # the caller of sp.plan / evaluate / whatif
-    )
 
 
 def check_model(model: Any, where: str) -> None:
@@ -302,11 +280,13 @@ RECOMPUTE = (None, "selective", "full")
 
 def check_options(model: Any, options: Mapping[str, Any], where: str, own: Iterable[str]) -> None:
     """Keyword options go to the model's frontend: reject those it does not declare (a Graph
-    takes none), with a did-you-mean over them and ``where``'s own keywords."""
+    takes none), with a did-you-mean over them and ``where``'s own keywords. For a torch
+    module a keyword its ``forward`` takes is an example input (``input_ids=ids``)."""
     from .ir.graph import Graph
 
     if not options:
         return
+    inputs: list[str] = []
     if isinstance(model, Graph):
         frontend, known = "an IR Graph", []
     else:
@@ -318,14 +298,43 @@ def check_options(model: Any, options: Mapping[str, Any], where: str, own: Itera
             from .frontend.jax.capture import capture
         frontend = "the torch frontend" if _is_torch_module(model) else "the JAX frontend"
         known = frontend_keywords(capture)
+        if _is_torch_module(model):
+            inputs = _forward_inputs(model, [k for k in options if k not in known])
     for key in options:
-        if key not in known:
-            hint = did_you_mean(key, [*own, *known])
-            takes = ", ".join(k + "=" for k in known) or "no extra options"
-            raise ArgumentError(
-                f"{where} got an unexpected keyword argument {key!r};"
-                f"{hint or ''} ({frontend} takes {takes})"
-            )
+        if key not in known and key not in inputs:
+            raise ArgumentError(_unexpected(model, key, where, frontend, list(own), known))
+
+
+def _forward_inputs(model: Any, keys: list[str]) -> list[str]:
+    """The ``keys`` a torch module's ``forward`` takes (example keyword inputs)."""
+    from .frontend.torch.inputs import accepts_keyword
+
+    return [k for k in keys if accepts_keyword(model, k)]
+
+
+def _unexpected(
+    model: Any, key: str, where: str, frontend: str, own: list[str], known: list[str]
+) -> str:
+    from .api import _is_torch_module
+
+    params: list[str] = []
+    if _is_torch_module(model):
+        from .frontend.torch.inputs import forward_signature, named_parameters
+
+        signature = forward_signature(model)
+        params = named_parameters(signature) if signature is not None else []
+    hint = did_you_mean(key, [*own, *known, *params])
+    takes = ", ".join(k + "=" for k in known) or "no extra options"
+    inputs = ""
+    if params:
+        inputs = (
+            f"; {type(model).__name__}.forward takes the example inputs "
+            f"{', '.join(params)} (by name, positionally, or as one dict)"
+        )
+    return (
+        f"{where} got an unexpected keyword argument {key!r};{hint or ''} "
+        f"({frontend} takes {takes}{inputs})"
+    )
 
 
 def check_plan_call(model: Any, args: Mapping[str, Any], options: Mapping[str, Any]) -> dict:

@@ -56,7 +56,7 @@ def tiny_llama(shape: tuple[int, ...]) -> dict:
 
     model, inputs = make(layers=1)
     names = ("dp", "fsdp", "tp") if len(shape) == 3 else ("dp", "fsdp", "cp", "tp")
-    mesh = Mesh(dict(zip(names, shape, strict=True)))
+    mesh = Mesh(dict(zip(names, shape, strict=True)), cluster="cpu-test")
     plan, wall, cpu = _timed(lambda: sp.plan(model, *inputs, mesh=mesh))
     return _row("tiny HF llama", "x".join(map(str, shape)), plan, wall, cpu)
 
@@ -164,7 +164,7 @@ def jax_gpt(scan: bool) -> dict:
     from jax_gpt import GPTConfig, make
 
     step, args = make(GPTConfig(scan_layers=scan), abstract=True)
-    mesh = Mesh({"dp": 2, "tp": 4})
+    mesh = Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
     plan, wall, cpu = _timed(lambda: sp.plan(step, *args, mesh=mesh))
     return _row("JAX GPT " + ("scan" if scan else "unrolled"), "2x4", plan, wall, cpu)
 

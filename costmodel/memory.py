@@ -74,6 +74,25 @@ class MemoryProfile:
     top: tuple[tuple[str, str, int], ...]
     """(label, category, bytes) of the largest items live at the peak."""
 
+    def __getitem__(self, kind: str) -> int:
+        """Bytes of one kind at the peak: ``plan.memory_breakdown()["kv_cache"]``."""
+        if kind in self.by_category:
+            return self.by_category[kind]
+        if kind in CATEGORIES:  # a kind nothing of which is live at the peak
+            return 0
+        known = ", ".join(sorted({*CATEGORIES, *self.by_category}))
+        raise KeyError(f"no memory kind {kind!r}; kinds: {known}")
+
+    def __contains__(self, kind: object) -> bool:
+        return kind in self.by_category or kind in CATEGORIES
+
+    def keys(self):  # type: ignore[no-untyped-def]
+        """The memory kinds (``dict(profile.items())`` is ``by_category``)."""
+        return self.by_category.keys()
+
+    def items(self):  # type: ignore[no-untyped-def]
+        return self.by_category.items()
+
     def describe(self, count: int = 5) -> str:
         """``%w1 (parameters) 1.000 GiB, ...`` for error messages and reports."""
         return ", ".join(f"{name} ({kind}) {gib(n)}" for name, kind, n in self.top[:count])

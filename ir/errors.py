@@ -32,10 +32,6 @@ class ArgumentError(ShardplanError, ValueError):
     keyword; the one-line message names the argument, the value and the fix."""
 
 
-class DefaultClusterWarning(UserWarning):
-    """A mesh without ``cluster=`` is planned on the synthetic ``cpu-test`` cluster."""
-
-
 class UnsupportedOpWarning(UserWarning):
     """An op has no sharding rule; it was given the safe all-need-replication rule."""
 
@@ -43,3 +39,10 @@ class UnsupportedOpWarning(UserWarning):
 class IdleAxisWarning(UserWarning):
     """A mesh axis splits nothing in the plan (e.g. ``dp=3`` with a batch of 8): its devices
     repeat the others' work. The message names the axis and a batch size that would use it."""
+
+
+class IdleDevicesWarning(IdleAxisWarning):
+    """The plan leaves devices repeating the same work although the batch could be split
+    (a tiny model: every op at the kernel floor, or communication dearer than the compute a
+    split saves). The message gives the modelled reason with its numbers and both step times;
+    ``sp.plan(..., prefer="throughput")`` returns the data-parallel plan instead."""

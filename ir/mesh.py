@@ -25,9 +25,10 @@ class Mesh:
     """(name, size) pairs, major to minor."""
     cluster: str
     """Name of a cluster in the cost-model catalogue (or a user cluster registered there);
-    without ``cluster=`` it is the synthetic ``cpu-test``, and planning on it warns once."""
+    without ``cluster=`` it is ``validate.DEFAULT_CLUSTER`` (``h100-sxm``), the default of every
+    way of writing a mesh (a dict ``mesh=``, ``devices=N``, the CLI)."""
     cluster_given: bool = field(default=True, compare=False, repr=False)
-    """Whether ``cluster=`` was passed (planning warns once when it was not)."""
+    """Whether ``cluster=`` was passed (when not, ``sp.plan(..., cluster=...)`` picks it)."""
     _index: dict[str, tuple[int, int]] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
@@ -40,14 +41,14 @@ class Mesh:
         axes: Mapping[str, int] | Iterable[tuple[str, int]],
         cluster: str | None = None,
     ) -> None:
-        from ..validate import MESH_DEFAULT_CLUSTER, mesh_axes
+        from ..validate import DEFAULT_CLUSTER, mesh_axes
 
         if cluster is not None and (not isinstance(cluster, str) or not cluster):
             raise ShardingError(
                 f"cluster= must be a catalogue name like 'h100-sxm', got {cluster!r}"
             )
         object.__setattr__(self, "axes", mesh_axes(axes))
-        object.__setattr__(self, "cluster", cluster or MESH_DEFAULT_CLUSTER)
+        object.__setattr__(self, "cluster", cluster or DEFAULT_CLUSTER)
         object.__setattr__(self, "cluster_given", cluster is not None)
         index = {name: (i, size) for i, (name, size) in enumerate(self.axes)}
         object.__setattr__(self, "_index", index)

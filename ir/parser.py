@@ -195,7 +195,7 @@ class Parser:
         self.parse_punct("[", "to open the mesh axes")
         axes = self.parse_list("]", self.parse_mesh_axis, "in the mesh axes")
         self.parse_punct(">", "to close the mesh axes")
-        cluster = "cpu-test"
+        cluster = None  # the one default (validate.DEFAULT_CLUSTER), as ``Mesh({...})``
         if self.parse_optional_punct("{"):
             self.parse_keyword("cluster", "in the mesh attributes")
             self.parse_punct("=", "after 'cluster'")

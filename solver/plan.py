@@ -135,6 +135,10 @@ class Plan:
     serving: object | None = None
     """``serving.ServingReport`` of a prefill/decode plan (batch, latency, tokens/s,
     roofline); never serialised."""
+    idle: object | None = None
+    """``solver.idle.IdleDevices``: devices the free plan leaves repeating the same work, why
+    (modelled), and the data-parallel alternative's step (``sp.plan(..., prefer=...)``);
+    None when every device does its own share. Never serialised."""
     assignments: dict[int, tuple] = field(default_factory=dict)
     """Op index -> its chosen strategy's factor -> mesh axes pairs (``Strategy.assignment``):
     what each op splits, which its layouts alone do not always say (a result's layout is

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import itertools
 import re
+import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
 
@@ -445,6 +446,10 @@ def header_lines(plan: Plan, width: int) -> list[str]:
             if (trade := memory_trade(plan)) is not None:
                 lines += _row("memory trade", trade, width)
     lines += _row("strategy", strategy_words(plan), width)
+    if plan.idle is not None:  # solver/idle.py: devices repeating the same work, and why
+        text = textwrap.wrap(plan.idle.summary(), max(width - LABEL_WIDTH, 40))
+        lines += [f"{'idle devices':<{LABEL_WIDTH}}{text[0]}"]
+        lines += [" " * LABEL_WIDTH + line for line in text[1:]]
     wall = format_seconds(solver.wall_time) if solver.wall_time > 0 else "solve time not saved"
     lines += _row(
         "solver",

@@ -319,3 +319,24 @@ def test_a_closed_pipe_is_quiet(tmp_path):
     os.close(write_end)
     assert result.returncode == 0
     assert result.stderr == ""
+
+
+def test_plan_prefer_throughput_splits_an_idle_mesh(tmp_path, capsys):
+    """``--prefer throughput``: the example graph at a tiny size leaves 8 H100s repeating the
+    same step; the flag returns the data-parallel plan and its summary says why."""
+    import shardplan as sp
+
+    tiny = tmp_path / "tiny.py"
+    tiny.write_text(
+        f"import sys\nsys.path.insert(0, {str(ROOT / 'examples')!r})\n"
+        "from mlp_graph import make as _make\n\n\n"
+        "def make():\n    return _make(batch=8, model=64, hidden=128)\n"
+    )
+    args = ["plan", f"{tiny}:make", "--mesh", "dp=2,tp=4", "--cluster", "h100-sxm", "-q"]
+    with pytest.warns(sp.IdleDevicesWarning, match="8 devices repeat the same work"):
+        assert main(args) == 0
+    assert "idle devices   8 devices repeat the same work" in capsys.readouterr().out
+    assert main([*args, "--prefer", "throughput"]) == 0
+    out = capsys.readouterr().out
+    assert "batch over dp×tp" in out
+    assert "idle devices   prefer='throughput': the batch is split over dp×tp" in out

@@ -58,7 +58,7 @@ from hf_llama import make
 from shardplan.frontend.torch import simulate
 from torch.distributed.device_mesh import init_device_mesh
 model, (batch,) = make(kv_heads=4)
-plan = sp.plan(model, batch, mesh=sp.Mesh({"dp": 2, "tp": 2}))
+plan = sp.plan(model, batch, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"))
 simulate.simulated_world(4)
 device_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
 simulate.local_ranks(4).__enter__()
@@ -79,7 +79,7 @@ from shardplan.frontend.torch.pipeline import (
 )
 model, (batch,) = make(layers=4)
 ids = batch["input_ids"]
-plan = sp.plan(model, batch, mesh=sp.Mesh({"pp": 2}), microbatches=2)
+plan = sp.plan(model, batch, mesh=sp.Mesh({"pp": 2}, cluster="cpu-test"), microbatches=2)
 simulate.simulated_world(2)
 rank = 0
 """,
@@ -155,3 +155,45 @@ def test_snippet_runs(snippet: Snippet, tmp_path: Path):
     output = result.stdout + result.stderr
     assert result.returncode == 0, f"{snippet.id} failed after {took:.0f} s:\n{output[-4000:]}"
     assert "Traceback" not in output, output[-4000:]
+
+
+_SP_NAME = re.compile(r"`[^`]*?\bsp\.([A-Za-z_][\w.]*)")
+"""A name used through ``sp.`` inside inline code: ``sp.whatif(...)``, ``sp.strategies.dp``."""
+
+
+def test_every_sp_name_the_docs_use_exists() -> None:
+    """Inline code like ``sp.whatif(...)`` works after ``import shardplan as sp`` (issue 37:
+    the README showed ``sp.whatif``, which the package did not export)."""
+    import shardplan as sp
+
+    missing = set()
+    for document in DOCUMENTS:
+        for dotted in _SP_NAME.findall(document.read_text()):
+            target: object = sp
+            for part in dotted.rstrip(".").split("."):
+                if not hasattr(target, part):
+                    missing.add(f"{document.name}: sp.{dotted}")
+                    break
+                target = getattr(target, part)
+    assert not missing, sorted(missing)
+
+
+def test_readme_memory_breakdown_by_kind_works() -> None:
+    """The README's ``plan.memory_breakdown()["kv_cache"]`` (a ``MemoryProfile`` indexed by
+    kind); an unknown kind names the known ones."""
+    import shardplan as sp
+    from shardplan.ir import Graph, Origin, Role, TensorType
+
+    assert 'memory_breakdown()["kv_cache"]' in (ROOT / "README.md").read_text()
+    g = Graph(name="tiny")
+    x = g.add_input("x", TensorType((64, 32), "f32"), Role.INPUT, Origin(path="x"))
+    w = g.add_input("w", TensorType((32, 16), "f32"), Role.PARAMETER, Origin(path="w"))
+    g.set_outputs([g.add_op("dot", [x, w], [TensorType((64, 16), "f32")], names=["y"]).result])
+    plan = sp.plan(g, mesh=sp.Mesh({"dp": 2}, cluster="cpu-test"), time_limit=5)
+    memory = plan.memory_breakdown()
+    assert memory["kv_cache"] == memory.by_category.get("kv_cache", 0) == 0
+    assert memory["parameters"] == memory.by_category["parameters"] > 0
+    assert "parameters" in memory
+    assert dict(memory.items()) == memory.by_category
+    with pytest.raises(KeyError, match=r"no memory kind 'kv_cach'; kinds: .*kv_cache"):
+        memory["kv_cach"]

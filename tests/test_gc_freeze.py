@@ -50,8 +50,9 @@ def test_plan_leaves_a_callers_freeze_alone(frozen_while_planning: list[int]) ->
         # Frozen objects can still die by reference counting, so counts only shrink: the plan
         # neither unfroze the caller's objects nor froze the graph or its own on top.
         assert 0.9 * before < gc.get_freeze_count() <= before
-        assert len(frozen_while_planning) == 1
-        assert frozen_while_planning[0] <= before
+        # one solve, and one more for the data-parallel plan beside a plan with idle devices
+        assert 1 <= len(frozen_while_planning) <= 2
+        assert all(count <= before for count in frozen_while_planning)
     finally:
         gc.unfreeze()
 

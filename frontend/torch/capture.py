@@ -17,7 +17,8 @@ from typing import Any
 import torch
 from torch import fx, nn
 
-from ...ir import FrontendError, Graph, Mesh, Role, Sharding, Value
+from ...ir import FrontendError, Graph, Mesh, Role, Sharding, ShardplanError, Value
+from ...ir.errors import ArgumentError
 from ...passes.stamp_layers import StampedGraph
 from ...passes.stamp_layers import stamp_layers as stamp_graph
 from . import moe, optim, stack
@@ -64,9 +65,13 @@ class TorchContext:
     state_values: dict[str, dict[str, str]] = field(default_factory=dict)
     """Parameter FQN -> {state name: IR value name}."""
     input_values: list[str] = field(default_factory=list)
-    """IR value names of the tensor example inputs, in call order (positional, then keyword)."""
-    input_slots: list[int | str] = field(default_factory=list)
-    """Position or keyword of each tensor example input."""
+    """IR value names of the tensor example inputs, in call order (positional, then keyword,
+    then ``loss_inputs``)."""
+    input_slots: list[str] = field(default_factory=list)
+    """Path of each tensor example input in the call, bound by ``forward``'s signature
+    (``input_ids``, ``xs[1]``, ``batch['labels']``; ``loss_inputs[0]``: see ``inputs.py``)."""
+    input_binding: str = ""
+    """How the example inputs bound, for the progress line: ``x=[8, 4] float32, ...``."""
     module_inputs: dict[str, dict[int, str]] = field(default_factory=dict)
     """Module path -> {positional arg index: IR value name} at its first call."""
     module_outputs: dict[str, str] = field(default_factory=dict)
@@ -82,6 +87,9 @@ class TorchContext:
     optimizer: optim.OptimizerSpec = field(default_factory=optim.OptimizerSpec)
     steps: list[AtenStep] = field(default_factory=list)
     """Every aten call of the step in execution order (marks and ``getitem`` left out)."""
+    traced_ops: frozenset[str] = frozenset()
+    """Every aten overload the trace called (kept when ``steps`` is emptied): the ops
+    ``fallback.py`` checks DTensor's strategies for."""
     stamped: bool = False
     """Layers past the third were stamped, not traced: ``steps`` is empty (no replay)."""
     pins: dict[str, Sharding] = field(default_factory=dict)
@@ -116,26 +124,35 @@ def capture(
     *example_inputs: Any,
     mode: str = "train",
     loss_fn: Callable[..., torch.Tensor] | None = None,
+    loss_inputs: Any = None,
     optimizer: str = "adamw",
     lr: float = 1e-3,
     name: str | None = None,
     stamp_layers: bool = True,
     context_len: int | None = None,
+    **example_kwargs: Any,
 ) -> tuple[Graph, TorchContext]:
     """Trace and lower one step of ``model``.
 
     Args:
       model: the module; its parameters may be real, ``meta`` or fake (nothing is allocated).
-      example_inputs: tensors (real/meta/fake) passed positionally, or one dict of keyword
-        arguments (HF style ``{"input_ids": ids, "labels": ids}``).
+      example_inputs, example_kwargs: the example call, as the model is called: positional
+        and keyword inputs bound by ``forward``'s signature (HF style ``input_ids=ids,
+        labels=ids``, or one dict of them), each a tensor (real/meta/fake) or a pytree of
+        tensors (tuples, lists, dicts, dataclasses; ``None`` and numbers as constants);
+        ``inputs.py``. A keyword that names one of the options below is that option.
       mode: ``"train"`` (forward + backward + optimizer), ``"inference"`` (forward), or a
         serving step of a HF decoder with a static KV cache (``serving.py``): ``"prefill"``
         (the prompt ``input_ids`` written into the cache) or ``"decode"`` (one token per
         sequence, ``input_ids`` of shape ``[batch, 1]``, against ``context_len`` cached tokens).
       context_len: cache slots per sequence for ``"prefill"`` (default: the prompt length) and
         ``"decode"`` (required).
-      loss_fn: ``loss_fn(output, *positional_inputs)``; default: ``output.loss`` when the model
-        returns one, else the mean square of its first output tensor.
+      loss_fn: ``loss_fn(output, *loss_inputs)``, or ``loss_fn(output, *positional_inputs)``
+        without ``loss_inputs``; default: ``output.loss`` when the model returns one, else the
+        mean square of its first output tensor.
+      loss_inputs: a tuple of tensors (or pytrees) only ``loss_fn`` reads, such as targets:
+        ``capture(model, x, loss_fn=fn, loss_inputs=(y,))`` traces ``fn(model(x), y)``; they
+        are graph inputs (split with the batch like the others).
       optimizer: ``"adamw"`` (two fp32 moments per parameter), ``"sgd"``, or
         ``"sgd-momentum"`` (one fp32 momentum buffer, weight decay; torch.optim.SGD's step).
       stamp_layers: trace 3 layers of a deep stack of alike layers and stamp out the rest
@@ -151,39 +168,72 @@ def capture(
     moe.ensure_traceable(model)  # HF experts: a static-shape dispatch instead of grouped_mm
     spec = optim.OptimizerSpec(name=optimizer, lr=lr)
     _ = spec.state_names  # validates the optimizer name early
+    call = _Call(example_inputs, example_kwargs, loss_fn, _loss_inputs(loss_fn, loss_inputs))
+    if mode in ("prefill", "decode") and (example_kwargs or call.loss_inputs):
+        call = _serving_call(call, mode)
     layers = stack.find_stack(model) if stamp_layers else None
     if layers is not None:
         with stack.truncated(layers):
-            graph, context = _capture(model, example_inputs, mode, loss_fn, spec, name, context_len)
+            graph, context = _capture(model, call, mode, spec, name, context_len)
         stamped = stamp_graph(graph, layers.path, layers.size)
         if stamped is not None:
             return stamped.graph, _stamped_context(context, stamped)
-    return _capture(model, example_inputs, mode, loss_fn, spec, name, context_len)
+    return _capture(model, call, mode, spec, name, context_len)
 
 
-def _capture(
-    model, example_inputs, mode, loss_fn, spec, name, context_len=None
-) -> tuple[Graph, TorchContext]:  # type: ignore[no-untyped-def]
+@dataclass(frozen=True)
+class _Call:
+    """The example call of a capture."""
+
+    args: tuple
+    kwargs: dict
+    loss_fn: Callable[..., torch.Tensor] | None
+    loss_inputs: tuple
+
+
+def _loss_inputs(loss_fn: Any, loss_inputs: Any) -> tuple:
+    from .inputs import check_loss_inputs
+
+    return check_loss_inputs(loss_fn, loss_inputs)
+
+
+def _serving_call(call: _Call, mode: str) -> _Call:
+    """A serving step reads ``input_ids`` (positionally or in one dict)."""
+    if call.loss_inputs:
+        raise ArgumentError(f"mode={mode!r} has no loss: leave out loss_inputs=")
+    if call.args:
+        raise ArgumentError(f"mode={mode!r}: give input_ids positionally or by name, not both ways")
+    return _Call(({**call.kwargs},), {}, call.loss_fn, ())
+
+
+def _capture(model, call, mode, spec, name, context_len=None) -> tuple[Graph, TorchContext]:  # type: ignore[no-untyped-def]
     shape = None
     try:
         if mode in ("prefill", "decode"):
             from .serving import trace_serving
 
-            traced, shape = trace_serving(model, example_inputs, mode, context_len)
+            traced, shape = trace_serving(model, call.args, mode, context_len)
         else:
-            traced = trace(model, example_inputs, mode == "train", loss_fn, spec)
-    except FrontendError:
+            traced = trace(
+                model, call.args, mode == "train", call.loss_fn, spec, call.kwargs,
+                call.loss_inputs,
+            )  # fmt: skip
+    except ShardplanError:
         raise
     except Exception as exc:  # tracing failures surface as one typed error with the cause
-        raise FrontendError(
-            f"could not trace {type(model).__name__} with make_fx ({type(exc).__name__}: {exc}); "
-            "hint: the forward must run on fake tensors (no data-dependent Python control flow)"
-        ) from exc
+        from .diagnose import trace_failure
+        from .inputs import capture_hint
+
+        raise FrontendError(trace_failure(model, exc, capture_hint(exc))) from exc
     graph = Graph(name or type(model).__name__)
     context = TorchContext(mode=mode, tied=traced.tied, optimizer=spec, serving=shape)
     context.module_kinds = {path: _kind(m) for path, m in model.named_modules()}
     context.pins = dtensor_parameter_pins(model)
     _lower(traced, graph, context)
+    context.input_binding = ", ".join(
+        f"{slot}={graph.value(value).type}"
+        for slot, value in zip(context.input_slots, context.input_values, strict=True)
+    )
     return graph, context
 
 
@@ -240,6 +290,7 @@ def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
             add_input(low, node, Role.CONSTANT, node.target, module=low.module_of.get(node, ""))
     _record_marks(context, low.marks, traced.pins)
     _set_outputs(traced, graph, low, context)
+    context.traced_ops = frozenset(s.target for s in context.steps)
     if low.fold_broadcast_weights and _erase_dead_views(graph):
         context.steps = []  # op indices moved: a serving step is not replayed by follow_plan
 
@@ -328,7 +379,7 @@ def _record_input(context: TorchContext, role: str, path: str, value: str) -> No
         context.cache_values[path] = value
     elif role == "input":
         context.input_values.append(value)
-        context.input_slots.append(int(path[3:]) if path.startswith("arg") else path)
+        context.input_slots.append(path)
 
 
 def _record_marks(context: TorchContext, marks: dict[str, str], pins: list[Sharding]) -> None:

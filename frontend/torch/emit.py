@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
-from . import follow, local, nn_local, reshard, views
+from . import fallback, follow, inputs, local, lookup, nn_local, reshard, views
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -193,6 +193,7 @@ def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
     """
     context = context_of(plan)
     check_mesh(plan, device_mesh)
+    fallback.ensure_strategies(context.traced_ops)  # ops DTensor cannot shard run whole
     flattened_meshes(device_mesh)  # multi-axis collectives run as one (see there)
     _distribute_parameters(plan, context, model, device_mesh)
     _install_root_hooks(plan, context, model, device_mesh)
@@ -228,9 +229,10 @@ def _install_root_hooks(
         for slot, value in zip(context.input_slots, context.input_values, strict=True)
     }
     active: list[Any] = []
+    signature = inputs.forward_signature(model)
 
-    def distribute(x: Any, slot: int | str) -> Any:
-        if not isinstance(x, torch.Tensor) or isinstance(x, DTensor) or slot not in layouts:
+    def distribute(slot: str, x: torch.Tensor) -> Any:
+        if isinstance(x, DTensor) or slot not in layouts:
             return x
         return distribute_tensor(x, mesh, list(layouts[slot]), src_data_rank=None)
 
@@ -238,9 +240,8 @@ def _install_root_hooks(
         for cm in _forward_contexts(mesh):
             cm.__enter__()
             active.append(cm)
-        with follow.paused():
-            args = tuple(distribute(a, i) for i, a in enumerate(args))
-            return args, {k: distribute(v, k) for k, v in kwargs.items()}
+        with follow.paused():  # inputs bound by forward's signature, as capture bound them
+            return inputs.map_tensors(args, kwargs, signature, distribute)
 
     def post(module: nn.Module, args: tuple, out: Any) -> Any:
         while active:
@@ -287,15 +288,27 @@ class _ApplyMode(TorchFunctionMode):
             if out is not None:
                 return out
         elif func is F.embedding and len(args) > 1 and isinstance(args[1], DTensor):
-            table = one_vocab_split(args[1])
-            args = (ids_for_lookup(args[0], table), table, *args[2:])
+            return embedding(*args, **kwargs)
         elif (out := _local_call(func, args, kwargs)) is not None:
             return out
         elif func is F.linear and args and isinstance(args[0], DTensor) and args[0].ndim > 2:
             return linear(*args, **kwargs)
         elif func in _IN_PLACE_ADDS and len(args) > 1 and isinstance(args[0], DTensor):
             args = (args[0], pending_like(args[0], args[1]), *args[2:])
+        return _call(func, args, kwargs)
+
+
+def _call(func: Any, args: tuple, kwargs: dict) -> Any:
+    """``func``, or - when DTensor has no strategy for one of its aten ops - ``func`` on whole
+    tensors (``fallback.run_whole``; outside the follower's replay: it computes no planned
+    layout)."""
+    try:
         return func(*args, **kwargs)
+    except NotImplementedError as error:
+        if not fallback.is_unsupported(error):
+            raise
+    with follow.paused():
+        return fallback.run_whole(func, args, kwargs, follow.paused)
 
 
 _CATS = frozenset({torch.cat, torch.concat, torch.concatenate})
@@ -322,6 +335,16 @@ def _local_call(func: Any, args: tuple, kwargs: dict) -> Any:
     elif (local_nn := nn_local.intercept(func, args, kwargs)) is not NotImplemented:
         out = local_nn
     return out
+
+
+def embedding(ids: Any, table: DTensor, *args: Any, **kwargs: Any) -> Any:
+    """A lookup into a DTensor table: the project's (``lookup.py``) where the rows are split
+    and the call is a plain lookup; otherwise DTensor's, one vocabulary split at most."""
+    out = lookup.embedding(ids, table, *args, **kwargs)
+    if out is not None:
+        return out
+    table = one_vocab_split(table)
+    return F.embedding(ids_for_lookup(ids, table), table, *args, **kwargs)
 
 
 def local_attention(func: Any, args: tuple, kwargs: dict) -> DTensor | None:
@@ -488,12 +511,12 @@ def _replicate_saved_tensors(mesh: DeviceMesh) -> Any:
 def _install_boundary_hooks(plan: Plan, context: TorchContext, model: nn.Module) -> None:
     """Redistribute inputs/outputs of parameter-owning modules to their planned layouts."""
     modules = dict(model.named_modules())
-    for path, inputs in context.module_inputs.items():
+    for path, values in context.module_inputs.items():
         if path not in modules or path == "":
             continue
         want = {
             i: placements_of(consumed_layout(plan, v, path), plan.mesh, v)
-            for i, v in inputs.items()
+            for i, v in values.items()
         }
         modules[path].register_forward_pre_hook(_input_hook(want))
     for path, value in context.module_outputs.items():

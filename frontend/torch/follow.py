@@ -46,6 +46,8 @@ from . import (  # modules: emit imports this one too
     context_parallel,
     conv_local,
     emit,
+    fallback,
+    lookup,
     nn_local,
     reshard,
     views,
@@ -57,6 +59,7 @@ _MATMUL_ADD = {"aten.addmm.default": torch.ops.aten.mm, "aten.baddbmm.default": 
 _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 """Run-time calls that ``make_fx`` records under another name."""
 _ADD = "aten.add.Tensor"
+_EMBEDDING = "aten.embedding.default"
 _CLONE = "aten.clone.default"
 _COPY = "aten.copy_.default"
 _IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
@@ -127,6 +130,7 @@ class PlanFollower(TorchDispatchMode):
                 "this plan's capture stamped repeated layers instead of tracing them, so there "
                 "is no aten call list to follow; plan with stamp_layers=False to use follow_plan"
             )
+        fallback.ensure_strategies(context.traced_ops)  # ops DTensor cannot shard run whole
         replayed = [s for s in context.steps if s.module != "optimizer"]
         self.steps = [s for s in replayed if not s.identity]
         self.same: dict[str, str] = {}
@@ -338,6 +342,19 @@ class PlanFollower(TorchDispatchMode):
         if inplace and self._relayout(step, args[0]):
             return self._run_out_of_place(step, func, (args, kwargs), tensors, moved)
         args, kwargs = self._arguments(step, _replace((args, kwargs), iter(moved)))
+        if step.target in _EMPTY and step.results[0] in self.fill_layout:
+            return self._empty_at(func(*args, **kwargs), self.fill_layout[step.results[0]])
+        out = self._run_local(step, func, args, kwargs, moved)
+        if out is None:
+            self._check_internal(step)
+            out = func(*args, **kwargs)
+            if step.target.startswith("aten.arange") and self.order is not None:
+                out = self._positions(out)
+        return out if inplace else self._results(step, out)
+
+    def _run_local(self, step: AtenStep, func: Any, args: tuple, kwargs: dict, moved: list) -> Any:
+        """A call the follower runs itself (not through DTensor's dispatch); None: not one."""
+        out = None
         if step.target.rsplit(".", 1)[0].removesuffix("_backward") in _ATTENTION:
             qkv = moved[1:4] if "backward" in step.target else moved[:3]
             out = self._attention(func, args, kwargs, qkv)
@@ -347,29 +364,28 @@ class PlanFollower(TorchDispatchMode):
             out = conv_local.run(self, step, func, args, kwargs)
         elif step.target in VIEW_CALLS and (local := _local_view(args)) is not None:
             out = local
-        elif step.target in _EMPTY and step.results[0] in self.fill_layout:
-            return self._empty_at(func(*args, **kwargs), self.fill_layout[step.results[0]])
         elif step.target in _FILLS_LIKE and not any(
             self.plan.graph.ops[i].operands for i in step.ops
         ):
             out = self._fill_at(func, args, kwargs, step)
         elif nn_local.handles([self.plan.graph.ops[i].kind for i in step.ops]):
             out = nn_local.run_step(self, step, func, args, kwargs, moved)
+        elif step.target == _EMBEDDING and lookup.fits(*args[:2]):
+            out = lookup.masked_lookup(args[1], args[0])[0]  # the project's, not DTensor's
         elif step.target == "aten.cat.default" and len(args[0]) == 1:
             out = torch.ops.aten.clone.default(args[0][0])  # DTensor would gather the cat dim
-        else:
-            self._check_internal(step)
-            out = func(*args, **kwargs)
-            if step.target.startswith("aten.arange") and self.order is not None:
-                out = self._positions(out)
-        return out if inplace else self._results(step, out)
+        return out
 
     def _arguments(self, step: AtenStep, call: tuple) -> tuple:
         """The moved ``(args, kwargs)`` as eager ``cat`` and DTensor's embedding take them."""
         args, kwargs = call
         if step.target == "aten.cat.default":
             args = (without_legacy_empty(args[0]), *args[1:])
-        if step.target == "aten.embedding.default" and isinstance(args[0], DTensor):
+        if (
+            step.target == _EMBEDDING
+            and isinstance(args[0], DTensor)
+            and not lookup.fits(*args[:2])
+        ):
             table = emit.one_vocab_split(args[0])  # DTensor's mask: one vocabulary split
             if table is not args[0]:
                 self.deviations.append(f"{step.target}: table gathered to {table.placements}")
@@ -403,6 +419,7 @@ class PlanFollower(TorchDispatchMode):
             return False  # a broadcasting or casting copy stays in place
         return (
             isinstance(target, DTensor)
+            and not target._is_view()  # a write into a view must reach its base: in place
             and name is not None
             and step.operands[0] is not None
             and not same_layout(tuple(target.placements), self._placements(None, name))
@@ -522,10 +539,10 @@ class PlanFollower(TorchDispatchMode):
         if same_layout(have, want):
             return t
         fixed = tuple(
-            h if isinstance(w, Partial) and isinstance(h, Shard) else w
+            h if isinstance(w, Partial) and isinstance(h, (Shard, Replicate)) else w
             for h, w in zip(have, want, strict=True)
         )
-        if fixed != want:  # DTensor cannot turn a shard into a pending sum
+        if fixed != want:  # DTensor cannot turn a shard or a whole value into a pending sum
             self.deviations.append(f"{step.target}: cannot move {have} to {want}")
         moved, as_priced = reshard.reshard(t, fixed, self.plan.mesh)
         if not as_priced:

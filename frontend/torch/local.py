@@ -17,7 +17,7 @@ from collections.abc import Callable, Sequence
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, Placement, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 Placements = tuple[Placement, ...]
 
@@ -86,7 +86,7 @@ def run_local(
     as they are (``apply``'s saved-tensor hook would make them replicated DTensors)."""
     moved = [move(t, operand_placements(t, layout, rank)) for t in operands]
     with torch.autograd.graph.saved_tensors_hooks(_same, _same):
-        local = call(*(t.to_local() for t in moved))
+        local = call(*(t.to_local(grad_placements=_grad_placements(t, layout)) for t in moved))
     stride = tuple(math.prod(shape[d + 1 :]) for d in range(len(shape)))
     mesh = operands[0].device_mesh
     return DTensor.from_local(
@@ -96,6 +96,17 @@ def run_local(
 
 def _same(t: torch.Tensor) -> torch.Tensor:
     return t
+
+
+def _grad_placements(t: DTensor, layout: Placements) -> Placements:
+    """The placements of ``t``'s local gradient: a pending sum on the mesh dims that split a
+    call dim ``t`` broadcasts (lacks, or has size 1), as each rank's gradient then covers only
+    its block of that dim (T5's relative position bias ``[1, h, q, k]``, an attention mask
+    beside a batch split: the rank's batch rows' share); ``t``'s placements elsewhere."""
+    return tuple(
+        Partial() if isinstance(want, Shard) and isinstance(have, Replicate) else have
+        for want, have in zip(layout, t.placements, strict=True)
+    )
 
 
 def attention(

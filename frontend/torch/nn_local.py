@@ -301,9 +301,14 @@ def run_step(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict,
             n = 3 if ops[0].kind == "group_norm" else 5
             local_args = (*local_args[:n], local_args[1].shape[0] if n == 5 else
                           local_args[0].shape[0], *local_args[n + 1 :])  # fmt: skip
-        if step.target == RNN_BACKWARD:
+        if (
+            step.target == RNN_BACKWARD
+            and _RNN_ROWS.get(step.operands[-1]) != local_args[0].shape[1]
+        ):
             local_args = _fresh_workspace(local_args)
         out = func(*local_args, **local_kwargs)
+        if step.target == RNN_FORWARD:  # the rows its workspace is for
+            _RNN_ROWS[step.results[-1]] = local_args[0].shape[1]
         return _wrap_results(follower, step, out)
     env = {name: t for name, t in zip(step.operands, moved, strict=True) if name is not None}
     for index in step.ops:
@@ -313,7 +318,10 @@ def run_step(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict,
     return tuple(env.get(next(names) or "") if wanted else None for wanted in mask)
 
 
+RNN_FORWARD = "aten.mkldnn_rnn_layer.default"
 RNN_BACKWARD = "aten.mkldnn_rnn_layer_backward.default"
+_RNN_ROWS: dict[str, int] = {}
+"""Workspace value of a followed recurrent layer -> the local batch rows its forward ran."""
 
 
 def _fresh_workspace(a: tuple) -> tuple:
@@ -321,7 +329,9 @@ def _fresh_workspace(a: tuple) -> tuple:
 
     The kernel's workspace depends on the batch rows a rank ran; when the plan moves the
     backward's operands to another batch split than the forward's, the saved one does not fit
-    (the kernel aborts). The forward is run again on the backward's local operands."""
+    (the kernel aborts). The forward is run again on the backward's local operands (measured
+    on (2, 2, 2): the kernel then rejects the new workspace's type on simulated ranks; the
+    matrix lists that cell)."""
     forward = torch.ops.aten.mkldnn_rnn_layer.default
     # backward: (input, w0..w3, hx, cx, out, hy, cy, g_out, g_hy, g_cy, reverse, mode,
     # hidden_size, num_layers, has_biases, train, bidirectional, batch_sizes, batch_first, ws)

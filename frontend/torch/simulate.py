@@ -25,18 +25,30 @@ from ...solver.plan import Plan, Reshard
 from .emit import consumed_layout, context_of
 from .reshard import per_rank
 
+SIMULATED_RANKS = 64
+"""Ranks of the one fake world a process makes: any mesh up to this size is a sub-mesh of it."""
+
 
 def simulated_world(world_size: int) -> None:
-    """A fake process group of ``world_size`` ranks (collectives are no-ops), once per process."""
+    """A fake process group of at least ``world_size`` ranks (collectives are no-ops).
+
+    Made once per process, with ``max(world_size, SIMULATED_RANKS)`` ranks, and never
+    destroyed for a smaller mesh: a ``DeviceMesh`` of fewer ranks is a sub-mesh of it (its
+    groups are new groups of the world). Destroying the world to resize it (as this once did)
+    left every mesh built on the old one pointing at deleted process groups, and DTensor
+    caches sharding decisions per *equal* mesh, so a later run on a new, equal mesh resolved
+    the old groups: "Could not resolve the process group registered under the name 23" when
+    tests of several world sizes ran in one process (``SHARDPLAN_TEST_WORKERS=0``).
+    """
     if dist.is_initialized():
-        if dist.get_world_size() != world_size:
-            dist.destroy_process_group()
-        else:
+        if dist.get_world_size() >= world_size:
             return
+        dist.destroy_process_group()  # only for a mesh larger than SIMULATED_RANKS
     # Private: FakeStore registers the "fake" backend; there is no public equivalent.
     from torch.testing._internal.distributed.fake_pg import FakeStore
 
-    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=world_size)
+    size = max(world_size, SIMULATED_RANKS)
+    dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=size)
 
 
 @contextlib.contextmanager

@@ -30,7 +30,7 @@ from torch.nn.modules.module import (
 from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError
-from . import optim, optim_splice
+from . import inputs, optim, optim_splice
 
 LossFn = Callable[..., torch.Tensor]
 
@@ -42,7 +42,8 @@ class Placeholder:
     role: str
     """``param``, ``buffer``, ``state`` or ``input``."""
     path: str
-    """FQN (params, buffers), ``fqn#exp_avg`` (states) or the argument name (inputs)."""
+    """FQN (params, buffers), ``fqn#exp_avg`` (states) or the input's path in the call:
+    the ``forward`` parameter and pytree steps (``input_ids``, ``xs[1]``), ``loss_inputs[0]``."""
 
 
 @dataclass
@@ -160,12 +161,19 @@ def trace(
     train: bool,
     loss_fn: LossFn | None,
     spec: optim.OptimizerSpec,
+    example_kwargs: Mapping[str, Any] | None = None,
+    loss_inputs: tuple = (),
     optimizer_in_trace: bool = False,
 ) -> Traced:
-    """Trace one step of ``model``; see the module docstring. The optimizer update is traced once
-    per parameter class and spliced in (``optim_splice``); ``optimizer_in_trace`` traces it per
-    parameter inside the step instead (the reference the splice is tested and benched against)."""
-    args, kwargs = split_inputs(example_inputs)
+    """Trace one step of ``model``; see the module docstring. The example call is bound by
+    ``forward``'s signature (``inputs.py``); ``loss_inputs`` reach only ``loss_fn``. The
+    optimizer update is traced once per parameter class and spliced in (``optim_splice``);
+    ``optimizer_in_trace`` traces it per parameter inside the step instead (the reference the
+    splice is tested and benched against)."""
+    args, kwargs = inputs.bind(model, tuple(example_inputs), example_kwargs or {})
+    signature = inputs.forward_signature(model)
+    leaves = inputs.tensor_leaves(args, kwargs, signature)
+    leaves += inputs.tree_tensors(tuple(loss_inputs), "loss_inputs")
     params = dict(model.named_parameters())
     buffers = dict(model.named_buffers())
     tied = _tied_aliases(model)
@@ -173,20 +181,17 @@ def trace(
     mode = FakeTensorMode(allow_non_fake_inputs=False)
     fake_params = [fake_like(mode, p, requires_grad=train) for p in params.values()]
     fake_buffers = [fake_like(mode, b) for b in buffers.values()]
-    arg_slots = [i for i, a in enumerate(args) if isinstance(a, torch.Tensor)]
-    kw_slots = [k for k, v in kwargs.items() if isinstance(v, torch.Tensor)]
-    fake_inputs = [fake_like(mode, args[i]) for i in arg_slots]
-    fake_inputs += [fake_like(mode, kwargs[k]) for k in kw_slots]
+    fake_inputs = [fake_like(mode, t) for _, t in leaves]
     states = [s for p in fake_params for s in _fake_states(mode, spec, p)] if train else []
     names = list(params)
+    paths = [path for path, _ in leaves]
+
+    def faked(xs: list[torch.Tensor]) -> Callable[[str, torch.Tensor], torch.Tensor]:
+        by_path = dict(zip(paths, xs, strict=True))
+        return lambda path, _: by_path[path]
 
     def call(p: list[torch.Tensor], b: list[torch.Tensor], xs: list[torch.Tensor]) -> Any:
-        call_args, call_kwargs = list(args), dict(kwargs)
-        for slot, x in zip(arg_slots + kw_slots, xs, strict=True):
-            if isinstance(slot, int):
-                call_args[slot] = x
-            else:
-                call_kwargs[slot] = x
+        call_args, call_kwargs = inputs.map_tensors(args, kwargs, signature, faked(xs))
         tensors = {**dict(zip(names, p, strict=True)), **dict(zip(buffers, b, strict=True))}
         with module_annotations(model, boundaries):
             return functional_call(model, tensors, tuple(call_args), call_kwargs, strict=False)
@@ -195,7 +200,9 @@ def trace(
         with fx_traceback.annotate({"module": "loss"}):
             if loss_fn is None:
                 return default_loss(out)
-            return loss_fn(out, *[x for x in xs[: len(arg_slots)]])
+            if loss_inputs:
+                return loss_fn(out, *inputs.map_tree(tuple(loss_inputs), "loss_inputs", faked(xs)))
+            return loss_fn(out, *inputs.map_tensors(args, {}, signature, faked(xs))[0])
 
     updated: list[tuple[int, str, torch.Tensor]] = []
 
@@ -228,8 +235,7 @@ def trace(
     placeholders += [
         Placeholder("state", f"{n}#{s}") for n in names for s in (spec.state_names if train else ())
     ]
-    placeholders += [Placeholder("input", f"arg{i}") for i in arg_slots]
-    placeholders += [Placeholder("input", k) for k in kw_slots]
+    placeholders += [Placeholder("input", path) for path in paths]
     outputs = _output_specs(gm, train, names, spec)
     return Traced(gm, placeholders, outputs, names, tied, sorted(boundaries), pins)
 

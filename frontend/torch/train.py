@@ -8,18 +8,46 @@ from typing import Any
 
 import torch
 from torch import nn
-from torch.distributed.device_mesh import init_device_mesh
+from torch.distributed.device_mesh import DeviceMesh, init_device_mesh
 
+from ...ir import FrontendError
 from ...solver.plan import Plan
 from . import simulate
 from .trace import default_loss, split_inputs
 
 
-def step_loss(model: nn.Module, inputs: Sequence[Any], loss_fn: Any = None) -> torch.Tensor:
-    """The loss the captured step computes (the capture's default when ``loss_fn`` is None)."""
+def step_loss(
+    model: nn.Module, inputs: Sequence[Any], loss_fn: Any = None, loss_inputs: Sequence = ()
+) -> torch.Tensor:
+    """The loss the captured step computes (the capture's default when ``loss_fn`` is None;
+    ``loss_fn(output, *loss_inputs)`` with ``loss_inputs``, else ``loss_fn(output, *args)``)."""
     args, kwargs = split_inputs(inputs)
     out = model(*args, **kwargs)
-    return default_loss(out) if loss_fn is None else loss_fn(out, *args)
+    if loss_fn is None:
+        return default_loss(out)
+    return loss_fn(out, *(loss_inputs or args))
+
+
+def distribute_loss_inputs(plan: Plan, device_mesh: DeviceMesh, loss_inputs: Sequence) -> tuple:
+    """``loss_inputs`` (targets only ``loss_fn`` reads, ``sp.plan(..., loss_inputs=(y,))``) as
+    DTensors at their planned layouts, for ``loss_fn(applied_model(x), *these)``."""
+    from torch.distributed.tensor import distribute_tensor
+
+    from .emit import context_of, placements_of
+    from .inputs import map_tree
+
+    context = context_of(plan)
+    values = dict(zip(context.input_slots, context.input_values, strict=True))
+
+    def distribute(path: str, x: torch.Tensor) -> torch.Tensor:
+        if path not in values:
+            raise FrontendError(
+                f"{path} is not a loss input of this plan; give the loss_inputs it was planned with"
+            )
+        placements = placements_of(plan.shardings[values[path]], plan.mesh, values[path])
+        return distribute_tensor(x, device_mesh, list(placements), src_data_rank=None)
+
+    return tuple(map_tree(tuple(loss_inputs), "loss_inputs", distribute))
 
 
 def train_simulated(

@@ -33,7 +33,7 @@ INTRA_4 = [
 
 @pytest.mark.parametrize(("kind", "expected"), INTRA_4)
 def test_collective_time_one_axis_intra_node(kind: str, expected: float) -> None:
-    mesh = Mesh({"x": 4})
+    mesh = Mesh({"x": 4}, cluster="cpu-test")
     assert collective_time(kind, MB, ("x",), mesh, CPU) == pytest.approx(expected, rel=1e-12)
 
 
@@ -52,13 +52,13 @@ SPAN_8 = [
 
 @pytest.mark.parametrize(("kind", "expected"), SPAN_8)
 def test_collective_time_one_axis_spanning_nodes(kind: str, expected: float) -> None:
-    mesh = Mesh({"x": 8})
+    mesh = Mesh({"x": 8}, cluster="cpu-test")
     assert collective_time(kind, MB, "x", mesh, CPU) == pytest.approx(expected, rel=1e-12)
 
 
 def test_collective_time_literal_values() -> None:
     """The same formulas, written out as plain numbers once."""
-    mesh = Mesh({"x": 8})
+    mesh = Mesh({"x": 8}, cluster="cpu-test")
     assert collective_time("all-gather", MB, "x", mesh, CPU) == pytest.approx(31.875e-6)
     assert collective_time("reduce-scatter", MB, "x", mesh, CPU) == pytest.approx(185e-6)
     assert collective_time("all-reduce", MB, "x", mesh, CPU) == pytest.approx(53.75e-6)
@@ -88,26 +88,26 @@ DP_TP_16 = [
 
 @pytest.mark.parametrize(("kind", "expected"), INTRA_4)
 def test_collective_time_2d_inner_axis_is_intra_node(kind: str, expected: float) -> None:
-    mesh = Mesh({"dp": 4, "tp": 4})
+    mesh = Mesh({"dp": 4, "tp": 4}, cluster="cpu-test")
     assert collective_time(kind, MB, ("tp",), mesh, CPU) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize(("kind", "expected"), DP_4)
 def test_collective_time_2d_outer_axis_is_inter_node(kind: str, expected: float) -> None:
-    mesh = Mesh({"dp": 4, "tp": 4})
+    mesh = Mesh({"dp": 4, "tp": 4}, cluster="cpu-test")
     assert collective_time(kind, MB, ("dp",), mesh, CPU) == pytest.approx(expected, rel=1e-12)
 
 
 @pytest.mark.parametrize(("kind", "expected"), DP_TP_16)
 def test_collective_time_2d_axis_group_uses_slowest_link(kind: str, expected: float) -> None:
-    mesh = Mesh({"dp": 4, "tp": 4})
+    mesh = Mesh({"dp": 4, "tp": 4}, cluster="cpu-test")
     got = collective_time(kind, MB, ("dp", "tp"), mesh, CPU)
     assert got == pytest.approx(expected, rel=1e-12)
     assert collective_time(kind, MB, ("tp", "dp"), mesh, CPU) == got  # order is irrelevant
 
 
 def test_collective_time_2d_mesh_inside_one_node() -> None:
-    mesh = Mesh({"x": 2, "y": 2})
+    mesh = Mesh({"x": 2, "y": 2}, cluster="cpu-test")
     assert axis_links(mesh, CPU) == {"x": "intra-node", "y": "intra-node"}
     # n = 4, alpha 1 us, 100 GB/s
     assert collective_time("all-reduce", MB, ("x", "y"), mesh, CPU) == pytest.approx(16e-6)
@@ -115,13 +115,13 @@ def test_collective_time_2d_mesh_inside_one_node() -> None:
 
 
 def test_collective_time_single_device_group_and_empty_buffer_are_free() -> None:
-    mesh = Mesh({"dp": 1, "tp": 4})
+    mesh = Mesh({"dp": 1, "tp": 4}, cluster="cpu-test")
     assert collective_time("all-reduce", MB, "dp", mesh, CPU) == 0.0
     assert collective_time("all-gather", 0, "tp", mesh, CPU) == 0.0
 
 
 def test_collective_time_all_reduce_is_twice_all_gather_volume() -> None:
-    mesh = Mesh({"x": 4})
+    mesh = Mesh({"x": 4}, cluster="cpu-test")
     ag = collective_time("all-gather", MB, "x", mesh, CPU) - 1e-6
     ar = collective_time("all-reduce", MB, "x", mesh, CPU) - 1e-6
     assert ar == pytest.approx(2 * ag)
@@ -133,7 +133,7 @@ def test_collective_time_uses_mesh_cluster_by_default() -> None:
 
 
 def test_collective_time_rejects_unknown_kind_and_axis() -> None:
-    mesh = Mesh({"x": 4})
+    mesh = Mesh({"x": 4}, cluster="cpu-test")
     with pytest.raises(ValueError, match="unknown collective kind"):
         collective_time("broadcast", MB, "x", mesh, CPU)
     with pytest.raises(ShardingError, match="unknown mesh axis 'y'"):
@@ -141,15 +141,18 @@ def test_collective_time_rejects_unknown_kind_and_axis() -> None:
 
 
 def test_make_collective_records_kind_axes_bytes_and_time() -> None:
-    mesh = Mesh({"dp": 4, "tp": 4})
+    mesh = Mesh({"dp": 4, "tp": 4}, cluster="cpu-test")
     op = make_collective("all-reduce", MB, ("tp", "dp"), mesh, CPU)
     assert op == Collective("all-reduce", ("dp", "tp"), MB, 10e-6 + 2 * 15 / 16 * MB / 4e10)
 
 
 def test_axis_links_packs_innermost_axes_into_a_node() -> None:
-    assert axis_links(Mesh({"dp": 4, "tp": 4}), CPU) == {"dp": "inter-node", "tp": "intra-node"}
-    assert axis_links(Mesh({"x": 8}), CPU) == {"x": "inter-node"}
-    assert axis_links(Mesh({"a": 2, "b": 2, "c": 2}), CPU) == {
+    assert axis_links(Mesh({"dp": 4, "tp": 4}, cluster="cpu-test"), CPU) == {
+        "dp": "inter-node",
+        "tp": "intra-node",
+    }
+    assert axis_links(Mesh({"x": 8}, cluster="cpu-test"), CPU) == {"x": "inter-node"}
+    assert axis_links(Mesh({"a": 2, "b": 2, "c": 2}, cluster="cpu-test"), CPU) == {
         "a": "inter-node",
         "b": "intra-node",
         "c": "intra-node",
@@ -158,7 +161,7 @@ def test_axis_links_packs_innermost_axes_into_a_node() -> None:
 
 def test_group_link_aggregates_nics_up_to_the_intra_node_bandwidth() -> None:
     h100 = get_cluster("h100-sxm")
-    mesh = Mesh({"dp": 8, "tp": 8})
+    mesh = Mesh({"dp": 8, "tp": 8}, cluster="cpu-test")
     assert group_link(("dp",), mesh, h100).ring_bandwidth == pytest.approx(48e9)
     # all 8 GPUs of each node in the ring: 8 x 48 = 384 GB/s, capped by NVSwitch busbw 370
     assert group_link(("dp", "tp"), mesh, h100).ring_bandwidth == pytest.approx(370e9)

@@ -38,7 +38,7 @@ def test_compute_time_h100_uses_efficiency_factors() -> None:
 
 
 def test_value_bytes_divides_by_shard_count_not_partial_axes() -> None:
-    mesh = Mesh({"dp": 4, "tp": 4})
+    mesh = Mesh({"dp": 4, "tp": 4}, cluster="cpu-test")
     t = TensorType((64, 128), "bf16")  # 16,384 bytes
     assert value_bytes(t, Sharding.of(None, None), mesh) == 16384
     assert value_bytes(t, Sharding.of("dp", "tp"), mesh) == 1024

@@ -54,7 +54,7 @@ def test_levels_and_axis_links():
     assert (hop.p2p_bandwidth, hop.latency) == (1 * GB, 50e-6)
     assert group_link(("dp",), pipe, ISLANDS).level == "inter-node"
     # the two-level cluster is untouched
-    assert axis_links(Mesh({"dp": 4, "tp": 4}), get_cluster("cpu-test")) == {
+    assert axis_links(Mesh({"dp": 4, "tp": 4}, cluster="cpu-test"), get_cluster("cpu-test")) == {
         "dp": "inter-node", "tp": "intra-node",
     }  # fmt: skip
 

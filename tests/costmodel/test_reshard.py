@@ -18,7 +18,7 @@ from shardplan.ir.sharding import Sharding
 from shardplan.ir.types import TensorType
 
 CPU = get_cluster("cpu-test")
-MESH = Mesh({"dp": 4, "tp": 4})
+MESH = Mesh({"dp": 4, "tp": 4}, cluster="cpu-test")
 T = TensorType((64, 128), "f32")
 FULL, QUARTER, SIXTEENTH = 32768, 8192, 2048
 
@@ -123,7 +123,7 @@ def test_reshard_2d_same_tiling_other_order_is_collective_permute() -> None:
 def test_reshard_2d_axis_changing_dims_across_each_other() -> None:
     # dp (4) -> dim 1 and tp (4) -> dim 0 on a mesh where they differ in size: gather one,
     # then move the other
-    mesh = Mesh({"dp": 2, "tp": 4})
+    mesh = Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
     ops = plan(S("dp", "tp"), S("tp", "dp"), mesh)
     assert [op[0] for op in ops] == ["all-gather", "all-to-all"]
     assert ops[0] == ("all-gather", ("dp",), FULL // 4)
@@ -143,13 +143,13 @@ def test_reshard_rejects_shardings_that_do_not_fit() -> None:
 
 
 def test_reshard_single_device_axes_cost_nothing() -> None:
-    mesh = Mesh({"dp": 1, "tp": 4})
+    mesh = Mesh({"dp": 1, "tp": 4}, cluster="cpu-test")
     assert plan(S("dp", None), S(None, None), mesh) == []
     assert plan(S(None, None, partial=["dp"]), S(None, None), mesh) == []
 
 
 def test_reshard_bytes_on_a_node_spanning_axis() -> None:
-    mesh = Mesh({"x": 8})
+    mesh = Mesh({"x": 8}, cluster="cpu-test")
     ops = reshard(S("x", None), S(None, None), T, mesh, CPU)
     # x spans 2 nodes with 4 members each: 10 us + 7/8 * 32768 B / 40 GB/s
     assert [(op.kind, op.bytes) for op in ops] == [("all-gather", FULL)]
@@ -160,7 +160,7 @@ def test_reshard_refine_or_coarsen_a_dim_in_another_order_goes_through_a_permute
     # XLA's route (partial replication <-> a compatible tiling): slice the free axis locally and
     # permute into the target's device order, or permute the kept axis first and gather the
     # rest, rather than gathering the whole dim.
-    mesh = Mesh({"dp": 2, "tp": 4})
+    mesh = Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
     eighth = FULL // 8
     assert plan(S("tp", None), S(("dp", "tp"), None), mesh) == [
         ("collective-permute", ("dp", "tp"), eighth)
@@ -174,7 +174,7 @@ def test_reshard_refine_or_coarsen_a_dim_in_another_order_goes_through_a_permute
 def test_permute_axes_are_those_its_device_pairs_cross() -> None:
     """A permute moves data along the axes where a device and its partner differ, pairing the
     two layouts' tile assignments position by position as XLA does (replicas in mesh order)."""
-    mesh = Mesh({"dp": 2, "fsdp": 2, "tp": 2})
+    mesh = Mesh({"dp": 2, "fsdp": 2, "tp": 2}, cluster="cpu-test")
     # dp keeps its place in the middle: only fsdp and tp swap
     ops = plan(S(None, ("tp", "dp", "fsdp")), S(None, ("fsdp", "dp", "tp")), mesh)
     assert ops == [("collective-permute", ("fsdp", "tp"), FULL // 8)]
@@ -212,7 +212,7 @@ def _brute_force_permuted_axes(src, dst, mesh: Mesh) -> set[str]:
 
 @pytest.mark.parametrize("shape", [(2, 2, 2), (2, 4), (4, 2), (2, 1, 4), (2, 3)])
 def test_permuted_axes_closed_form_equals_the_device_pairs(shape) -> None:
-    mesh = Mesh(dict(zip(("x", "y", "z"), shape, strict=False)))
+    mesh = Mesh(dict(zip(("x", "y", "z"), shape, strict=False)), cluster="cpu-test")
     names = mesh.axis_names
     layouts = []
     for assign in itertools.product((None, 0, 1), repeat=len(names)):

@@ -25,7 +25,7 @@ def mesh_and_type(draw: st.DrawFn) -> tuple[Mesh, TensorType]:
     rank = draw(st.integers(1, 3))
     # every dim divisible by the whole mesh (at most 64), so any sharding fits
     shape = tuple(draw(st.sampled_from([64, 128])) for _ in range(rank))
-    return Mesh(dict(zip(AXES, sizes, strict=False))), TensorType(shape, "bf16")
+    return Mesh(dict(zip(AXES, sizes, strict=False)), cluster="cpu-test"), TensorType(shape, "bf16")
 
 
 @st.composite
@@ -138,7 +138,7 @@ def test_reshard_time_is_the_alpha_beta_sum_of_its_collectives(case) -> None:
     assert reshard_time(src, dst, type_, mesh, ONE_NODE) == pytest.approx(total, rel=1e-12)
 
 
-MESH_3D = Mesh({"a": 2, "b": 2, "c": 2})
+MESH_3D = Mesh({"a": 2, "b": 2, "c": 2}, cluster="cpu-test")
 F32 = TensorType((64, 128), "f32")  # 32,768 bytes
 S = Sharding.of
 

@@ -11,7 +11,7 @@ from shardplan.ir.registry import known_kinds
 
 
 def test_builder_mlp_infers_types_and_verifies() -> None:
-    b = GraphBuilder("mlp", Mesh({"dp": 2, "tp": 2}))
+    b = GraphBuilder("mlp", Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"))
     x = b.input("x", (8, 16), sharding=Sharding.of("dp", None), pinned=True)
     w1, w2 = b.param("w1", (16, 32)), b.param("w2", (32, 16), "f32")
     h = b.relu(b.dot(x, w1))

@@ -44,7 +44,7 @@ def mlp_graph() -> Graph:
 
 
 def transformer_block() -> Graph:
-    b = GraphBuilder("block", Mesh({"dp": 2, "tp": 4}))
+    b = GraphBuilder("block", Mesh({"dp": 2, "tp": 4}, cluster="cpu-test"))
     ids = b.input("ids", (4, 8), "i64")
     labels = b.input("labels", (4, 8), "i64")
     emb = b.param("embed.weight", (32, 16))
@@ -154,7 +154,7 @@ def test_printer_parser_round_trip_float_attrs_exact() -> None:
 
 
 def test_printer_parser_round_trip_result_meta_and_zero_results() -> None:
-    g = Graph("meta", Mesh({"x": 2}))
+    g = Graph("meta", Mesh({"x": 2}, cluster="cpu-test"))
     a = g.add_input("a", TensorType((4,)), Role.OPTIMIZER_STATE)
     op = g.add_op("add", [a, a], [a.type], origin=Origin(module="opt"))
     op.result.role, op.result.pinned = Role.PARAMETER, True

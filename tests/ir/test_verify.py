@@ -10,7 +10,7 @@ from shardplan.ir.verify import verify
 
 def small_graph() -> Graph:
     """x[4,8] @ w[8,6] -> relu, on a 2x2 mesh."""
-    g = Graph("small", Mesh({"dp": 2, "tp": 2}))
+    g = Graph("small", Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"))
     x = g.add_input("x", TensorType((4, 8)))
     w = g.add_input("w", TensorType((8, 6)), Role.PARAMETER)
     h = g.add_op("dot", [x, w], [TensorType((4, 6))], origin=Origin("", "layers.0.fc", "m.py:3"))

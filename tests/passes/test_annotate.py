@@ -7,7 +7,7 @@ from shardplan.ir import Graph, Mesh, Origin, Role, Sharding, ShardingError, Ten
 from shardplan.passes import PassManager, PassSpec
 from shardplan.passes.annotate import AnnotateOptions, annotate, annotate_pass
 
-MESH = Mesh({"dp": 2, "tp": 4})
+MESH = Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
 COLWISE = Sharding.of(None, "tp")
 
 

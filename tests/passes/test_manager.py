@@ -48,7 +48,7 @@ def _break(graph: Graph, options: object) -> Graph:
 
 
 def _graph() -> Graph:
-    g = Graph("mlp", mesh=Mesh({"dp": 2, "tp": 4}))
+    g = Graph("mlp", mesh=Mesh({"dp": 2, "tp": 4}, cluster="cpu-test"))
     x = g.add_input("x", TensorType((16, 64)), sharding=Sharding.of("dp", None), pinned=True)
     w = g.add_input("w", TensorType((64, 32)), sharding=Sharding.of(None, "tp"), pinned=True)
     y = g.add_op("dot", [x, w], [TensorType((16, 32))], names=["y"]).result

@@ -14,7 +14,7 @@ from shardplan.passes.propagate import (
     run_propagation,
 )
 
-MESH = Mesh({"dp": 2, "tp": 4})
+MESH = Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
 
 
 def _t(*shape: int) -> TensorType:
@@ -96,7 +96,7 @@ def test_propagate_reshape_backward_merges_into_compound_dim() -> None:
     b.sharding, b.pinned = Sharding.of("dp", None, "tp", None), True
     propagate(g)
     assert a.sharding == Sharding.of("dp", None, "tp")
-    full = Graph("reshape_full", mesh=Mesh({"x": 8, "y": 2}))
+    full = Graph("reshape_full", mesh=Mesh({"x": 8, "y": 2}, cluster="cpu-test"))
     c = full.add_input("c", _t(128))
     d = full.add_op("reshape", [c], [_t(8, 16)]).result
     d.sharding, d.pinned = Sharding.of("x", "y"), True

@@ -9,7 +9,7 @@ from shardplan.ir.printer import print_graph
 from shardplan.passes.annotate import annotate
 from shardplan.passes.propagate import propagate
 
-MESH = Mesh({"dp": 2, "tp": 4})
+MESH = Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
 
 
 def _t(*shape: int) -> TensorType:

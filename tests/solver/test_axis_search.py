@@ -38,7 +38,7 @@ def test_pins_split_by_some_outer_axes_have_no_merged_form() -> None:
 
 
 def test_layout_coordinates_name_the_dim_of_each_axis() -> None:
-    mesh = sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2})
+    mesh = sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2}, cluster="cpu-test")
     assert layout_coords(Sharding((("dp", "fsdp"), ("tp",))), mesh) == (0, 0, 1)
     assert layout_coords(Sharding(((), ("fsdp",))), mesh) == (None, 1, None)
 

@@ -55,7 +55,7 @@ def test_query_split_leaves_only_dk_dv_partial() -> None:
     assert op.rule.summed == (("s", (1, 2)),)
     assert op.rule.partial_factors(0) == frozenset()
     assert op.rule.partial_factors(1) == frozenset({"s"})
-    mesh = Mesh({"cp": 4})
+    mesh = Mesh({"cp": 4}, cluster="cpu-test")
     split = [s for s in op_strategies(op, mesh) if dict(s.assignment).get("s") == ("cp",)]
     assert len(split) == 1
     (strategy,) = split
@@ -70,7 +70,7 @@ def test_axis_search_neighbourhood_keeps_dk_dv_partial() -> None:
     the full one: with the query split over an axis, dK/dV are partial over it (they were
     left unpartial, so the plan did not price their reduction)."""
     op = attention_backward_graph().ops[-1]
-    mesh = Mesh({"dp": 2, "fsdp": 2, "cp": 2})
+    mesh = Mesh({"dp": 2, "fsdp": 2, "cp": 2}, cluster="cpu-test")
     full = {(s.operands, s.results) for s in op_strategies(op, mesh)}
     for center in {op_coords(s, mesh) for s in op_strategies(op, mesh)}:
         near = op_strategies_near(op, mesh, center)
@@ -107,7 +107,7 @@ def test_causal_imbalance_is_the_last_chunks_share() -> None:
         assert causal_imbalance(n, balanced=True) == 1.0
     graph = attention_backward_graph()
     op = graph.ops[-1]
-    mesh = Mesh({"cp": 4})
+    mesh = Mesh({"cp": 4}, cluster="cpu-test")
     q_split = [Sharding(((), (), ("cp",), ()))] * 2 + [Sharding.replicated(4)] * 3
     assert attention_work_factor(op, q_split, mesh, CPU) == 1.0
     op.attrs["load_balance"] = False
@@ -179,7 +179,7 @@ def test_ilp_equals_brute_force_with_query_split_strategies() -> None:
 
 def test_propagation_makes_only_dk_dv_partial() -> None:
     """GSPMD mode: queries pinned split along the sequence give dQ split, dK/dV pending sums."""
-    b = GraphBuilder("prop", Mesh({"x": 4}))
+    b = GraphBuilder("prop", Mesh({"x": 4}, cluster="cpu-test"))
     seq = Sharding(((), (), ("x",), ()))
     q = b.input("q", (1, 2, 16, 8), "bf16", sharding=seq, pinned=True)
     g = b.input("g", (1, 2, 16, 8), "bf16", sharding=seq, pinned=True)
@@ -218,7 +218,7 @@ def test_head_tail_order_balances_every_contiguous_split(ranks: int) -> None:
 
 def test_balanced_query_split_needs_one_order_for_all_ops() -> None:
     graph = attention_backward_graph(s=16, t=16)
-    mesh = Mesh({"a": 2, "b": 2})
+    mesh = Mesh({"a": 2, "b": 2}, cluster="cpu-test")
     op = graph.ops[-1]
     rep = Sharding.replicated(4)
 

@@ -81,7 +81,7 @@ def _cell(model: str, mesh_name: str, kind: str):
     key = (model, mesh_name, kind)
     if key not in _CELLS:
         step, args = MODELS[model]()
-        mesh = sp.Mesh(MESHES[mesh_name])
+        mesh = sp.Mesh(MESHES[mesh_name], cluster="cpu-test")
         pins = None
         if kind != "free":
             graph, _ = capture(step, *args)

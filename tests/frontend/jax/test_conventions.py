@@ -27,7 +27,7 @@ MESH = {"dp": 8}
 def _fsdp_plan(step, args):
     """A plan with ``sp.strategies.fsdp`` pins (a tiny model's free plan may replicate)."""
     graph, _ = capture(step, *args)
-    mesh = sp.Mesh(MESH)
+    mesh = sp.Mesh(MESH, cluster="cpu-test")
     by_name = {v.name: v for v in graph.inputs}
     pins = {by_name[n].origin.path: s for n, s in sp.strategies.fsdp().pins(graph, mesh).items()}
     plan = sp.plan(step, *args, mesh=mesh, pins=pins)
@@ -99,7 +99,7 @@ def test_an_in_place_nnx_jit_step_is_refused_with_the_functional_form():
         return loss
 
     with pytest.raises(FrontendError, match=r"in place .*nnx\.split") as info:
-        sp.plan(train_step, model, optimizer, X, Y, mesh=sp.Mesh(MESH))
+        sp.plan(train_step, model, optimizer, X, Y, mesh=sp.Mesh(MESH, cluster="cpu-test"))
     assert "\n" not in str(info.value)
     after = model.l1.kernel.get_value()  # the trace left the user's model as it was
     assert isinstance(after, jax.Array)
@@ -192,7 +192,7 @@ def test_an_equinox_cnn_plans_data_parallel_and_runs_the_planned_collectives():
 
     args = (model, opt_state, x, y)
     pins = {"x": sp.Sharding.of("dp", None, None, None)}
-    plan = sp.plan(step, *args, mesh=sp.Mesh(MESH), pins=pins)
+    plan = sp.plan(step, *args, mesh=sp.Mesh(MESH, cluster="cpu-test"), pins=pins)
     convs = [i for i, op in enumerate(plan.graph.ops) if op.kind == "convolution"]
     assert any(plan.assignments.get(i) for i in convs)  # the batch splits the convs
     jitted = plan.jit(step, make_jax_mesh(plan))

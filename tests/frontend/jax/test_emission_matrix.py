@@ -83,7 +83,7 @@ def _cell(model: str, mesh_name: str, kind: str):
 
 def _plan_cell(model: str, mesh_name: str, kind: str):
     step, args = _model(model)
-    mesh = sp.Mesh(MESHES[mesh_name])
+    mesh = sp.Mesh(MESHES[mesh_name], cluster="cpu-test")
     pins = None
     if kind != "free":
         graph, _ = capture(step, *args)

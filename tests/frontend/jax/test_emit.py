@@ -47,14 +47,14 @@ def test_partition_spec_and_mesh():
     assert partition_spec(Sharding.of("dp", None, ("tp", "sp"))) == PartitionSpec(
         "dp", None, ("tp", "sp")
     )
-    jax_mesh = make_jax_mesh(Mesh({"dp": 2, "tp": 4}))
+    jax_mesh = make_jax_mesh(Mesh({"dp": 2, "tp": 4}, cluster="cpu-test"))
     assert dict(jax_mesh.shape) == {"dp": 2, "tp": 4}
     assert jax_mesh.axis_types == (AxisType.Auto, AxisType.Auto)
 
 
 def test_in_shardings_mirror_the_argument_pytrees():
     step, args = jax_mlp.make()
-    plan = _hand_plan(step, args, Mesh({"dp": 2, "tp": 4}), _megatron)
+    plan = _hand_plan(step, args, Mesh({"dp": 2, "tp": 4}, cluster="cpu-test"), _megatron)
     specs = plan.to_partition_specs()
     assert jax.tree.structure(specs, is_leaf=lambda x: isinstance(x, PartitionSpec)) == (
         jax.tree.structure(args)
@@ -67,7 +67,9 @@ def test_in_shardings_mirror_the_argument_pytrees():
 @pytest.mark.parametrize("shape", [(2, 4), (4, 2)])
 def test_jit_matches_unsharded_numerics(shape):
     step, args = jax_mlp.make()
-    plan = _hand_plan(step, args, Mesh(dict(zip(("dp", "tp"), shape, strict=True))), _megatron)
+    plan = _hand_plan(
+        step, args, Mesh(dict(zip(("dp", "tp"), shape, strict=True)), cluster="cpu-test"), _megatron
+    )
     jax_mesh = make_jax_mesh(plan)
     got = plan.jit(step, jax_mesh)(*args)
     want = jax.jit(step)(*args)
@@ -79,7 +81,7 @@ def test_jit_matches_unsharded_numerics(shape):
 def test_jit_defaults_to_the_planned_function_and_mesh():
     """``plan.jit()`` with no arguments: the captured function on ``make_jax_mesh(plan)``."""
     step, args = jax_mlp.make()
-    plan = _hand_plan(step, args, Mesh({"dp": 2, "tp": 4}), _megatron)
+    plan = _hand_plan(step, args, Mesh({"dp": 2, "tp": 4}, cluster="cpu-test"), _megatron)
     got = plan.jit()(*args)
     want = jax.jit(step)(*args)
     for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):

@@ -32,7 +32,7 @@ The GPT's free plan on (4, 2) was one until the emitter bound a dot's pending su
 
 
 def _mesh(shape: tuple[int, ...]) -> sp.Mesh:
-    return sp.Mesh(dict(zip(("dp", "tp"), shape, strict=False)))
+    return sp.Mesh(dict(zip(("dp", "tp"), shape, strict=False)), cluster="cpu-test")
 
 
 @functools.cache
@@ -105,8 +105,8 @@ def test_scatter_add_reduced_onto_its_window_dim(axis):
     pins = {"params['table']": model_dim, "batch['ids']": sp.Sharding.of("dp", None)}
     graph, context = capture(step, *args)
     plan = plan_graph(
-        graph, sp.Mesh({"dp": 8}), pins=pins, time_limit=10, merge_followers=True,
-        semantics=context.partial_semantics,
+        graph, sp.Mesh({"dp": 8}, cluster="cpu-test"), pins=pins, time_limit=10,
+        merge_followers=True, semantics=context.partial_semantics,
     )  # fmt: skip
     plan.frontend_context = context
     table = plan.graph.inputs[0].type
@@ -142,7 +142,12 @@ def test_scanned_gpt_plans_the_body_once_and_matches_numerics(shape):
 def test_scanned_layers_are_unrolled_when_pipelined():
     # Stages split the layers of a scan, so a pipelined plan captures every iteration.
     step, args = jax_gpt.make(jax_gpt.GPTConfig(n_layers=4, scan_layers=True), abstract=True)
-    plan = sp.plan(step, *args, mesh=sp.Mesh({"pp": 2, "dp": 4}), time_limit=PLAN_TIME_LIMIT)
+    plan = sp.plan(
+        step,
+        *args,
+        mesh=sp.Mesh({"pp": 2, "dp": 4}, cluster="cpu-test"),
+        time_limit=PLAN_TIME_LIMIT,
+    )
     assert len(plan.stages) == 2
     assert all(op.repeat == 1 for op in plan.graph.ops)
     assert {"layers.0", "layers.3"} <= {op.origin.module for op in plan.graph.ops}
@@ -259,7 +264,7 @@ TP_FSDP_PINS = {  # 2-D: Megatron column/row on tp, and the other weight dim sha
 )
 def test_fsdp_style_plans_match_numerics_and_collectives(mesh, pins):
     step, args = jax_mlp.make()
-    plan = sp.plan(step, *args, mesh=sp.Mesh(mesh), pins=pins, time_limit=10)
+    plan = sp.plan(step, *args, mesh=sp.Mesh(mesh, cluster="cpu-test"), pins=pins, time_limit=10)
     for path, layout in pins.items():
         if "*" not in path:
             value = next(v for v in plan.graph.inputs if v.origin.path == path)

@@ -19,7 +19,7 @@ from shardplan.ir import Mesh
 
 pytestmark = pytest.mark.jax
 
-MESH = Mesh({"data": 2, "model": 4})
+MESH = Mesh({"data": 2, "model": 4}, cluster="cpu-test")
 
 
 @pytest.mark.parametrize(

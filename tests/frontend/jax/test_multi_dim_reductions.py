@@ -34,7 +34,7 @@ MESH = {"dp": 2, "fsdp": 2, "tp": 2}
 def _plan_and_check(fn, args, pins):
     """Plan ``fn`` with ``pins``; XLA's collectives must be the plan's and the result the
     unsharded one's. Returns the plan."""
-    plan = sp.plan(fn, *args, mesh=sp.Mesh(MESH), pins=pins)
+    plan = sp.plan(fn, *args, mesh=sp.Mesh(MESH, cluster="cpu-test"), pins=pins)
     jitted = plan.jit(fn, make_jax_mesh(plan))
     check_plan_collectives(plan, jitted, *args)
     planned, plain = jax.tree.leaves(jitted(*args)), jax.tree.leaves(jax.jit(fn)(*args))
@@ -94,7 +94,8 @@ SCANNED_GPT_ON_FOUR_AXES = textwrap.dedent(
     from jax_gpt import GPTConfig, make
 
     step, args = make(GPTConfig(scan_layers=True, adam_eps=1e-4))
-    plan = sp.plan(step, *args, mesh=sp.Mesh({"dp": 2, "fsdp": 2, "cp": 2, "tp": 2}))
+    mesh = sp.Mesh({"dp": 2, "fsdp": 2, "cp": 2, "tp": 2}, cluster="cpu-test")
+    plan = sp.plan(step, *args, mesh=mesh)
     print("solver", plan.solver.status)
     jax_check(plan, step, args, steps=2)
     """

@@ -18,7 +18,7 @@ from shardplan.frontend.jax.pending import Pending, explicit_dot, sum_axes
 
 pytestmark = pytest.mark.jax
 
-MESH = sp.Mesh({"dp": 4, "tp": 2})
+MESH = sp.Mesh({"dp": 4, "tp": 2}, cluster="cpu-test")
 BATCH = sp.Sharding.of("tp", None)
 PRODUCT = sp.Sharding.of(None, None, partial=["tp"])
 TARGET = sp.Sharding.of(None, "tp")
@@ -85,7 +85,7 @@ def test_a_staged_reduction_on_three_axes_is_the_planned_one() -> None:
     emission matrix). Pinning each layout of ``pinned_layouts(..., partial=True)`` on the
     explicit form gives exactly those collectives; a regrouping reshape of the pending dims, or
     a path without the partial layouts, made XLA gather tp and all-reduce the whole product."""
-    mesh3 = sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2})
+    mesh3 = sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2}, cluster="cpu-test")
     jax_mesh = make_jax_mesh(mesh3)
     left, right = sp.Sharding.of(("dp", "fsdp"), "tp"), sp.Sharding.of(("dp", "fsdp"), None)
     product = sp.Sharding.of("tp", None, partial=["dp", "fsdp"])

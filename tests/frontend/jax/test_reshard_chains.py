@@ -26,8 +26,8 @@ from shardplan.ir import Mesh, Sharding, TensorType
 
 pytestmark = pytest.mark.jax
 
-MESH_2X4 = Mesh({"dp": 2, "tp": 4})
-MESH_222 = Mesh({"dp": 2, "fsdp": 2, "tp": 2})
+MESH_2X4 = Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
+MESH_222 = Mesh({"dp": 2, "fsdp": 2, "tp": 2}, cluster="cpu-test")
 
 CASES = [
     # GPT-1 Megatron on (2, 4): gather tp, move dp (XLA alone: one slice + permute)

@@ -21,7 +21,7 @@ def test_unrolled_layers_are_recognised_as_repeated() -> None:
 
 @pytest.mark.slow
 def test_unrolled_step_is_no_worse_than_scan() -> None:
-    mesh = sp.Mesh({"dp": 2, "tp": 4})
+    mesh = sp.Mesh({"dp": 2, "tp": 4}, cluster="cpu-test")
     steps = {}
     for scan in (False, True):
         step, args = jax_gpt.make(jax_gpt.GPTConfig(scan_layers=scan), abstract=True)

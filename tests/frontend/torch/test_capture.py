@@ -42,7 +42,7 @@ def test_capture_models_plan_without_unknown_ops(examples, axes) -> None:  # typ
     for name, (model, inputs) in _models(examples):
         with warnings.catch_warnings():
             warnings.simplefilter("error", sp.UnsupportedOpWarning)
-            plan = sp.plan(model, *inputs, mesh=sp.Mesh(axes), time_limit=10)
+            plan = sp.plan(model, *inputs, mesh=sp.Mesh(axes, cluster="cpu-test"), time_limit=10)
         placements = plan.to_placements()
         expected = {n for n, _ in model.named_parameters(remove_duplicate=False)}
         assert set(placements) == expected, name
@@ -109,7 +109,7 @@ def test_capture_unknown_op_warns_with_module_path() -> None:
     with pytest.warns(sp.UnsupportedOpWarning, match=r"'flip'.*at 0 "):
         graph, _ = capture(model, torch.randn(2, 4))
     assert any(op.kind == "aten.flip" for op in graph.ops)
-    plan = sp.plan(model, torch.randn(2, 4), mesh=sp.Mesh({"x": 2}))
+    plan = sp.plan(model, torch.randn(2, 4), mesh=sp.Mesh({"x": 2}, cluster="cpu-test"))
     assert plan.to_placements()
 
 

@@ -143,7 +143,7 @@ def _mesh_for(mesh: str, kind: str) -> sp.Mesh:
     axes = dict(MESHES[mesh])
     if mesh == "8" and kind == "megatron":
         axes = {"tp": 8}
-    return sp.Mesh(axes)
+    return sp.Mesh(axes, cluster="cpu-test")
 
 
 def _pins(kind: str, family: Family, mesh: sp.Mesh) -> dict | None:
@@ -291,7 +291,7 @@ def test_reshard_reduce_scatters_over_two_axes_at_once() -> None:
     from shardplan.ir import Sharding, TensorType
     from torch.distributed.tensor import DTensor, Partial, Replicate, distribute_tensor
 
-    mesh = sp.Mesh(MESHES["2x2x2"])
+    mesh = sp.Mesh(MESHES["2x2x2"], cluster="cpu-test")
     device_mesh = _device_mesh(mesh)
     src = Sharding((("tp",), ()), frozenset({"dp", "fsdp"}))
     dst = Sharding((("tp",), ("dp", "fsdp")))
@@ -321,7 +321,7 @@ def test_lookup_in_a_row_and_column_split_table_with_split_ids() -> None:
     from shardplan.frontend.torch.emit import ids_for_lookup
     from torch.distributed.tensor import Replicate, distribute_tensor
 
-    device_mesh = _device_mesh(sp.Mesh(MESHES["2x2x2"]))
+    device_mesh = _device_mesh(sp.Mesh(MESHES["2x2x2"], cluster="cpu-test"))
     torch.manual_seed(0)
     table, ids = torch.randn(VOCAB, HIDDEN), torch.randint(0, VOCAB, (BATCH, SEQ))
     want = torch.nn.functional.embedding(ids, table) * 8.0

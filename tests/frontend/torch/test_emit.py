@@ -79,13 +79,15 @@ def _check_numerics(plan, model, inputs, follow: bool = False) -> Applied:  # ty
 def llama_2x2(examples):  # type: ignore[no-untyped-def]
     """The small HF Llama and its plan on a (2, 2) mesh (planned once for this file)."""
     model, inputs = examples["hf_llama"].make(batch=4, layers=1)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), time_limit=10)
+    plan = sp.plan(
+        model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"), time_limit=10
+    )
     return plan, model, inputs
 
 
 def test_apply_mlp_matches_plain_module_on_2x2(examples) -> None:  # type: ignore[no-untyped-def]
     model, inputs = examples["torch_mlp"].make(batch=16, dim=32, hidden=256)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}))
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"))
     _check_numerics(plan, model, inputs)
 
 
@@ -97,7 +99,7 @@ def test_apply_megatron_hand_pins_match_plain_module(examples) -> None:  # type:
     """Pinned column -> row layouts (Megatron) run as planned and give the same gradients."""
     model, inputs = examples["torch_mlp"].make(batch=8, dim=32, hidden=128, bias=False)
     pins = {"fc1.weight": sp.Sharding.of("tp", None), "fc2.weight": sp.Sharding.of(None, "tp")}
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), pins=pins)
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"), pins=pins)
     assert plan.to_placements()["fc1.weight"][1] == Shard(0)
     _check_numerics(plan, model, inputs)
 
@@ -105,19 +107,31 @@ def test_apply_megatron_hand_pins_match_plain_module(examples) -> None:  # type:
 def _megatron_mlp(examples):  # type: ignore[no-untyped-def]
     model, inputs = examples["torch_mlp"].make(batch=8, dim=32, hidden=128)
     pins = {"fc1.weight": sp.Sharding.of("tp", None), "fc2.weight": sp.Sharding.of(None, "tp")}
-    return sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), pins=pins), model, inputs
+    return (
+        sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"), pins=pins),
+        model,
+        inputs,
+    )
 
 
 def _fsdp_mlp(examples):  # type: ignore[no-untyped-def]
     model, inputs = examples["torch_mlp"].make(batch=1024, dim=32, hidden=64, bias=False)
-    return sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2})), model, inputs
+    return (
+        sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test")),
+        model,
+        inputs,
+    )
 
 
 def _tp_fsdp_mlp(examples):  # type: ignore[no-untyped-def]
     """2-D: Megatron column/row on tp, the other weight dim sharded over dp (TP x FSDP)."""
     model, inputs = examples["torch_mlp"].make(batch=8, dim=32, hidden=128, bias=False)
     pins = {"fc1.weight": sp.Sharding.of("tp", "dp"), "fc2.weight": sp.Sharding.of("dp", "tp")}
-    return sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), pins=pins), model, inputs
+    return (
+        sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"), pins=pins),
+        model,
+        inputs,
+    )
 
 
 CASES = {"mlp-megatron": _megatron_mlp, "mlp-fsdp": _fsdp_mlp, "mlp-tp-fsdp": _tp_fsdp_mlp}
@@ -144,7 +158,7 @@ def test_follow_plan_collective_counts_match_plan(case, examples, request) -> No
 def test_known_answer_large_batch_is_data_parallel(examples) -> None:  # type: ignore[no-untyped-def]
     """A large batch through a small MLP: the batch is split over every axis, no TP styles."""
     model, inputs = examples["torch_mlp"].make(batch=4096, dim=32, hidden=64)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 4}))
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 4}, cluster="cpu-test"))
     context = plan.frontend_context
     assert plan.shardings[context.input_values[0]].dims[0] == ("dp",)
     parallel = plan.to_parallelize_plan()
@@ -156,7 +170,7 @@ def test_known_answer_large_batch_is_data_parallel(examples) -> None:  # type: i
 def test_known_answer_tiny_batch_is_megatron(examples) -> None:  # type: ignore[no-untyped-def]
     """A tiny batch through a wide MLP: fc1 column-parallel, fc2 row-parallel."""
     model, inputs = examples["torch_mlp"].make(batch=4, dim=256, hidden=8192, bias=False)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"tp": 4}))
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"tp": 4}, cluster="cpu-test"))
     placements = plan.to_placements()
     assert placements["fc1.weight"] == (Shard(0),)
     assert placements["fc2.weight"] == (Shard(1),)
@@ -170,7 +184,7 @@ def test_known_answer_tiny_batch_is_megatron(examples) -> None:  # type: ignore[
 def test_to_placements_follow_mesh_axis_order(examples) -> None:  # type: ignore[no-untyped-def]
     model, inputs = examples["torch_mlp"].make(batch=8, dim=32, hidden=128, bias=False)
     pins = {"fc1.weight": sp.Sharding.of("tp", "dp")}
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), pins=pins)
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"), pins=pins)
     assert plan.to_placements()["fc1.weight"] == (Shard(1), Shard(0))
 
 
@@ -183,7 +197,9 @@ def test_to_parallelize_plan_llama_styles_collapse_layers(examples) -> None:  # 
                            ("down_proj", (None, "tp")))
     }  # fmt: skip
     pins["input_ids"] = sp.Sharding.of(None, None)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"tp": 2}), pins=pins, time_limit=10)
+    plan = sp.plan(
+        model, *inputs, mesh=sp.Mesh({"tp": 2}, cluster="cpu-test"), pins=pins, time_limit=10
+    )
     styles = plan.to_parallelize_plan().styles
     assert isinstance(styles["model.layers.*.mlp.up_proj"], ColwiseParallel)
     assert isinstance(styles["model.layers.*.mlp.down_proj"], RowwiseParallel)
@@ -191,7 +207,7 @@ def test_to_parallelize_plan_llama_styles_collapse_layers(examples) -> None:  # 
 
 def test_apply_rejects_a_mismatched_mesh(examples) -> None:  # type: ignore[no-untyped-def]
     model, inputs = examples["torch_mlp"].make(batch=8, dim=8, hidden=16)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}))
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"))
     simulate.simulated_world(4)
     mesh = init_device_mesh("cpu", (4,), mesh_dim_names=("dp",))
     with pytest.raises(sp.ShardplanError, match="does not match the plan mesh"):
@@ -208,7 +224,13 @@ def test_apply_llama_with_attention_split_by_heads(examples, follow) -> None:  #
     attention = "model.layers.0.self_attn"
     pins = {f"{attention}.{n}_proj.weight": sp.Sharding.of("tp", None) for n in "qkv"}
     pins[f"{attention}.o_proj.weight"] = sp.Sharding.of(None, "tp")
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}), pins=pins, time_limit=10)
+    plan = sp.plan(
+        model,
+        *inputs,
+        mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"),
+        pins=pins,
+        time_limit=10,
+    )
     assert plan.to_placements()[f"{attention}.k_proj.weight"][1] == Shard(0)
     _check_numerics(plan, model, inputs, follow=follow)
 
@@ -217,7 +239,7 @@ def test_a_forward_that_raises_leaves_no_mode_behind(examples) -> None:  # type:
     """``apply`` enters its contexts (implicit replication, saved-tensor hooks) around the root
     forward; a forward that raises must leave them too, or every later torch call runs in them."""
     model, inputs = examples["torch_mlp"].make(batch=8, dim=8, hidden=16)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}))
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"))
     with simulate.local_ranks(plan.mesh.size):
         sharded = plan.apply(copy.deepcopy(model), _mesh(plan))
         with pytest.raises(RuntimeError):
@@ -280,7 +302,7 @@ def test_apply_cohere_on_a_3d_mesh_matches_plain_model(cohere, kind, follow) -> 
     import warnings
 
     model, batch = cohere
-    mesh = sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2})
+    mesh = sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2}, cluster="cpu-test")
     with warnings.catch_warnings():
         warnings.simplefilter("error", sp.UnsupportedOpWarning)
         if kind == "free":
@@ -348,7 +370,7 @@ def test_repeat_lowers_and_runs_as_planned(follow) -> None:  # type: ignore[no-u
     with warnings.catch_warnings():
         warnings.simplefilter("error", sp.UnsupportedOpWarning)
         graph, _ = capture(model, x)
-        plan = sp.plan(model, x, mesh=sp.Mesh({"dp": 2, "tp": 2}), pins=pins)
+        plan = sp.plan(model, x, mesh=sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test"), pins=pins)
     kinds = [op.kind for op in graph.ops]
     tiled = [op.results[0].type.shape for op in graph.ops if op.kind == "broadcast_in_dim"]
     assert (2, 64, 3, 16) in tiled  # [new, b, copies, features]: copies major, as repeat tiles
@@ -406,7 +428,7 @@ def test_apply_more_hf_families_matches_plain_model(case) -> None:  # type: igno
 
     family, attn, mesh_name, kind = case.split("-")
     model, batch = _hf_family(family, attn)
-    mesh = sp.Mesh(_HF_MESHES[mesh_name])
+    mesh = sp.Mesh(_HF_MESHES[mesh_name], cluster="cpu-test")
     with warnings.catch_warnings():
         warnings.simplefilter("error", sp.UnsupportedOpWarning)
         if kind == "free":
@@ -415,3 +437,27 @@ def test_apply_more_hf_families_matches_plain_model(case) -> None:  # type: igno
             strategy = getattr(sp.strategies, kind)("tp")
             plan = sp.evaluate(model, batch, mesh=mesh, strategy=strategy).plan
         _check_numerics(plan, model, (batch,))
+
+
+def test_prefer_throughput_plan_applies_as_data_parallel(examples) -> None:  # type: ignore[no-untyped-def]
+    """A tiny MLP on 4 H100s: the free plan repeats the whole step on every device (and says
+    so); ``prefer="throughput"`` splits the batch over both axes, and applied on simulated
+    ranks it gives the plain module's loss and gradients, reducing the gradients over dp×tp
+    (a reduce-scatter or all-reduce per gradient) as data parallelism does."""
+    from shardplan.solver.summary import batch_axes
+
+    model, inputs = examples["torch_mlp"].make(batch=16, dim=32, hidden=64)
+    mesh = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")
+    with pytest.warns(sp.IdleDevicesWarning, match="4 devices repeat the same work"):
+        free = sp.plan(model, *inputs, mesh=mesh, time_limit=10)
+    assert not batch_axes(free)
+    plan = sp.plan(model, *inputs, mesh=mesh, time_limit=10, prefer="throughput")
+    assert batch_axes(plan) == ["dp", "tp"]
+    assert plan.idle.free.step == free.step_time
+    assert plan.idle.split.step == plan.step_time
+    applied = _check_numerics(plan, model, inputs)
+    reductions = ("all-reduce", "reduce-scatter")
+    reduced = [n for (kind, axes, _), n in applied.observed.items()
+               if kind in reductions and axes == ("dp", "tp")]  # fmt: skip
+    params = len(list(model.parameters()))
+    assert sum(reduced) == params, simulate.collective_listing(applied.observed)

@@ -17,7 +17,7 @@ pytestmark = pytest.mark.torch
 
 def test_evaluated_megatron_plan_applies_and_matches_the_plain_module(examples) -> None:  # type: ignore[no-untyped-def]
     model, inputs = examples["torch_mlp"].make(batch=8, dim=32, hidden=128, bias=False)
-    mesh = sp.Mesh({"dp": 2, "tp": 2})
+    mesh = sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test")
     ev = sp.evaluate(model, *inputs, mesh=mesh, strategy=sp.strategies.megatron("tp"))
     plan = ev.plan
     placements = plan.to_placements()

@@ -20,8 +20,8 @@ SHAPES = {"batch": 1024, "dim": 32, "hidden": 64}
 def test_fsdp2_plan_matches_plain_module_with_gloo() -> None:
     model, (x,) = load_factory(FACTORY)(**SHAPES)
     # Data loading splits the batch; the solver then shards parameters and states (ZeRO-3).
-    pins = {"arg0": sp.Sharding.of("dp", None)}
-    plan = sp.plan(model, x, mesh=sp.Mesh({"dp": 2}), pins=pins)
+    pins = {"x": sp.Sharding.of("dp", None)}
+    plan = sp.plan(model, x, mesh=sp.Mesh({"dp": 2}, cluster="cpu-test"), pins=pins)
     parallel = plan.to_parallelize_plan()
     assert parallel.fully_shard, f"expected an FSDP plan, got:\n{parallel}"
     reference = copy.deepcopy(model)

@@ -17,7 +17,7 @@ MESHES = {
 @pytest.mark.parametrize("name", sorted(MESHES))
 def test_tiny_llama_plans_on_nd_mesh(examples, name: str) -> None:
     model, inputs = examples["hf_llama"].make(layers=1)
-    mesh = sp.Mesh(MESHES[name])
+    mesh = sp.Mesh(MESHES[name], cluster="cpu-test")
     plan = sp.plan(model, *inputs, mesh=mesh)
     assert plan.solver.status == "OPTIMAL"
     assert plan.solver.gap == 0.0
@@ -39,7 +39,7 @@ import shardplan as sp
 from checks import torch_check
 from hf_llama import make
 model, inputs = make(layers=1)
-torch_check(sp.plan(model, *inputs, mesh=sp.Mesh(dict(%r))), model, inputs)
+torch_check(sp.plan(model, *inputs, mesh=sp.Mesh(dict(%r), cluster="cpu-test")), model, inputs)
 """
 
 
@@ -71,7 +71,7 @@ def test_finish_reuses_the_exact_steps_solve_without_changing_the_plan(
     from shardplan.solver import planner
 
     model, inputs = examples["hf_llama"].make(layers=1)
-    mesh = sp.Mesh(MESHES["2x2x2"])
+    mesh = sp.Mesh(MESHES["2x2x2"], cluster="cpu-test")
     reuse, reused = planner._reusable_step, []
 
     def spy(space, *args):  # type: ignore[no-untyped-def]

@@ -22,7 +22,7 @@ pytestmark = pytest.mark.torch
 
 def _dp_plan(model: nn.Module, x: torch.Tensor) -> tuple[sp.Plan, object]:
     graph, context = capture(model, x, stamp_layers=False)
-    mesh = sp.Mesh({"dp": 2})
+    mesh = sp.Mesh({"dp": 2}, cluster="cpu-test")
     plan = plan_graph(graph, mesh, pins=sp.strategies.dp().pins(graph, mesh), time_limit=20,
                       semantics=context.partial_semantics, merge_followers=True)  # fmt: skip
     plan.frontend_context = context

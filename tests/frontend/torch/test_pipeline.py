@@ -36,7 +36,9 @@ def assert_pipelined_step_matches(spec, model, inputs, shapes) -> None:  # type:
 @pytest.fixture(scope="module")
 def pp_plan():  # type: ignore[no-untyped-def]
     model, inputs = load_factory(FACTORY)(**SHAPES)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"pp": 2}), microbatches=2, time_limit=10)
+    plan = sp.plan(
+        model, *inputs, mesh=sp.Mesh({"pp": 2}, cluster="cpu-test"), microbatches=2, time_limit=10
+    )
     return plan, model, inputs
 
 
@@ -49,7 +51,7 @@ def test_pipeline_split_spec_one_point_per_stage_boundary(pp_plan) -> None:  # t
 
 def test_pipeline_spec_refuses_a_plan_without_stages(examples) -> None:  # type: ignore[no-untyped-def]
     model, inputs = examples["torch_mlp"].make(batch=8, dim=8, hidden=16)
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2}))
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"dp": 2}, cluster="cpu-test"))
     with pytest.raises(sp.ShardplanError, match='axis named "pp"'):
         pipeline_spec(plan)
 
@@ -73,7 +75,7 @@ def test_tensor_parallel_stages_on_gloo_match_plain_model() -> None:
         mlp = f"model.layers.{layer}.mlp"
         pins[f"{mlp}.gate_proj.weight"] = pins[f"{mlp}.up_proj.weight"] = sp.Sharding.of("tp", None)
         pins[f"{mlp}.down_proj.weight"] = sp.Sharding.of(None, "tp")
-    mesh = sp.Mesh({"pp": 2, "tp": 2})
+    mesh = sp.Mesh({"pp": 2, "tp": 2}, cluster="cpu-test")
     plan = sp.plan(model, inputs, mesh=mesh, microbatches=2, pins=pins, time_limit=10)
     spec = pipeline_spec(plan)
     assert spec.stage_mesh == (("tp", 2),)
@@ -90,7 +92,7 @@ def test_interleaved_pipeline_on_gloo_matches_plain_model() -> None:
 
     shapes = {**SHAPES, "layers": 4}
     model, (inputs,) = load_factory(FACTORY)(**shapes)
-    plan = sp.plan(model, inputs, mesh=sp.Mesh({"pp": 2}), microbatches=2,
+    plan = sp.plan(model, inputs, mesh=sp.Mesh({"pp": 2}, cluster="cpu-test"), microbatches=2,
                    schedule="interleaved", time_limit=10)  # fmt: skip
     spec = pipeline_spec(plan)
     assert (spec.schedule, spec.chunks) == ("interleaved", 2)

@@ -43,7 +43,7 @@ def device_mesh():  # type: ignore[no-untyped-def]
 @pytest.mark.parametrize("case", list(CASES))
 def test_reshard_runs_the_priced_permute(device_mesh, case: str) -> None:  # type: ignore[no-untyped-def]
     src, dst, kinds = CASES[case]
-    mesh = sp.Mesh(AXES)
+    mesh = sp.Mesh(AXES, cluster="cpu-test")
     whole_type = TensorType((8, 16), "f32")
     want = Counter(
         (c.kind, tuple(c.axes), c.bytes)

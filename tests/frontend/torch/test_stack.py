@@ -62,7 +62,7 @@ def test_stamped_capture_equals_full_trace(examples, name, stamps) -> None:  # t
 
 def test_stamped_plan_equals_full_plan(examples) -> None:  # type: ignore[no-untyped-def]
     model, inputs = examples["hf_llama"].make(batch=8, layers=6, device="meta")
-    mesh = sp.Mesh({"dp": 2, "tp": 2})
+    mesh = sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test")
     stamped = sp.plan(model, *inputs, mesh=mesh)
     full = sp.plan(model, *inputs, mesh=mesh, stamp_layers=False)
     assert stamped.step_time == pytest.approx(full.step_time, rel=1e-9)
@@ -82,6 +82,6 @@ def test_follow_plan_refuses_a_stamped_capture(examples) -> None:  # type: ignor
     from shardplan.frontend.torch.follow import PlanFollower
 
     model, inputs = examples["hf_llama"].make(layers=6, device="meta")
-    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"x": 2}))
+    plan = sp.plan(model, *inputs, mesh=sp.Mesh({"x": 2}, cluster="cpu-test"))
     with pytest.raises(FrontendError, match="stamp_layers=False"):
         PlanFollower(plan, None)  # refused before any device mesh is touched

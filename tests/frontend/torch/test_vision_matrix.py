@@ -49,9 +49,8 @@ CELLS = [
     *((f, "8", "dp") for f in FAMILY_NAMES),
     ("resnet", "8", "free"), ("mamba", "8", "free"), ("activations", "8", "free"),
     *((f, "2x4", "fsdp") for f in ("resnet", "vit", "convnext", "mamba", "lstm")),
-    ("mamba", "2x4", "channels"), ("gru", "2x4", "dp"),
+    ("mamba", "2x4", "channels"),
     ("activations", "2x2x2", "fsdp"), ("lstm", "2x2x2", "dp"), ("mamba", "2x2x2", "channels"),
-    ("convnext", "2x2x2", "free"),
 ]  # fmt: skip
 """The UNet (4.5k captured ops) is captured here but not applied: one (8,) DP cell took 127 s
 (apply) + 108 s (follow_plan) on the shared 2-core machine, both exact (docs/torch.md,
@@ -60,7 +59,7 @@ everything and do not fit under half that peak, so they have no free cell."""
 IDS = ["-".join(c) for c in CELLS]
 FOLLOW_GAPS = {
     ("gru", "8", "dp"): "GRU's in-place transpose_ under the follower",
-    ("gru", "2x4", "dp"): "GRU's in-place transpose_ under the follower",
+    ("lstm", "2x2x2", "dp"): "the LSTM backward's recomputed workspace on a moved batch split",
     ("whisper", "8", "dp"): "embedding backward: DTensor makes it replicated, plan Shard(0)",
     ("convnext", "2x4", "fsdp"): "depthwise conv: DTensor made Shard(1), plan Replicate",
 }
@@ -71,7 +70,10 @@ cannot assign back (a DTensor's shape cannot change in place); ``apply`` runs th
 on local batch rows and is exact. Whisper DP: the follower's embedding backward is made
 replicated where the plan prices an all-reduce into a split. ConvNeXt FSDP: the follower's
 convolution (``conv_local``) leaves a depthwise output channel-split where the plan has it
-whole. Their ``apply`` cells are exact."""
+whole. LSTM DP on (2, 2, 2): the plan runs the layer's backward at another batch split than
+its forward, so the saved kernel workspace does not fit; the forward is recomputed on the
+backward's rows (``nn_local._fresh_workspace``) and the kernel then rejects that workspace's
+type on simulated ranks. Their ``apply`` cells are exact."""
 
 
 @dataclass
@@ -191,7 +193,7 @@ _PLANS: dict[tuple[str, str, str], sp.Plan] = {}
 def _cell_plan(family: str, mesh: str, kind: str) -> sp.Plan:
     key = (family, mesh, kind)
     if key not in _PLANS:
-        _PLANS[key] = _plan(_family(family), sp.Mesh(MESHES[mesh]), kind)
+        _PLANS[key] = _plan(_family(family), sp.Mesh(MESHES[mesh], cluster="cpu-test"), kind)
     return _PLANS[key]
 
 
