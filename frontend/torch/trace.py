@@ -30,7 +30,7 @@ from torch.nn.modules.module import (
 from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError
-from . import inputs, optim
+from . import inputs, optim, optim_splice
 
 LossFn = Callable[..., torch.Tensor]
 
@@ -163,9 +163,13 @@ def trace(
     spec: optim.OptimizerSpec,
     example_kwargs: Mapping[str, Any] | None = None,
     loss_inputs: tuple = (),
+    optimizer_in_trace: bool = False,
 ) -> Traced:
     """Trace one step of ``model``; see the module docstring. The example call is bound by
-    ``forward``'s signature (``inputs.py``); ``loss_inputs`` reach only ``loss_fn``."""
+    ``forward``'s signature (``inputs.py``); ``loss_inputs`` reach only ``loss_fn``. The
+    optimizer update is traced once per parameter class and spliced in (``optim_splice``);
+    ``optimizer_in_trace`` traces it per parameter inside the step instead (the reference the
+    splice is tested and benched against)."""
     args, kwargs = inputs.bind(model, tuple(example_inputs), example_kwargs or {})
     signature = inputs.forward_signature(model)
     leaves = inputs.tensor_leaves(args, kwargs, signature)
@@ -200,10 +204,15 @@ def trace(
                 return loss_fn(out, *inputs.map_tree(tuple(loss_inputs), "loss_inputs", faked(xs)))
             return loss_fn(out, *inputs.map_tensors(args, {}, signature, faked(xs))[0])
 
+    updated: list[tuple[int, str, torch.Tensor]] = []
+
     def train_step(p, b, s, xs):  # type: ignore[no-untyped-def]
         loss = loss_of(call(p, b, xs), xs)
         grads = torch.autograd.grad(loss, p, allow_unused=True)
-        return loss, *_optimizer(spec, names, p, grads, s)
+        if optimizer_in_trace:
+            return loss, *optim_splice.in_trace(spec, mark, names, p, grads, s)
+        updated[:] = [(i, names[i], g) for i, g in enumerate(grads) if g is not None]
+        return loss, *[g for _, _, g in updated]  # the update is spliced in below
 
     def forward(p, b, s, xs):  # type: ignore[no-untyped-def]
         with torch.no_grad():
@@ -219,6 +228,8 @@ def trace(
         _SourceLines(),
     ):
         gm = make_fx(step, tracing_mode="fake")(fake_params, fake_buffers, states, fake_inputs)
+    if train and not optimizer_in_trace:
+        _splice(gm, mode, spec, updated, (fake_params, fake_buffers, states))
     placeholders = [Placeholder("param", n) for n in names]
     placeholders += [Placeholder("buffer", n) for n in buffers]
     placeholders += [
@@ -290,19 +301,22 @@ def _fake_states(mode: FakeTensorMode, spec: optim.OptimizerSpec, p: torch.Tenso
         ]
 
 
-def _optimizer(spec, names, params, grads, states):  # type: ignore[no-untyped-def]
-    """Mark gradients, then update every parameter that received one."""
+def _splice(gm, mode, spec, updated, inputs) -> None:  # type: ignore[no-untyped-def]
+    """Append the update of every parameter in ``updated`` (``(index, name, fake grad)``)."""
+    fake_params, fake_buffers, states = inputs
     per = len(spec.state_names)
-    new_params, new_states = [], []
-    for i, (name, p, g) in enumerate(zip(names, params, grads, strict=True)):
-        if g is None:
-            continue
-        g = mark(g, f"grad:{name}")
-        with fx_traceback.annotate({"module": "optimizer"}):
-            new_p, new_s = optim.update(spec, p, g, list(states[i * per : (i + 1) * per]))
-        new_params.append(new_p)
-        new_states.extend(new_s)
-    return [*new_params, *new_states]
+    classes = [
+        (i, n, _fresh(mode, fake_params[i]), _fresh(mode, g), states[i * per : (i + 1) * per])
+        for i, n, g in updated
+    ]
+    layout = (len(fake_params), len(fake_buffers), len(states))
+    optim_splice.append_updates(gm, spec, mark, layout, classes)
+
+
+def _fresh(mode: FakeTensorMode, t: torch.Tensor) -> torch.Tensor:
+    """A fake tensor of ``mode`` with ``t``'s shape, stride and dtype, outside any trace."""
+    with mode:
+        return torch.empty_strided(t.shape, t.stride(), dtype=t.dtype, device=t.device)
 
 
 def _output_specs(gm, train, names, spec) -> list[tuple[str, str]]:  # type: ignore[no-untyped-def]
