@@ -73,14 +73,17 @@ model, (batch,) = make(layers=4, device="meta")
     "torch-pipeline": """
 import shardplan as sp
 from hf_llama import make
-from shardplan.frontend.torch import simulate
 from shardplan.frontend.torch.pipeline import (
     build_pipeline_schedule, build_pipeline_stage, pipeline_schedule, pipeline_spec,
 )
 model, (batch,) = make(layers=4)
 ids = batch["input_ids"]
 plan = sp.plan(model, batch, mesh=sp.Mesh({"pp": 2}, cluster="cpu-test"), microbatches=2)
-simulate.simulated_world(2)
+# a world of exactly the 2 pipeline ranks, as a real launch has (simulate.simulated_world makes
+# a larger one, of which meshes are sub-meshes: the default pipeline group would be all of it)
+import torch.distributed as dist
+from torch.testing._internal.distributed.fake_pg import FakeStore
+dist.init_process_group("fake", store=FakeStore(), rank=0, world_size=2)
 rank = 0
 """,
     # The JAX MLP training step of examples/jax_mlp.py and its arguments, 8 simulated devices.
