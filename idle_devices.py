@@ -51,7 +51,7 @@ def _data_parallel(graph, mesh, axes, pins, memory_limit, semantics) -> tuple[st
     for name, shard in (("dp", False), ("fsdp", True)):
         strategy = ParallelStrategy(name, dp=axes, shard_params=shard)
         inputs = strategy.pins(graph, mesh)
-        split = {**_batch_split_activations(graph, inputs, axes), **(pins or {})}
+        split = {**_batch_split_activations(graph, mesh, inputs, axes), **(pins or {})}
         try:
             plan = _solve(graph, mesh, strategy, limit, CHECK_TIME_LIMIT, semantics, split)
         except (ShardplanError, ValueError):  # does not fit, or a user pin contradicts it
@@ -61,15 +61,18 @@ def _data_parallel(graph, mesh, axes, pins, memory_limit, semantics) -> tuple[st
     return None
 
 
-def _batch_split_activations(graph: Graph, inputs: dict, axes: tuple[str, ...]) -> dict:
+def _batch_split_activations(graph: Graph, mesh: Mesh, inputs: dict, axes: tuple[str, ...]) -> dict:
     """Value name -> layout for every op result the batch split reaches (``propagate`` from
     the strategy's input pins, GSPMD mode), pending sums left out: pinned, they keep the
     activations split as data parallelism runs them. Pinning the inputs alone lets a tiny
-    model's solve gather the batch at its first op and compute replicated (cheaper still)."""
+    model's solve gather the batch at its first op and compute replicated (cheaper still).
+    Propagation runs on ``mesh`` (the user's): after a 3-axis solve ``graph.mesh`` may be the
+    axis search's last merged mesh (``dp_fsdp``), which the layouts found there do not name."""
     from .passes.propagate import PropagateOptions, run_propagation
 
     saved = [(v, v.sharding, v.pinned, v.priority, v.sharding_origin) for v in graph.values()]
     by_name = {v.name: v for v in graph.inputs}
+    graph_mesh, graph.mesh = graph.mesh, mesh
     try:
         for name, layout in inputs.items():
             by_name[name].sharding, by_name[name].pinned = layout, True
@@ -82,6 +85,7 @@ def _batch_split_activations(graph: Graph, inputs: dict, axes: tuple[str, ...]) 
             and v.sharding.used_axes & set(axes)
         }  # fmt: skip
     finally:
+        graph.mesh = graph_mesh
         for v, sharding, pinned, priority, why in saved:
             v.sharding, v.pinned, v.priority, v.sharding_origin = sharding, pinned, priority, why
 

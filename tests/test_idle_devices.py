@@ -116,3 +116,19 @@ def test_partly_split_plan_that_repeats_most_work_says_so() -> None:
 def test_bad_prefer_is_one_line() -> None:
     with pytest.raises(sp.ArgumentError, match=r"prefer='fast'.*'throughput'"):
         _plan(prefer="fast")
+
+
+def test_idle_check_propagates_on_the_users_mesh_after_an_axis_search() -> None:
+    """On a 3-axis mesh the axis search's last solve may leave its merged mesh (``dp_fsdp``)
+    on the graph; the data-parallel alternative is propagated and solved on the user's mesh
+    (HF RoBERTa on (2, 2, 2) raised "unknown mesh axis 'fsdp'" from propagation)."""
+    from shardplan.idle_devices import check_idle_devices
+
+    mesh = sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2}, cluster="h100-sxm")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", sp.IdleAxisWarning)
+        free = sp.plan(training_step(TINY, batch=8), mesh=mesh, time_limit=10)
+    free.graph.mesh = sp.Mesh({"dp_fsdp": 4, "tp": 2}, cluster="h100-sxm")  # as it may be left
+    plan = check_idle_devices(free, None, None, "throughput")
+    assert plan.mesh == mesh
+    assert batch_axes(plan) == ["dp", "fsdp", "tp"]
