@@ -7,9 +7,10 @@ import os
 from types import TracebackType
 
 _DATA_DEPENDENT = ("DataDependentOutputException", "GuardOnDataDependentSymNode")
+_GENERIC = "hint: the forward must run on fake tensors (no data-dependent Python control flow)"
 
 
-def trace_failure(model: object, exc: BaseException, hint: str) -> str:
+def trace_failure(model: object, exc: BaseException, hint: str = _GENERIC) -> str:
     """The message of a failed ``make_fx`` trace of ``model``: the cause, and for a read of a
     tensor's value (``aten._local_scalar_dense``: ``.item()``, ``if t.max() > n``, a shape that
     depends on values) the model line that made it and how to plan around it; else ``hint``."""

@@ -408,7 +408,7 @@ def locally_contiguous(x: DTensor) -> DTensor:
 
 
 def linear(x: DTensor, weight: Any, bias: Any = None) -> Any:
-    return _FoldedLinear.apply(one_leading_split(x), weight, bias)
+    return _FoldedLinear.apply(locally_contiguous(one_leading_split(x)), weight, bias)
 
 
 def pending_like(target: DTensor, other: Any) -> Any:

@@ -344,7 +344,7 @@ class PlanFollower(TorchDispatchMode):
             else self._to(self._through_identities(t, name, step), self._want(step, i), step)
             for i, (t, name) in enumerate(zip(tensors, step.operands, strict=True))
         ]
-        if inplace and self._relayout(step, args[0]):
+        if inplace and torch.Tag.inplace_view not in func.tags and self._relayout(step, args[0]):
             return self._run_out_of_place(step, func, (args, kwargs), tensors, moved)
         args, kwargs = self._arguments(step, _replace((args, kwargs), iter(moved)))
         if step.target in _EMPTY and step.results[0] in self.fill_layout:
