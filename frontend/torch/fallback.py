@@ -39,6 +39,9 @@ def ensure_strategies(targets: Iterable[str]) -> list[str]:
         op = _overload(target)
         if op is None or torch.Tag.inplace_view in op.tags or _has_strategy(op):
             continue
+        if not any("Tensor" in str(a.type) for a in op._schema.arguments):
+            continue  # a factory (zeros, arange, empty): no DTensor operand ever reaches it,
+            # and a strategy registered for it changes how later calls are traced process-wide
         if op._schema.is_mutable and target not in _LOCAL:
             continue  # a whole strategy cannot keep a split target in place (a KV cache's
             # index_copy_ by heads): DTensor runs it, or emit reruns it whole (run_whole)

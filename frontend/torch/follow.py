@@ -55,11 +55,6 @@ from . import (  # modules: emit imports this one too
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
-_OVERWRITES = frozenset({"aten.copy_.default", "aten.fill_.Scalar", "aten.fill_.Tensor",
-                         "aten.zero_.default"})  # fmt: skip
-"""In-place writes that do not read their target: into a view (HF's ``shift_tokens_right``
-writes the labels into a slice of ``new_zeros``) they run in place, so the base sees them.
-Falcon's ``mlp_output += attention_output`` reads it and runs out of place (``_relayout``)."""
 _MATMUL_ADD = {"aten.addmm.default": torch.ops.aten.mm, "aten.baddbmm.default": torch.ops.aten.bmm}
 _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 """Run-time calls that ``make_fx`` records under another name."""
@@ -424,7 +419,6 @@ class PlanFollower(TorchDispatchMode):
             return False  # a broadcasting or casting copy stays in place
         return (
             isinstance(target, DTensor)
-            and not (target._is_view() and step.target in _OVERWRITES)  # must reach its base
             and name is not None
             and step.operands[0] is not None
             and not same_layout(tuple(target.placements), self._placements(None, name))

@@ -147,6 +147,7 @@ class CollectiveLog(TorchDispatchMode):
     def __init__(self, device_mesh: DeviceMesh) -> None:
         super().__init__()
         self.axes = axis_groups(device_mesh)
+        self.by_ranks = {_group_ranks(name): axes for name, axes in self.axes.items()}
         self.counts: Counter[Collective] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -166,7 +167,16 @@ class CollectiveLog(TorchDispatchMode):
         size = tensor.numel() * tensor.element_size()
         n = args[-2] if kind in ("all-gather", "reduce-scatter") else 1
         size = size * n if kind == "all-gather" else size // n
-        self.counts[(kind, self.axes.get(group, (str(group),)), size)] += 1
+        self.counts[(kind, self._axes_of(group), size)] += 1
+
+    def _axes_of(self, group: str) -> tuple[str, ...]:
+        """The mesh axes of a group; by its ranks for a group of another, equal-ranked mesh
+        (DTensor reuses an earlier mesh's groups for an equal one: a ``{"tp": 8}`` mesh made
+        by an earlier test file, then a ``{"dp": 8}`` one)."""
+        axes = self.axes.get(group)
+        if axes is None:
+            axes = self.by_ranks.get(_group_ranks(group), (str(group),))
+        return axes
 
 
 _FUNCTIONAL = {
@@ -200,6 +210,19 @@ def axis_groups(device_mesh: DeviceMesh) -> dict[str, tuple[str, ...]]:
     for axes, flat in flattened_meshes(device_mesh).items():
         _GROUP_AXES[flat.get_group().group_name] = axes
     return dict(_GROUP_AXES)
+
+
+def _group_ranks(name: str) -> tuple[int, ...]:
+    """The global ranks of the process group registered under ``name``.
+
+    Private: functional collectives name their group by a string; resolving it has no public
+    API."""
+    from torch.distributed.distributed_c10d import _resolve_process_group
+
+    try:
+        return tuple(dist.get_process_group_ranks(_resolve_process_group(name)))
+    except (RuntimeError, ValueError, KeyError):
+        return ()
 
 
 _GROUP_AXES: dict[str, tuple[str, ...]] = {}
