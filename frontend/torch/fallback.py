@@ -278,3 +278,19 @@ def _map(fn: Any, tree: Any) -> Any:
         return {k: _map(fn, v) for k, v in tree.items()}
     out = fn(tree)
     return tree if out is None else out
+
+
+def reset() -> None:
+    """Unregister every fallback strategy and drop DTensor's cached decisions (a test file
+    starts from DTensor's own registry: registrations are process-wide).
+
+    Private: DTensor's registry has no public way to unregister a strategy."""
+    from torch.distributed.tensor import DTensor
+
+    propagator = DTensor._op_dispatcher.sharding_propagator
+    for target in _REGISTERED:
+        op = _overload(target)
+        propagator.op_strategy_funcs.pop(op, None)
+        propagator.op_to_schema_info.pop(op, None)
+    _REGISTERED.clear()
+    propagator.propagate_op_sharding.cache_clear()

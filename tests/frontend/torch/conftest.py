@@ -38,3 +38,13 @@ def _quiet_dtensor() -> None:
     """DTensor warns about sequential per-axis collectives; they are expected here."""
     warnings.filterwarnings("ignore", message=".*sequential.*")
     warnings.filterwarnings("ignore", message="Full backward hook is firing.*")
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _fresh_fallback_strategies() -> None:
+    """Each test file starts from DTensor's own strategy registry: the fallback's registrations
+    (``frontend/torch/fallback.py``) are process-wide, and one file's (an encoder's attention,
+    a fill) changed what a later file's models ran."""
+    from shardplan.frontend.torch import fallback
+
+    fallback.reset()

@@ -62,7 +62,6 @@ FOLLOW_GAPS = {
     ("lstm", "2x2x2", "dp"): "the LSTM backward's recomputed workspace on a moved batch split",
     ("whisper", "8", "dp"): "embedding backward: DTensor makes it replicated, plan Shard(0)",
     ("convnext", "2x4", "fsdp"): "depthwise conv: DTensor made Shard(1), plan Replicate",
-    ("resnet", "8", "free"): "two batch-norm outputs all-gathered (4096 B, 8192 B) unplanned",
 }
 """Cells whose ``follow_plan`` step does not match the plan (strict xfails), as measured. The
 GRU's CPU kernel is decomposed into aten calls at run time, among them an in-place
