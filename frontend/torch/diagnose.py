@@ -43,13 +43,22 @@ def _model_frame(tb: TracebackType | None) -> str:
     while tb is not None:
         code = tb.tb_frame.f_code
         path = os.path.abspath(code.co_filename)
-        if not path.startswith(_TORCH_DIR) and not path.startswith(_SHARDPLAN_DIR):
+        if not path.startswith(_TORCH_DIR) and not _is_shardplan(path):
             line = linecache.getline(code.co_filename, tb.tb_lineno).strip()
             short = os.sep.join(path.split(os.sep)[-3:])
             qualname = getattr(code, "co_qualname", code.co_name)
             found = f"{short}:{tb.tb_lineno} in {qualname}: `{line}`"
         tb = tb.tb_next
     return found
+
+
+def _is_shardplan(path: str) -> bool:
+    """Whether ``path`` is shardplan's own code: a module at the package root or in one of its
+    layers (a virtual environment or tests inside a checkout are not)."""
+    if not path.startswith(_SHARDPLAN_DIR + os.sep):
+        return False
+    parts = os.path.relpath(path, _SHARDPLAN_DIR).split(os.sep)
+    return len(parts) == 1 or parts[0] in _SHARDPLAN_LAYERS
 
 
 def _package_dir(module: str) -> str:
@@ -62,3 +71,4 @@ def _package_dir(module: str) -> str:
 
 _TORCH_DIR = _package_dir("torch")
 _SHARDPLAN_DIR = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+_SHARDPLAN_LAYERS = ("frontend", "ir", "passes", "costmodel", "solver", "data")
