@@ -66,7 +66,11 @@ pip_install() {
 pip_install -c constraints.txt pip setuptools
 # setuptools warns on every editable install of a package whose directory is the project root
 # (this one's, by design: docs/design.md); the message says nothing the user can act on.
-PYTHONWARNINGS="ignore:Editable installation" pip_install -c constraints.txt -e ".[torch,jax,dev]"
+PYTHONWARNINGS="ignore:Editable installation" pip_install -c constraints.txt \
+    -e ".[torch,jax,dev,recsys,torchtitan]"
+# torchrec without its declared fbgemm-gpu (a CUDA build that would overwrite fbgemm-gpu-cpu's
+# files); its other dependencies come with the recsys extra above.
+pip_install -c constraints.txt --no-deps torchrec
 fingerprint >"$stamp"
 compile_sources
 echo "setup: done ($("$venv/bin/python" -c 'import shardplan; print("shardplan", shardplan.__version__)'))"
