@@ -31,7 +31,10 @@ import math
 from collections.abc import Sequence
 
 from ..ir import Mesh, Op, Sharding, TensorType
+from ..ir.conv import halos
+from ..ir.halo import halo_rows as halo_rows  # re-exported: the runtimes size halos with it
 from .cluster import Cluster, get_cluster
+from .collective import Collective
 from .collectives import collective_time
 
 CONV_KINDS = ("convolution", "convolution_backward")
@@ -102,45 +105,35 @@ def conv_work_factor(op: Op, cluster: Cluster | str | None = None) -> float:
     return kernel / used
 
 
-def halo_rows(kernel: int, dilation: int, stride: int, pad_lo: int) -> tuple[int, int]:
-    """Input rows a slab of output rows needs from the shard before and after its own: output
-    row ``o`` reads input rows ``o * stride - pad_lo + j * dilation`` (``j < kernel``), so a
-    slab whose input shard starts at ``o0 * stride`` reaches ``pad_lo`` rows back and
-    ``(kernel - 1) * dilation - pad_lo - (stride - 1)`` rows past its end (``(k - 1) * d`` in
-    all for stride 1: GSPMD's halo)."""
-    return pad_lo, (kernel - 1) * dilation - pad_lo - (stride - 1)
+def halo_collectives(op: Op, operands: Sequence[Sharding], mesh: Mesh) -> list[Collective]:
+    """The halo exchanges of a convolution split along its spatial rows (``ir.halo``): per
+    split spatial dim of the input, one collective-permute per direction of the rows the
+    window reaches into the neighbouring shards (``lo`` rows to the next device, ``hi`` to
+    the previous one, along the splitting axes; XLA's SPMD partitioner and
+    ``frontend/torch/halo.py`` both move the two blocks separately). A torch backward
+    exchanges both twice: the input's rows for the weight gradient, the input gradient's halo
+    rows back to their owners."""
+    if op.kind not in CONV_KINDS or not operands:
+        return []
+    backward = op.kind == "convolution_backward"
+    lhs, sharding = op.operands[int(backward)].type, operands[int(backward)]
+    ins = [v.type for v in op.operands]
+    found: list[Collective] = []
+    for dim, halo in halos(op.kind, ins, [v.type for v in op.results], op.attrs):
+        axes = sharding.dims[dim] if dim < len(sharding.dims) else ()
+        if not axes:
+            continue
+        local_rows = max(lhs.shape[dim] // mesh.group_size(axes), 1)
+        row_bytes = lhs.nbytes // sharding.shard_count(mesh) // local_rows
+        for rows in (halo.lo, halo.hi):
+            if rows > 0:
+                found.append(Collective("collective-permute", tuple(axes), rows * row_bytes))
+    return found * (2 if backward else 1)
 
 
 def halo_time(op: Op, operands: Sequence[Sharding], mesh: Mesh, cluster: Cluster | str) -> float:
-    """Seconds of the halo exchanges a convolution split along its spatial rows needs: per
-    split spatial dim of the input, one collective-permute of the halo rows of the local
-    shard along the splitting axes (a backward exchanges two: the output gradient's rows for
-    the input gradient, the input's for the weight gradient). Exposed: the kernel waits."""
-    if op.kind not in CONV_KINDS or not operands:
-        return 0.0
-    backward = op.kind == "convolution_backward"
-    lhs, sharding = op.operands[int(backward)].type, operands[int(backward)]
-    rhs = op.operands[1 + int(backward)].type
-    total = 0.0
-    for i, d in enumerate(range(2, lhs.rank)):
-        axes = sharding.dims[d] if d < len(sharding.dims) else ()
-        if not axes:
-            continue
-        kernel = rhs.shape[d]
-        lo, hi = halo_rows(kernel, _nth(op, "rhs_dilation", i), _nth(op, "strides", i),
-                           _pad_lo(op, i))  # fmt: skip
-        local_rows = max(lhs.shape[d] // mesh.group_size(axes), 1)
-        row_bytes = lhs.nbytes / sharding.shard_count(mesh) / local_rows
-        exchange = (max(lo, 0) + max(hi, 0)) * row_bytes
-        total += collective_time("collective-permute", exchange, axes, mesh, cluster)
-    return total * (2 if backward else 1)
-
-
-def _nth(op: Op, key: str, i: int) -> int:
-    values = tuple(op.attrs.get(key, ()))  # type: ignore[call-overload]
-    return int(values[i]) if i < len(values) else 1
-
-
-def _pad_lo(op: Op, i: int) -> int:
-    pads = tuple(op.attrs.get("padding", ()))  # type: ignore[call-overload]
-    return int(pads[i][0]) if i < len(pads) else 0
+    """Seconds of ``halo_collectives``. Exposed: the kernel waits for its halo."""
+    return sum(
+        collective_time(c.kind, c.bytes, c.axes, mesh, cluster)
+        for c in halo_collectives(op, operands, mesh)
+    )

@@ -17,12 +17,16 @@ bias is a broadcast ``add`` after it. The factors:
   gradient of a grouped convolution) is the mirror image: the group factor is major in the lhs
   batch dim and the out feature dim, and the per-group batch is the out batch;
 * kernel spatial dims need replication. An out spatial dim whose input is exactly ``stride``
-  times as long (a same-padded convolution, no lhs dilation: ``halo_stride``) shares its factor
-  with the lhs dim (``(rows, stride)``, the stride part whole): split, each device holds a slab
-  of input and output rows and needs a *halo* of ``(kernel - 1) * dilation`` input rows from
-  its neighbours (GSPMD's windowed split; ``costmodel.conv.halo_time`` prices the
-  collective-permute). Otherwise the lhs spatial dim needs replication and the out spatial dim
-  is an output-only factor: a device may compute a slab of output rows from the whole input.
+  times as long (a same-padded convolution, no lhs dilation: ``ir.halo``'s forward form)
+  shares its factor with the lhs dim (``(rows, stride)``, the stride part whole): split, each
+  device holds a slab of input and output rows and needs a *halo* of ``(kernel - 1) *
+  dilation`` input rows from its neighbours (GSPMD's windowed split;
+  ``costmodel.conv.halo_collectives`` prices the collective-permutes). XLA's weight gradient
+  (``ir.halo``'s window form: the rhs is the output gradient, as long as the input over the
+  rhs dilation) shares the rhs rows with the lhs rows instead, and they are summed over (a
+  split leaves the kernel-sized result partial). Otherwise the lhs spatial dim needs
+  replication and the out spatial dim is an output-only factor: a device may compute a slab
+  of output rows from the whole input.
   The group factor is read off the sizes, so a dim that holds one group's features
   (torch's transposed weight ``[C_in, C_out / G, *k]``) gets just the per-group factor.
 
@@ -45,6 +49,7 @@ import math
 from collections.abc import Iterator
 
 from .errors import IRVerifyError
+from .halo import Halo, halo_split
 from .registry import Attrs, Types, _letter_stream, _make, register_rule, replicated_rule
 from .rules import ShardingRule
 from .types import TensorType
@@ -85,9 +90,12 @@ def _groups(attrs: Attrs) -> tuple[int, int]:
     return g, b
 
 
-def conv_factors(lhs: TensorType, rhs: TensorType, out: TensorType, attrs: Attrs) -> tuple:
-    """Per-dim factors of (lhs, rhs, out), the factor sizes, the spatial factors
-    (lhs, kernel, out) and the out-feature and batch factor dims."""
+def conv_factors(
+    lhs: TensorType, rhs: TensorType, out: TensorType, attrs: Attrs, window: bool = False
+) -> tuple:
+    """Per-dim factors of (lhs, rhs, out), the factor sizes, the spatial factors (the whole
+    ones, the split one, whether it splits with a halo) and the out-feature and batch factor
+    dims. ``window``: the halo's window form may be taken (``ir.halo``)."""
     ld, rd, od = (_dims(attrs, k, t.rank) for k, t in zip(
         ("lhs_dims", "rhs_dims", "out_dims"), (lhs, rhs, out), strict=True))  # fmt: skip
     groups, batch_groups = _groups(attrs)
@@ -112,12 +120,18 @@ def conv_factors(lhs: TensorType, rhs: TensorType, out: TensorType, attrs: Attrs
     rhs_f[rd[1]] = fs.dim(gf, c) if rhs.shape[rd[1]] == feat_in and groups > 1 else fs.dim(c)
     spatial: list[tuple[frozenset[str], str, bool]] = []
     for i, (dl, dr, do) in enumerate(zip(ld[2:], rd[2:], od[2:], strict=True)):
-        stride = halo_stride(lhs.shape[dl], out.shape[do], attrs, i)
-        x = "" if stride else fs.new(lhs.shape[dl])
-        k, y = fs.new(rhs.shape[dr]), fs.new(out.shape[do])
+        rows = (lhs.shape[dl], rhs.shape[dr], out.shape[do])
+        halo = halo_split(rows, attrs, i, window)
+        if halo is not None and halo.form == "window":  # rhs rows j read lhs rows near j * step
+            j, k, r = fs.new(rows[1]), fs.new(rows[2]), fs.new(halo.step)
+            lhs_f[dl], rhs_f[dr], out_f[do] = fs.dim(j, r), fs.dim(j), fs.dim(k)
+            spatial.append((frozenset({k, r}), j, True))
+            continue
+        x = "" if halo else fs.new(rows[0])
+        k, y = fs.new(rows[1]), fs.new(rows[2])
         rhs_f[dr], out_f[do] = fs.dim(k), fs.dim(y)
-        if stride:  # out row o reads lhs rows near o * stride: a split with a halo
-            r = fs.new(stride)
+        if halo:  # out row o reads lhs rows near o * stride: a split with a halo
+            r = fs.new(halo.step)
             lhs_f[dl] = fs.dim(y, r)
             spatial.append((frozenset({k, r}), y, True))
         else:
@@ -125,22 +139,6 @@ def conv_factors(lhs: TensorType, rhs: TensorType, out: TensorType, attrs: Attrs
             spatial.append((frozenset({k, x}), y, False))
     _check_sizes(fs.sizes, (lhs, rhs, out), (lhs_f, rhs_f, out_f))
     return lhs_f, rhs_f, out_f, fs.sizes, spatial, out_f[od[1]], fs.dim(n)
-
-
-def halo_stride(lhs_size: int, out_size: int, attrs: Attrs, i: int) -> int:
-    """The stride of spatial dim ``i`` when its output rows may be split together with the
-    input rows (GSPMD's windowed split: each shard then needs a halo of ``(k - 1) * dilation``
-    rows from its neighbours): no lhs dilation, and the input exactly ``stride`` times the
-    output (a same-padded convolution). 0 when it may not."""
-    if attrs.get("transposed") or _nth(attrs, "lhs_dilation", i) != 1:
-        return 0
-    stride = _nth(attrs, "strides", i)
-    return stride if lhs_size == out_size * stride else 0
-
-
-def _nth(attrs: Attrs, key: str, i: int) -> int:
-    values = tuple(attrs.get(key, ()))  # type: ignore[call-overload]
-    return int(values[i]) if i < len(values) else 1
 
 
 def _check_sizes(sizes: dict[str, int], types: tuple, factors: tuple) -> None:
@@ -159,7 +157,9 @@ def convolution(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     groups, batch_groups = _groups(attrs)
     if groups > 1 and batch_groups > 1:  # XLA forbids it; stay safe rather than guess
         return replicated_rule(ins, outs)
-    lhs_f, rhs_f, out_f, sizes, spatial, _, _ = conv_factors(ins[0], ins[1], outs[0], attrs)
+    lhs_f, rhs_f, out_f, sizes, spatial, _, _ = conv_factors(
+        ins[0], ins[1], outs[0], attrs, window=True
+    )
     need = {f for whole, _, _ in spatial for f in whole}
     return _make([lhs_f, rhs_f], [out_f], sizes, need)
 
@@ -183,6 +183,24 @@ def convolution_backward(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
             if f in in_results and into:
                 summed.append((f, into))
     return _make([out_f, lhs_f, rhs_f], results, sizes, need, tuple(summed))
+
+
+def halos(kind: str, ins: Types, outs: Types, attrs: Attrs) -> list[tuple[int, Halo]]:
+    """``(lhs tensor dim, halo)`` of each spatial dim of a ``convolution`` (operands lhs, rhs)
+    or torch ``convolution_backward`` (grad, lhs, rhs: the forward's geometry) that may split
+    with a halo (``ir.halo``)."""
+    backward = kind == "convolution_backward"
+    lhs, rhs = ins[int(backward)], ins[1 + int(backward)]
+    out = ins[0] if backward else outs[0]
+    rhs_dims = _rhs_dims(attrs, rhs.rank) if backward else _dims(attrs, "rhs_dims", rhs.rank)
+    ld, od = _dims(attrs, "lhs_dims", lhs.rank), _dims(attrs, "out_dims", out.rank)
+    found = []
+    for i, (dl, dr, do) in enumerate(zip(ld[2:], rhs_dims[2:], od[2:], strict=True)):
+        rows = (lhs.shape[dl], rhs.shape[dr], out.shape[do])
+        halo = halo_split(rows, attrs, i, window=not backward)
+        if halo is not None:
+            found.append((dl, halo))
+    return found
 
 
 def _feature(attrs: Attrs) -> int:

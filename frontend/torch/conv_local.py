@@ -54,31 +54,50 @@ def _local_groups(groups: int, x: Any) -> int:
     return groups * _local(x).shape[1] // x.shape[1]
 
 
-def _halo(x: Any, w: Any, geometry: list) -> tuple[int, int, int, int] | None:
-    """``(dim, mesh dim, lo, hi)`` of the input's row split (a halo split), None without one.
+Rows = list[tuple[int, tuple[int, ...], int, int]]
+"""``(tensor dim, mesh dims, lo, hi)`` of each halo split of a convolution input."""
+
+
+def _halo(x: Any, w: Any, geometry: list) -> Rows:
+    """The input's spatial splits with their halos (``ir.halo``; empty without one).
     ``geometry``: stride, padding, dilation, transposed, ... as the aten call has them."""
     splits = halo.split_rows(x)
     if not splits:
-        return None
+        return []
     stride, padding, dilation, transposed = (list(g) if isinstance(g, (list, tuple)) else g
                                              for g in geometry[:4])  # fmt: skip
-    if len(splits) > 1 or transposed:
+    if transposed:
         raise NotImplementedError(
-            f"convolution input split along rows {splits}: one row split of a plain "
-            "(not transposed) convolution is run with a halo exchange; pin the rest whole"
+            f"transposed convolution input split along rows {splits}: only a plain "
+            "convolution runs with a halo exchange; pin its rows whole"
         )
-    dim, mesh_dim = splits[0]
-    i = dim - 2
-    lo, hi = halo_rows(int(w.shape[dim]), int(dilation[i]), int(stride[i]), int(padding[i]))
-    if lo < 0 or hi < 0:
-        raise NotImplementedError(f"a row split whose halo is negative ({lo}, {hi})")
-    return dim, mesh_dim, lo, hi
+    found = []
+    for dim, mesh_dims in splits:
+        i = dim - 2
+        lo, hi = halo_rows(int(w.shape[dim]), int(dilation[i]), int(stride[i]), int(padding[i]))
+        found.append((dim, mesh_dims, lo, hi))
+    return found
 
 
-def _unpadded(padding: Any, dim: int) -> list[int]:
+def _unpadded(padding: Any, rows: Rows) -> list[int]:
     pads = list(padding)
-    pads[dim - 2] = 0  # the halo rows (or zeros at the ends) stand in for the padding
+    for dim, *_ in rows:
+        pads[dim - 2] = 0  # the halo rows (or zeros at the ends) stand in for the padding
     return pads
+
+
+def _extended(x: Any, lhs: torch.Tensor, rows: Rows) -> torch.Tensor:
+    """The local input with the halo rows of each split dim (one dim after the other, so a
+    2-D split gets its corners from the diagonal neighbour through the first exchange)."""
+    for dim, mesh_dims, lo, hi in rows:
+        lhs = halo.extend(lhs, dim, lo, hi, x.device_mesh, mesh_dims)
+    return lhs
+
+
+def _folded(x: Any, grad: torch.Tensor, rows: Rows) -> torch.Tensor:
+    for dim, mesh_dims, lo, hi in reversed(rows):
+        grad = halo.fold_back(grad, dim, lo, hi, x.device_mesh, mesh_dims)
+    return grad
 
 
 def run(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict) -> Any:
@@ -109,11 +128,10 @@ def _forward(follower: Any, step: Any, args: tuple) -> DTensor:
     x, w, bias = args[:3]
     geometry = list(args[3:9])
     geometry[5] = _local_groups(int(args[8]), x)
-    lhs, rows = _local(x), _halo(x, w, geometry)
-    if rows is not None:
-        dim, mesh_dim, lo, hi = rows
-        lhs = halo.extend(lhs, dim, lo, hi, x.device_mesh, mesh_dim)
-        geometry[1] = _unpadded(geometry[1], dim)
+    rows = _halo(x, w, geometry)
+    lhs = _extended(x, _local(x), rows)
+    if rows:
+        geometry[1] = _unpadded(geometry[1], rows)
     y = torch.ops.aten.convolution.default(lhs, _local(w), None, *geometry)
     value = follower.plan.graph.ops[step.ops[0]].results[0]
     name = value.name
@@ -131,14 +149,13 @@ def _backward(follower: Any, step: Any, args: tuple) -> tuple:
     rest = list(args[3:])
     rest[0] = [_local(grad).shape[1]] if rest[0] is not None else None  # bias_sizes
     rest[6] = _local_groups(int(args[9]), x)
-    lhs, rows = _local(x), _halo(x, w, rest[1:5])
-    if rows is not None:
-        dim, mesh_dim, lo, hi = rows
-        lhs = halo.extend(lhs, dim, lo, hi, x.device_mesh, mesh_dim)
-        rest[2] = _unpadded(rest[2], dim)
+    rows = _halo(x, w, rest[1:5])
+    lhs = _extended(x, _local(x), rows)
+    if rows:
+        rest[2] = _unpadded(rest[2], rows)
     outs = list(torch.ops.aten.convolution_backward.default(_local(grad), lhs, _local(w), *rest))
-    if rows is not None and outs[0] is not None:
-        outs[0] = halo.fold_back(outs[0], dim, lo, hi, x.device_mesh, mesh_dim)
+    if rows and outs[0] is not None:
+        outs[0] = _folded(x, outs[0], rows)
     values = iter(follower.plan.graph.ops[step.ops[0]].results)
     return tuple(
         None if t is None else _wrap_planned(follower, t, next(values), step) for t in outs

@@ -27,6 +27,8 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
+from . import halo
+
 Placements = tuple[Placement, ...]
 
 ACTIVATION_NAMES = frozenset({
@@ -226,33 +228,57 @@ def rnn(func: Any, args: tuple) -> tuple:
 
 def conv(func: Any, x: DTensor, weight: Any, bias: Any = None, stride: Any = 1,
          padding: Any = 0, dilation: Any = 1, groups: int = 1) -> DTensor:  # fmt: skip
-    """A convolution on the rank's batch rows and, for a depthwise one (Mamba's conv1d), its
-    channels: each rank holds whole groups, so it runs with the groups it holds. DTensor's
-    rule would treat a channel split as a spatial one (``tp_conv``: "expected bias ... 128
-    elements, got [16]") or refuse a batch split over two mesh dims. Other splits (input
-    channels of a dense convolution, spatial dims) are gathered first."""
+    """A convolution on the rank's batch rows, its spatial slab (a halo split: the
+    neighbours' rows fetched by ``halo.exchange_rows``, the padding of that dim left to them)
+    and, for a depthwise one (Mamba's conv1d), its channels: each rank holds whole groups, so
+    it runs with the groups it holds. DTensor's rule would treat a channel split as a spatial
+    one (``tp_conv``: "expected bias ... 128 elements, got [16]") or refuse a batch split over
+    two mesh dims. Other splits (input channels of a dense convolution, spatial dims without
+    a halo split) are gathered first. The weight and bias gradients are pending sums over the
+    mesh dims splitting the batch or the rows."""
     x = _whole(x)
+    kernel = list(weight.shape[2:])
+    pads = halo.conv_padding(padding, kernel, halo._per_dim(dilation, len(kernel)))
+    rows = [] if pads is None else halo.conv_rows(x, kernel, stride, pads, dilation)
+    layout = _conv_layout(x, weight, groups, {dim for dim, *_ in rows})
+    split = math.prod(x.device_mesh.size(i) for i, p in enumerate(layout) if p == Shard(1))
+    moved = x.redistribute(placements=layout) if tuple(x.placements) != layout else x
+    weight_layout = tuple(Shard(0) if p == Shard(1) else Replicate() for p in layout)
+    grads = tuple(Partial() if isinstance(p, Shard) and p.dim != 1 else q
+                  for p, q in zip(layout, weight_layout, strict=True))  # fmt: skip
+    w, b = (_local_weight(t, weight_layout, grads) for t in (weight, bias))
+    local_x = moved.to_local()
+    if rows:
+        local_x = halo.exchange_rows(local_x, rows, x.device_mesh)
+        pads = list(pads or ())
+        for dim, *_ in rows:
+            pads[dim - 2] = 0  # the halo rows (zeros past the ends) stand in for it
+        padding = pads
+    local = func(local_x, w, b, stride, padding, dilation, groups // split)
+    shape = list(local.shape)
+    for i, p in enumerate(layout):
+        if isinstance(p, Shard):
+            shape[p.dim] *= x.device_mesh.size(i)
+    return _wrap(local, moved, layout, shape)
+
+
+def _conv_layout(x: DTensor, weight: Any, groups: int, rows: set[int]) -> Placements:
+    """The input layout a convolution runs at: the batch split, the spatial ``rows`` kept
+    with a halo and, for a depthwise convolution whose channels divide evenly, the channel
+    split; every other split gathered."""
     depthwise = groups > 1 and groups == x.shape[1]
     mesh = x.device_mesh
-    layout = []
-    for p in x.placements:
-        keep = isinstance(p, Shard) and (p.dim == 0 or (p.dim == 1 and depthwise))
-        layout.append(p if keep else Replicate())
+
+    def keep(p: Placement, channels: bool) -> bool:
+        return isinstance(p, Shard) and (
+            p.dim == 0 or p.dim in rows or (channels and p.dim == 1 and depthwise)
+        )
+
+    layout = tuple(p if keep(p, True) else Replicate() for p in x.placements)
     split = math.prod(mesh.size(i) for i, p in enumerate(layout) if p == Shard(1))
     if x.shape[1] % split or weight.shape[0] % split:
-        layout, split = [Shard(0) if p == Shard(0) else Replicate() for p in layout], 1
-    layout_t = tuple(layout)
-    moved = x.redistribute(placements=layout_t) if tuple(x.placements) != layout_t else x
-    weight_layout = tuple(Shard(0) if p == Shard(1) else Replicate() for p in layout_t)
-    grads = tuple(Partial() if p == Shard(0) else q for p, q in zip(layout_t, weight_layout,
-                                                                    strict=True))  # fmt: skip
-    w, b = (_local_weight(t, weight_layout, grads) for t in (weight, bias))
-    local = func(moved.to_local(), w, b, stride, padding, dilation, groups // split)
-    shape = list(local.shape)
-    for i, p in enumerate(layout_t):
-        if isinstance(p, Shard):
-            shape[p.dim] *= mesh.size(i)
-    return _wrap(local, moved, layout_t, shape)
+        layout = tuple(p if keep(p, False) else Replicate() for p in x.placements)
+    return layout
 
 
 def _local_weight(w: Any, layout: Placements, grads: Placements) -> Any:

@@ -59,10 +59,12 @@ def test_cnn_at_large_batch_plans_data_parallel(axes, level) -> None:  # type: i
 def test_batch_one_high_resolution_convs_split_rows_with_a_halo() -> None:
     """One 64x1024x1024 image through four same-padded 3x3 convolutions on 8 H100s: the batch
     cannot split, a channel split would all-gather the 256 MiB activations at every layer, so
-    the plan splits the rows (GSPMD's windowed split) and pays a halo exchange of
-    (3 - 1) * 1 rows of the local slab per convolution, priced as a collective-permute."""
+    the plan splits the rows (GSPMD's windowed split) and pays a halo exchange of one row of
+    the local slab each way per convolution, priced as two collective-permutes (the fused
+    backward exchanges the input's rows and sends the input gradient's back: twice that)."""
+    from shardplan.costmodel.collective import Collective
     from shardplan.costmodel.collectives import collective_time
-    from shardplan.costmodel.conv import halo_rows, halo_time
+    from shardplan.costmodel.conv import halo_collectives, halo_rows, halo_time
 
     with torch.device("meta"):
         model = nn.Sequential(*[m for _ in range(4) for m in (nn.Conv2d(64, 64, 3, padding=1),
@@ -73,10 +75,13 @@ def test_batch_one_high_resolution_convs_split_rows_with_a_halo() -> None:
     assert len(convs) == 8
     assert halo_rows(3, 1, 1, 1) == (1, 1)
     row_bytes = 64 * 1024 * 4  # one row of one image, f32
-    permute = collective_time("collective-permute", 2 * row_bytes, ("x",), mesh)
+    permute = collective_time("collective-permute", row_bytes, ("x",), mesh)
     for i, op in convs:
         x = plan.operand_shardings[(i, 1 if op.kind == "convolution_backward" else 0)]
         assert x.dims == ((), (), ("x",), ()), (op.kind, x)  # rows split, nothing else
         operands = [plan.operand_shardings[(i, j)] for j in range(len(op.operands))]
-        want = permute * (2 if op.kind == "convolution_backward" else 1)
-        assert halo_time(op, operands, mesh, "h100-sxm") == pytest.approx(want)
+        exchanges = 4 if op.kind == "convolution_backward" else 2
+        assert halo_collectives(op, operands, mesh) == exchanges * [
+            Collective("collective-permute", ("x",), row_bytes)
+        ]
+        assert halo_time(op, operands, mesh, "h100-sxm") == pytest.approx(exchanges * permute)
