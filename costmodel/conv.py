@@ -105,14 +105,18 @@ def conv_work_factor(op: Op, cluster: Cluster | str | None = None) -> float:
     return kernel / used
 
 
-def halo_collectives(op: Op, operands: Sequence[Sharding], mesh: Mesh) -> list[Collective]:
+def halo_collectives(
+    op: Op, operands: Sequence[Sharding], mesh: Mesh, saved_input: bool = False
+) -> list[Collective]:
     """The halo exchanges of a convolution split along its spatial rows (``ir.halo``): per
     split spatial dim of the input, one collective-permute per direction of the rows the
     window reaches into the neighbouring shards (``lo`` rows to the next device, ``hi`` to
     the previous one, along the splitting axes; XLA's SPMD partitioner and
     ``frontend/torch/halo.py`` both move the two blocks separately). A torch backward
-    exchanges both twice: the input's rows for the weight gradient, the input gradient's halo
-    rows back to their owners."""
+    exchanges the input's rows again for the weight gradient (as XLA's weight-gradient
+    convolution does; not with ``saved_input``: ``plan.apply``'s autograd keeps the forward's
+    extended slab) and, when it computes the input gradient, sends that gradient's halo rows
+    back to their owners."""
     if op.kind not in CONV_KINDS or not operands:
         return []
     backward = op.kind == "convolution_backward"
@@ -128,7 +132,10 @@ def halo_collectives(op: Op, operands: Sequence[Sharding], mesh: Mesh) -> list[C
         for rows in (halo.lo, halo.hi):
             if rows > 0:
                 found.append(Collective("collective-permute", tuple(axes), rows * row_bytes))
-    return found * (2 if backward else 1)
+    if not backward:
+        return found
+    mask = tuple(op.attrs.get("output_mask", (True, True, True)))  # type: ignore[call-overload]
+    return found * ((not saved_input) + bool(mask[0]))
 
 
 def halo_time(op: Op, operands: Sequence[Sharding], mesh: Mesh, cluster: Cluster | str) -> float:

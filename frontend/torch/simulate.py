@@ -20,6 +20,8 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode  # documented home of dispatch modes
 
+from ...costmodel.collective import Collective as CostCollective
+from ...costmodel.conv import CONV_KINDS, halo_collectives
 from ...ir import Sharding
 from ...solver.plan import Plan, Reshard
 from .emit import consumed_layout, context_of
@@ -126,12 +128,27 @@ Collective = tuple[str, tuple[str, ...], int]
 
 def planned_collective_list(plan: Plan) -> Counter[Collective]:
     """The plan's own collectives (its cost model's, one per multi-axis group) for the reshards
-    one applied forward + backward performs, as ``{(kind, axes, bytes): count}``."""
+    one applied forward + backward performs, and its convolutions' halo exchanges, as
+    ``{(kind, axes, bytes): count}``."""
     counts: Counter[Collective] = Counter()
     for reshard in planned_reshards(plan):
         for c in reshard.collectives:
             counts[(c.kind, tuple(c.axes), c.bytes)] += reshard.count
+    for c in planned_halos(plan):
+        counts[(c.kind, tuple(c.axes), c.bytes)] += 1
     return counts
+
+
+def planned_halos(plan: Plan, saved_input: bool = False) -> list[CostCollective]:
+    """The halo exchanges (collective-permutes) of the plan's row-split convolutions, priced
+    inside their ops rather than as reshards (``costmodel.conv.halo_collectives``;
+    ``saved_input``: ``plan.apply``'s backward, which keeps the forward's extended slab)."""
+    found: list[CostCollective] = []
+    for i, op in enumerate(plan.graph.ops):
+        if op.kind in CONV_KINDS:
+            operands = [plan.operand_shardings[(i, j)] for j in range(len(op.operands))]
+            found += halo_collectives(op, operands, plan.mesh, saved_input)
+    return found
 
 
 class CollectiveLog(TorchDispatchMode):

@@ -1,0 +1,136 @@
+"""A convolution net with its rows split (GSPMD's windowed split, ``ir/halo.py``) applied on
+simulated ranks: ``plan.apply`` and ``follow_plan`` give the plain model's loss and gradients,
+and the halo exchanges they issue are the plan's collective-permutes (issue 36)."""
+
+from __future__ import annotations
+
+import copy
+import warnings
+from collections import Counter
+
+import pytest
+import shardplan as sp
+import torch
+from shardplan.frontend.torch import simulate
+from shardplan.frontend.torch.capture import capture
+from shardplan.frontend.torch.follow import follow_plan
+from shardplan.frontend.torch.train import step_loss
+from torch import nn
+from torch.distributed.device_mesh import init_device_mesh
+
+pytestmark = pytest.mark.torch
+
+MESHES = {"4": {"x": 4}, "2x2": {"dp": 2, "tp": 2}}
+
+
+def _net() -> nn.Module:
+    """Same-padded 3x3, a dilated 3x3 and a strided 3x3 convolution, then a 1x1 head: each
+    lets its rows split with a halo of 1, 2 and 1 rows (the strided one: 1 row back, none
+    ahead)."""
+    torch.manual_seed(0)
+    return nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=2, dilation=2), nn.ReLU(),
+        nn.Conv2d(16, 16, 3, padding=1, stride=2), nn.ReLU(),
+        nn.Conv2d(16, 4, 1),
+    )  # fmt: skip
+
+
+_PLANS: dict[str, tuple] = {}
+
+
+def _planned(mesh_name: str) -> tuple:
+    """The net's plan with every activation's (and activation gradient's) rows pinned split
+    over the whole mesh (at 64x64
+    on ``cpu-test`` each convolution then pays its halo rather than gathering its input)."""
+    if mesh_name not in _PLANS:
+        model, x = _net(), torch.randn(1, 3, 64, 64)
+        mesh = sp.Mesh(MESHES[mesh_name], cluster="cpu-test")
+        rows = sp.Sharding.of(None, None, tuple(mesh.axis_names), None)
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")
+            graph, _ = capture(model, x)
+        batch_one = [v.name for v in graph.values() if v.type.rank == 4 and v.type.shape[0] == 1]
+        pins = dict.fromkeys(batch_one, rows)  # activations and their gradients
+        plan = sp.plan(model, x, mesh=mesh, pins=pins)
+        _PLANS[mesh_name] = (model, x, plan)
+    return _PLANS[mesh_name]
+
+
+def _reference(model: nn.Module, x: torch.Tensor) -> tuple:
+    plain = copy.deepcopy(model)
+    loss = step_loss(plain, (x,))
+    loss.backward()
+    return loss.detach(), {n: p.grad for n, p in plain.named_parameters()}
+
+
+def _run(plan: sp.Plan, model: nn.Module, x: torch.Tensor, follow: bool) -> tuple:
+    mesh = plan.mesh
+    simulate.simulated_world(mesh.size)
+    shape = tuple(mesh.shape[a] for a in mesh.axis_names)
+    device_mesh = init_device_mesh("cpu", shape, mesh_dim_names=mesh.axis_names)
+    with simulate.local_ranks(mesh.size):
+        sharded = plan.apply(copy.deepcopy(model), device_mesh)
+        log = simulate.CollectiveLog(device_mesh)
+        with log:
+            if follow:
+                with follow_plan(plan, device_mesh):
+                    loss = step_loss(sharded, (x,))
+                    loss.backward()
+            else:
+                loss = step_loss(sharded, (x,))
+                loss.backward()
+        grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
+    return simulate.rank0(loss), grads, log.counts
+
+
+def _check(loss: torch.Tensor, grads: dict, want: tuple) -> None:
+    torch.testing.assert_close(loss, want[0], rtol=1e-4, atol=1e-6)
+    for name, g in want[1].items():
+        torch.testing.assert_close(grads[name], g, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def _permutes(counts: Counter) -> Counter:
+    return Counter({k: n for k, n in counts.items() if k[0] == "collective-permute"})
+
+
+def test_the_rows_of_every_three_by_three_convolution_split_with_a_halo() -> None:
+    """Forward and backward of the three 3x3 convolutions run on row slabs over the whole
+    mesh; each exchanges its halo rows (two collective-permutes, four in the backward)."""
+    _, _, plan = _planned("4")
+    split = [(i, op) for i, op in enumerate(plan.graph.ops) if op.kind.startswith("convolution")
+             and plan.operand_shardings[(i, int(op.kind != "convolution"))].dims[2]]  # fmt: skip
+    assert len(split) >= 6, [op.kind for _, op in split]
+    halos = simulate.planned_halos(plan)
+    assert halos
+    assert {c.kind for c in halos} == {"collective-permute"}
+    assert {c.axes for c in halos} == {("x",)}
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_applied_row_split_matches_and_issues_the_planned_halos(mesh_name: str) -> None:
+    """``plan.apply``: loss and every gradient equal the plain model's; the collective-permutes
+    are exactly the plan's halo exchanges (kind, axes, bytes, count) less the backward's
+    second exchange of each input: autograd keeps the forward's extended slab."""
+    model, x, plan = _planned(mesh_name)
+    loss, grads, counts = _run(plan, model, x, follow=False)
+    _check(loss, grads, _reference(model, x))
+    planned = Counter((c.kind, c.axes, c.bytes) for c in simulate.planned_halos(plan, True))
+    assert planned
+    assert _permutes(counts) == planned, (
+        f"observed:\n{simulate.collective_listing(_permutes(counts))}\n"
+        f"planned:\n{simulate.collective_listing(planned)}"
+    )
+
+
+@pytest.mark.parametrize("mesh_name", list(MESHES))
+def test_followed_row_split_matches_and_issues_the_plans_collectives(mesh_name: str) -> None:
+    """Under ``follow_plan`` every collective (reshards and halo exchanges) is the plan's."""
+    model, x, plan = _planned(mesh_name)
+    loss, grads, counts = _run(plan, model, x, follow=True)
+    _check(loss, grads, _reference(model, x))
+    planned = simulate.planned_collective_list(plan)
+    assert counts == planned, (
+        f"observed:\n{simulate.collective_listing(counts)}\n"
+        f"planned:\n{simulate.collective_listing(planned)}"
+    )
