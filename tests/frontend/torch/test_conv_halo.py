@@ -2,15 +2,10 @@
 
 from __future__ import annotations
 
-import copy
-import warnings
-
 import pytest
-import shardplan as sp
 import torch
 from shardplan.costmodel.conv import halo_rows
 from shardplan.frontend.torch import halo, simulate
-from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import DTensor, Partial, Shard, distribute_tensor
 
@@ -50,46 +45,3 @@ def test_halo_rows_give_the_unsplit_convolution_and_its_gradients(k, d, s, p) ->
         got = [simulate.rank0(t) for t in (got_y, got_gi, got_gw)]
     for a, b in zip(got, (y, gi, gw), strict=True):
         torch.testing.assert_close(a, b)
-
-
-@pytest.mark.slow
-def test_row_split_convolutions_follow_the_plan_with_plain_numerics() -> None:
-    """Rows pinned split over 2 ranks: the first (3x3) and last (stride 2) convolutions run
-    on row slabs with a halo exchange under ``follow_plan``; loss and every gradient equal
-    the plain module's."""
-    from shardplan.frontend.torch.capture import capture
-    from shardplan.frontend.torch.follow import follow_plan
-    from shardplan.frontend.torch.train import step_loss
-
-    torch.manual_seed(0)
-    model = nn.Sequential(
-        nn.Conv2d(4, 8, 3, padding=1), nn.ReLU(),
-        nn.Conv2d(8, 8, 5, padding=4, dilation=2), nn.ReLU(),
-        nn.Conv2d(8, 4, 3, padding=1, stride=2),
-    )  # fmt: skip
-    x = torch.randn(1, 4, 16, 12)
-    rows = sp.Sharding.of(None, None, "x", None)
-    with warnings.catch_warnings():
-        warnings.simplefilter("ignore")
-        graph, _ = capture(model, x)
-    kinds = ("convolution", "relu")
-    names = [op.results[0].name for op in graph.ops if op.kind in kinds]
-    pins = {"input": rows, **dict.fromkeys(names, rows)}
-    plan = sp.plan(model, x, mesh=sp.Mesh({"x": 2}, cluster="cpu-test"), pins=pins)
-    split = [i for i, op in enumerate(plan.graph.ops)
-             if op.kind == "convolution" and plan.operand_shardings[(i, 0)].dims[2]]  # fmt: skip
-    assert len(split) >= 2
-    reference = copy.deepcopy(model)
-    ref_loss = step_loss(reference, (x,))
-    ref_loss.backward()
-    mesh = _mesh()
-    with simulate.local_ranks(2):
-        sharded = plan.apply(copy.deepcopy(model), mesh)
-        with follow_plan(plan, mesh) as follower:
-            loss = step_loss(sharded, (x,))
-            loss.backward()
-        grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
-    assert not [d for d in follower.deviations if "conv" in d]
-    torch.testing.assert_close(simulate.rank0(loss), ref_loss.detach(), rtol=1e-4, atol=1e-6)
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)

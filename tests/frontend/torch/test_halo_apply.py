@@ -25,8 +25,8 @@ MESHES = {"4": {"x": 4}, "2x2": {"dp": 2, "tp": 2}}
 
 def _net() -> nn.Module:
     """Same-padded 3x3, a dilated 3x3 and a strided 3x3 convolution, then a 1x1 head: each
-    lets its rows split with a halo of 1, 2 and 1 rows (the strided one: 1 row back, none
-    ahead)."""
+    lets its rows split with a halo of 1, 2 and 1 rows each way (the strided one: 1 row back,
+    none ahead)."""
     torch.manual_seed(0)
     return nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(),
@@ -94,9 +94,9 @@ def _permutes(counts: Counter) -> Counter:
     return Counter({k: n for k, n in counts.items() if k[0] == "collective-permute"})
 
 
-def test_the_rows_of_every_three_by_three_convolution_split_with_a_halo() -> None:
-    """Forward and backward of the three 3x3 convolutions run on row slabs over the whole
-    mesh; each exchanges its halo rows (two collective-permutes, four in the backward)."""
+def test_the_rows_of_every_windowed_convolution_split_with_a_halo() -> None:
+    """Forward and backward of the three convolutions with a window run on row slabs over the
+    whole mesh; each exchanges its halo rows (a collective-permute each way)."""
     _, _, plan = _planned("4")
     split = [(i, op) for i, op in enumerate(plan.graph.ops) if op.kind.startswith("convolution")
              and plan.operand_shardings[(i, int(op.kind != "convolution"))].dims[2]]  # fmt: skip
