@@ -134,3 +134,49 @@ def test_followed_row_split_matches_and_issues_the_plans_collectives(mesh_name: 
         f"observed:\n{simulate.collective_listing(counts)}\n"
         f"planned:\n{simulate.collective_listing(planned)}"
     )
+
+
+def _segmentation_net() -> nn.Module:
+    """A dilated-convolution segmentation head at full resolution (context aggregation in the
+    style of Yu and Koltun's dilated networks): 3x3 convolutions of 64 channels with
+    dilations 1, 1, 2, 4, 1, and a 1x1 classifier over 8 classes."""
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 3, padding=1), nn.ReLU()]
+    for d in (1, 2, 4, 1):
+        layers += [nn.Conv2d(64, 64, 3, padding=d, dilation=d), nn.ReLU()]
+    return nn.Sequential(*layers, nn.Conv2d(64, 8, 1))
+
+
+def test_batch_one_segmentation_plans_a_row_split_that_beats_replicated_and_channel_split():
+    """One 1024x1024 image on 8 H100s. The batch cannot split; each 64-channel activation is
+    256 MiB and each 3x3 convolution 77 GFLOP of forward work. Replicated, every device
+    computes the whole step. Splitting channels (Megatron-style) divides the compute too,
+    but each convolution's input features are a reduction: its output is a pending sum of
+    256 MiB to all-reduce (or every input all-gathered), per layer and again in backward.
+    Splitting the rows divides compute and activation memory by 8 and costs only a halo of
+    ``dilation`` rows each way per convolution (a 256 KiB-per-row collective-permute), so the
+    free plan takes it, for every convolution, forward and backward (measured: 3.5 ms
+    modelled, against 4.9 ms with the channels split and more replicated)."""
+    with torch.device("meta"):
+        model = _segmentation_net()
+    x = torch.empty(1, 3, 1024, 1024, device="meta")
+    mesh = sp.Mesh({"dp": 8}, cluster="h100-sxm")
+    plan = sp.plan(model, x, mesh=mesh)
+    convs = [(i, op) for i, op in enumerate(plan.graph.ops) if op.kind.startswith("convolution")]
+    assert len(convs) == 12
+    for i, op in convs:
+        lhs = plan.operand_shardings[(i, int(op.kind == "convolution_backward"))]
+        assert lhs.dims == ((), (), ("dp",), ()), (op.kind, lhs)  # rows split, nothing else
+    assert simulate.planned_halos(plan)
+    activations = [
+        v.name for v in plan.graph.values() if v.type.shape[:2] == (1, 64) and v.type.rank == 4
+    ]  # the 64-channel maps and their gradients
+    replicated, channels = (
+        sp.plan(model, x, mesh=mesh, pins=dict.fromkeys(activations, layout))
+        for layout in (
+            sp.Sharding.of(None, None, None, None),
+            sp.Sharding.of(None, "dp", None, None),
+        )
+    )
+    assert plan.step_time < 0.5 * replicated.step_time, (plan.step_time, replicated.step_time)
+    assert plan.peak_memory_bytes < 0.5 * replicated.peak_memory_bytes
+    assert plan.step_time < 0.8 * channels.step_time, (plan.step_time, channels.step_time)
