@@ -14,6 +14,7 @@ import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
 
+from shardplan.costmodel.conv import CONV_KINDS, halo_collectives
 from shardplan.ir import Graph, Mesh, Role
 
 from .plan import Plan, Reshard
@@ -125,11 +126,23 @@ def _zero_axes(plan: Plan) -> tuple[list[str], float, float]:
     return _ordered(plan.mesh, axes), sharded, total
 
 
+def halo_axes(plan: Plan) -> list[str]:
+    """Mesh axes some convolution's spatial rows are split over (``ir/halo.py``)."""
+    axes: set[str] = set()
+    for i, op in enumerate(plan.graph.ops):
+        if op.kind in CONV_KINDS:
+            operands = [plan.operand_shardings[(i, j)] for j in range(len(op.operands))]
+            axes.update(a for c in halo_collectives(op, operands, plan.mesh) for a in c.axes)
+    return _ordered(plan.mesh, axes)
+
+
 def strategy_words(plan: Plan) -> str:
     """``batch over dp×tp, parameters replicated, ZeRO-style sharded update over dp×tp, ...``."""
     mesh = plan.mesh
     batch = batch_axes(plan)
     parts = [f"batch over {_axes_text(batch)}" if batch else "batch not split"]
+    if rows := halo_axes(plan):
+        parts.append(f"convolution rows over {_axes_text(rows)} (halo exchanges)")
     params, param_total = _sharded_bytes(plan, Role.PARAMETER)
     fsdp = [a for a in _ordered(mesh, set(params)) if a in batch]
     tensor = [a for a in _ordered(mesh, set(params)) if a not in batch]

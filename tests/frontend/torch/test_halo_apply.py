@@ -167,6 +167,7 @@ def test_batch_one_segmentation_plans_a_row_split_that_beats_replicated_and_chan
         lhs = plan.operand_shardings[(i, int(op.kind == "convolution_backward"))]
         assert lhs.dims == ((), (), ("dp",), ()), (op.kind, lhs)  # rows split, nothing else
     assert simulate.planned_halos(plan)
+    assert "convolution rows over dp (halo exchanges)" in str(plan)
     activations = [
         v.name for v in plan.graph.values() if v.type.shape[:2] == (1, 64) and v.type.rank == 4
     ]  # the 64-channel maps and their gradients
