@@ -6,6 +6,7 @@ weight-gradient convolutions (issue 36)."""
 
 from __future__ import annotations
 
+import flax.linen as nn
 import jax
 import jax.numpy as jnp
 import numpy as np
@@ -22,6 +23,10 @@ pytestmark = [pytest.mark.jax]
 
 DILATIONS = (1, 2, 1)
 """A same-padded 3x3, a dilated 3x3 (halo of 2 rows each way) and another 3x3."""
+
+
+SIZE = 64
+"""Rows (and columns) of the images the step tests run on."""
 
 
 def _conv(x, w, d):  # type: ignore[no-untyped-def]
@@ -54,6 +59,29 @@ def _args(channels: int, size: int, abstract: bool = False):  # type: ignore[no-
     return params, jnp.asarray(rng.normal(size=(1, 3, size, size)), jnp.float32)
 
 
+class _FlaxSegmentation(nn.Module):
+    """The same stack in Flax Linen (NHWC, HWIO kernels, SAME padding, biases)."""
+
+    channels: int = 16
+
+    @nn.compact
+    def __call__(self, x: jax.Array) -> jax.Array:
+        for d in DILATIONS:
+            x = nn.relu(nn.Conv(self.channels, (3, 3), kernel_dilation=(d, d))(x))
+        return x
+
+
+def _flax_step(model: nn.Module):  # type: ignore[no-untyped-def]
+    def step(params, x):  # type: ignore[no-untyped-def]
+        def loss_fn(p):  # type: ignore[no-untyped-def]
+            return jnp.mean(model.apply({"params": p}, x) ** 2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        return jax.tree.map(lambda p, g: p - 0.1 * g, params, grads), loss
+
+    return step
+
+
 def _spatial_splits(plan: sp.Plan) -> list[int]:
     """Convolutions whose lhs is split along a spatial dim (dims 2, 3 of NCHW)."""
     return [
@@ -73,6 +101,31 @@ def _halos(plan: sp.Plan) -> list:
     ]
 
 
+def _pinned_rows(step, args, axis_dim: int) -> sp.Plan:  # type: ignore[no-untyped-def]
+    """``step`` planned on 4 ``cpu-test`` devices with the rows (dim ``axis_dim``) of every
+    ``SIZE``-row batch-1 value (the activations and their gradients) pinned split."""
+    graph, _ = capture(step, *args)
+    rows = sp.Sharding(tuple(("x",) if d == axis_dim else () for d in range(4)))
+    pins = {
+        v.name: rows
+        for v in graph.values()
+        if v.type.rank == 4 and v.type.shape[0] == 1 and v.type.shape[axis_dim] == SIZE
+    }  # not a broadcast bias [1, 1, 1, C]
+    return sp.plan(step, *args, mesh=sp.Mesh({"x": 4}, cluster="cpu-test"), pins=pins)
+
+
+def _check_jit(step, args, plan: sp.Plan) -> None:  # type: ignore[no-untyped-def]
+    """``plan.jit`` equals the unsharded step (rtol 1e-4); the compiled HLO's collectives are
+    the plan's reshards and halo collective-permutes (kind, bytes, mesh axes)."""
+    compiled = plan.jit(step, make_jax_mesh(plan)).lower(*args).compile()
+    got, want = compiled(*args), jax.jit(step)(*args)
+    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
+        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
+    found = collectives(compiled.as_text(), plan.mesh)
+    assert any(c.kind == "collective-permute" for c in found)
+    compare([*distinct_collectives(plan.reshards), *_halos(plan)], found, plan.mesh)
+
+
 def test_batch_one_high_resolution_plans_a_spatial_split_with_halos():
     """One 3x1024x1024 image, 64 channels, on 8 H100s: every convolution - forward, input
     gradient and weight gradient (its rhs, the output gradient, split with the input rows) -
@@ -90,20 +143,21 @@ def test_batch_one_high_resolution_plans_a_spatial_split_with_halos():
 
 @pytest.mark.slow
 def test_plan_jit_with_rows_split_matches_and_xla_inserts_the_planned_halos():
-    """Rows pinned split over 4 devices (16 channels, 64x64): ``plan.jit``'s step equals the
-    unsharded one (rtol 1e-4), and the collectives in the compiled HLO are the plan's
-    reshards and halo collective-permutes (kind, bytes, mesh axes)."""
-    params, x = _args(16, 64)
-    graph, _ = capture(_step, params, x)
-    mesh = sp.Mesh({"x": 4}, cluster="cpu-test")
-    rows = sp.Sharding.of(None, None, "x", None)
-    pins = {v.name: rows for v in graph.values() if v.type.rank == 4 and v.type.shape[0] == 1}
-    plan = sp.plan(_step, params, x, mesh=mesh, pins=pins)
+    """Rows pinned split over 4 devices (16 channels, 64x64): ``plan.jit`` matches and XLA's
+    halo exchanges are the plan's (``_check_jit``)."""
+    params, x = _args(16, SIZE)
+    plan = _pinned_rows(_step, (params, x), 2)
     assert len(_spatial_splits(plan)) >= 6
-    compiled = plan.jit(_step, make_jax_mesh(plan)).lower(params, x).compile()
-    got, want = compiled(params, x), jax.jit(_step)(params, x)
-    for a, b in zip(jax.tree.leaves(got), jax.tree.leaves(want), strict=True):
-        np.testing.assert_allclose(np.asarray(a), np.asarray(b), rtol=1e-4, atol=1e-6)
-    found = collectives(compiled.as_text(), plan.mesh)
-    assert any(c.kind == "collective-permute" for c in found)
-    compare([*distinct_collectives(plan.reshards), *_halos(plan)], found, plan.mesh)
+    _check_jit(_step, (params, x), plan)
+
+
+@pytest.mark.slow
+def test_flax_linen_rows_split_matches_and_xla_inserts_the_planned_halos():
+    """The Flax Linen version (NHWC: the rows are dim 1), rows pinned split over 4 devices."""
+    model = _FlaxSegmentation()
+    x = jnp.asarray(np.random.default_rng(1).normal(size=(1, SIZE, SIZE, 3)), jnp.float32)
+    params = model.init(jax.random.PRNGKey(0), x)["params"]
+    step = _flax_step(model)
+    plan = _pinned_rows(step, (params, x), 1)
+    assert len(_spatial_splits(plan)) >= 6
+    _check_jit(step, (params, x), plan)
