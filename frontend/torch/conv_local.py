@@ -22,6 +22,7 @@ import torch
 from torch.distributed.tensor import DTensor, Replicate, Shard
 
 from ...costmodel.conv import halo_rows
+from ...ir import Sharding
 from . import halo
 
 FORWARD = "aten.convolution.default"
@@ -118,10 +119,38 @@ def _window(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict) -> A
         size = list(local_args[2])
         local_args[2] = [grad.shape[0], grad.shape[1], *size[2:]]
     out = func(*local_args, **{k: _local(v) for k, v in kwargs.items()})
-    values = iter(follower.plan.graph.ops[step.ops[0]].results)
+    results = follower.plan.graph.ops[step.ops[0]].results
     if isinstance(out, torch.Tensor):
-        return _wrap_planned(follower, out, next(values), step)
-    return tuple(_wrap_planned(follower, t, next(values), step) for t in out)
+        return _wrap_result(follower, out, results[0], step, 0)
+    return tuple(
+        _wrap_result(follower, t, v, step, k)
+        for k, (t, v) in enumerate(zip(out, results, strict=False))
+    )
+
+
+def _strategy_result(plan: Any, index: int, k: int) -> Sharding | None:
+    """Result ``k``'s layout under op ``index``'s chosen strategy (its factors' axes, partial
+    over the ones summed into it), which may differ from the value's planned layout (a pinned
+    value: a channel-split pool feeding row-split convolutions); None without an assignment."""
+    op = plan.graph.ops[index]
+    if index not in plan.assignments or op.rule is None:
+        return None
+    assigned = dict(plan.assignments[index])
+    dims = tuple(tuple(a for f in dim for a in assigned.get(f, ())) for dim in op.rule.results[k])
+    partial = {a for f in op.rule.partial_factors(k) for a in assigned.get(f, ())}
+    return Sharding(dims, frozenset(partial))
+
+
+def _wrap_result(follower: Any, local: torch.Tensor, value: Any, step: Any, k: int) -> DTensor:
+    """Result ``k`` of the call (this rank's) at the layout the kernel computed it in, moved
+    to the value's planned layout; a split the local result does not have (output rows
+    computed whole from a whole input) goes through ``_wrap_planned``'s slicing."""
+    made = _strategy_result(follower.plan, step.ops[0], k)
+    shape = value.type.shape
+    if made is None or any(a and local.shape[d] == shape[d] for d, a in enumerate(made.dims)):
+        return _wrap_planned(follower, local, value, step)
+    out = follower._wrap(local, tuple(follower._placements(made, value.name)))
+    return follower._to(out, tuple(follower._placements(None, value.name)), step)
 
 
 def _forward(follower: Any, step: Any, args: tuple) -> DTensor:
@@ -135,7 +164,7 @@ def _forward(follower: Any, step: Any, args: tuple) -> DTensor:
     y = torch.ops.aten.convolution.default(lhs, _local(w), None, *geometry)
     value = follower.plan.graph.ops[step.ops[0]].results[0]
     name = value.name
-    out = _wrap_planned(follower, y, value, step)
+    out = _wrap_result(follower, y, value, step, 0)
     if bias is None:
         return out
     add = step.ops[-1]
@@ -156,10 +185,15 @@ def _backward(follower: Any, step: Any, args: tuple) -> tuple:
     outs = list(torch.ops.aten.convolution_backward.default(_local(grad), lhs, _local(w), *rest))
     if rows and outs[0] is not None:
         outs[0] = _folded(x, outs[0], rows)
-    values = iter(follower.plan.graph.ops[step.ops[0]].results)
-    return tuple(
-        None if t is None else _wrap_planned(follower, t, next(values), step) for t in outs
-    )
+    values = iter(enumerate(follower.plan.graph.ops[step.ops[0]].results))
+    wrapped = []
+    for t in outs:
+        if t is None:
+            wrapped.append(None)
+            continue
+        k, value = next(values)
+        wrapped.append(_wrap_result(follower, t, value, step, k))
+    return tuple(wrapped)
 
 
 def _wrap_planned(follower: Any, local: torch.Tensor, value: Any, step: Any) -> DTensor:
