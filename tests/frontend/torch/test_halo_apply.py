@@ -136,6 +136,35 @@ def test_followed_row_split_matches_and_issues_the_plans_collectives(mesh_name: 
     )
 
 
+def test_pooling_between_row_split_convolutions_keeps_its_window_whole_and_runs_right():
+    """A max pool and a nearest upsample between row-split convolutions: their rule needs the
+    window dims whole (no halo split is offered), so the plan moves the rows to a channel
+    split around them; ``apply`` and ``follow_plan`` still give the plain model's loss and
+    gradients. (The moves from a pool's channel-split result to its pinned row-split value
+    run at the op under ``follow_plan``; they are not among the plan's reshards.)"""
+    torch.manual_seed(0)
+    model = nn.Sequential(
+        nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
+        nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Upsample(scale_factor=2),
+        nn.Conv2d(16, 4, 3, padding=1, stride=2),
+    )  # fmt: skip
+    x = torch.randn(1, 3, 64, 64)
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        graph, _ = capture(model, x)
+    rows = sp.Sharding.of(None, None, "x", None)
+    pins = {v.name: rows for v in graph.values() if v.type.rank == 4 and v.type.shape[0] == 1}
+    plan = sp.plan(model, x, mesh=sp.Mesh({"x": 4}, cluster="cpu-test"), pins=pins)
+    windows = [i for i, op in enumerate(plan.graph.ops) if op.kind.startswith(("max_pool", "up"))]
+    assert len(windows) == 4
+    assert not any(plan.operand_shardings[(i, 0)].dims[2] for i in windows)
+    assert simulate.planned_halos(plan)
+    want = _reference(model, x)
+    for follow in (False, True):
+        loss, grads, _ = _run(plan, model, x, follow=follow)
+        _check(loss, grads, want)
+
+
 def _segmentation_net() -> nn.Module:
     """A dilated-convolution segmentation head at full resolution (context aggregation in the
     style of Yu and Koltun's dilated networks): 3x3 convolutions of 64 channels with
