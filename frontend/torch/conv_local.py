@@ -120,10 +120,22 @@ def _forward(follower: Any, step: Any, args: tuple) -> DTensor:
     out = _wrap_planned(follower, y, value, step)
     if bias is None:
         return out
+    return _add_bias(follower, step, out, name, bias)
+
+
+def _add_bias(follower: Any, step: Any, out: DTensor, name: str, bias: Any) -> DTensor:
+    """The IR's bias add: the convolution's result and the bias (reshaped to broadcast over
+    the spatial dims) each at the add's planned operand layout. An FSDP-sharded bias is
+    gathered there, as the plan prices it, not by DTensor's choice at the add."""
     add = step.ops[-1]
+    operands = follower.plan.graph.ops[add].operands
     out = follower._to(out, follower._placements(
         follower.plan.operand_shardings.get((add, 0)), name), step)  # fmt: skip
-    return out + bias.reshape(bias.shape[0], *([1] * (out.ndim - 2)))
+    shaped = bias.reshape(bias.shape[0], *([1] * (out.ndim - 2)))
+    if len(operands) > 1:
+        shaped = follower._to(shaped, follower._placements(
+            follower.plan.operand_shardings.get((add, 1)), operands[1].name), step)  # fmt: skip
+    return out + shaped
 
 
 def _backward(follower: Any, step: Any, args: tuple) -> tuple:
