@@ -59,7 +59,6 @@ everything and do not fit under half that peak, so they have no free cell."""
 IDS = ["-".join(c) for c in CELLS]
 FOLLOW_GAPS = {
     ("lstm", "2x2x2", "dp"): "the LSTM backward's recomputed workspace on a moved batch split",
-    ("whisper", "8", "dp"): "embedding backward: DTensor makes it replicated, plan Shard(0)",
 }
 """Cells whose ``follow_plan`` step does not match the plan (strict xfails), as measured. The
 GRU's CPU kernel is decomposed into aten calls at run time, among them an in-place
