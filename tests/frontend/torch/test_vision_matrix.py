@@ -57,20 +57,6 @@ CELLS = [
 "Vision, audio and recurrent families"); free plans of ViT, the GRU and the LSTM replicate
 everything and do not fit under half that peak, so they have no free cell."""
 IDS = ["-".join(c) for c in CELLS]
-FOLLOW_GAPS = {
-    ("lstm", "2x2x2", "dp"): "the LSTM backward's recomputed workspace on a moved batch split",
-}
-"""Cells whose ``follow_plan`` step does not match the plan (strict xfails), as measured. The
-GRU's CPU kernel is decomposed into aten calls at run time, among them an in-place
-``transpose_`` of the output, which the follower runs out of place at the planned layout and
-cannot assign back (a DTensor's shape cannot change in place); ``apply`` runs the whole GRU
-on local batch rows and is exact. Whisper DP: the follower's embedding backward is made
-replicated where the plan prices an all-reduce into a split. ConvNeXt FSDP: the follower's
-convolution (``conv_local``) leaves a depthwise output channel-split where the plan has it
-whole. LSTM DP on (2, 2, 2): the plan runs the layer's backward at another batch split than
-its forward, so the saved kernel workspace does not fit; the forward is recomputed on the
-backward's rows (``nn_local._fresh_workspace``) and the kernel then rejects that workspace's
-type on simulated ranks. Their ``apply`` cells are exact."""
 
 
 @dataclass
@@ -212,16 +198,7 @@ def test_applied_plan_matches_plain_model(family: str, mesh: str, kind: str) -> 
     _check_numerics(captured, loss, grads)
 
 
-@pytest.mark.parametrize(
-    ("family", "mesh", "kind"),
-    [
-        pytest.param(*c, marks=pytest.mark.xfail(strict=True, reason=FOLLOW_GAPS[c]))
-        if c in FOLLOW_GAPS
-        else c
-        for c in CELLS
-    ],
-    ids=IDS,
-)
+@pytest.mark.parametrize(("family", "mesh", "kind"), CELLS, ids=IDS)
 def test_follow_plan_matches_and_issues_the_plans_collectives(
     family: str, mesh: str, kind: str
 ) -> None:
