@@ -72,12 +72,12 @@ def unet() -> tuple:
     from diffusers import UNet2DConditionModel
 
     model = UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, block_out_channels=(32, 64),
-        layers_per_block=1, cross_attention_dim=32, norm_num_groups=8, attention_head_dim=8,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        sample_size=8, in_channels=4, out_channels=4, block_out_channels=(8, 16),
+        layers_per_block=1, cross_attention_dim=16, norm_num_groups=4, attention_head_dim=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), mid_block_type=None,
+        up_block_types=("UpBlock2D", "UpBlock2D"),
     )  # fmt: skip
-    sample, context = torch.randn(BATCH, 4, 16, 16), torch.randn(BATCH, 4, 32)
+    sample, context = torch.randn(BATCH, 4, 8, 8), torch.randn(BATCH, 4, 16)
     return model, (sample, torch.tensor(10), context)
 
 
