@@ -16,10 +16,11 @@ layouts.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ...costmodel.conv import halo_rows
 from . import halo
@@ -40,6 +41,25 @@ def handles(plan: Any, step: Any) -> bool:
     if step.target in (FORWARD, BACKWARD):
         return True
     return bool(step.ops) and plan.graph.ops[step.ops[0]].kind in WINDOW_KINDS
+
+
+def aligned(plan: Any, step: Any, args: tuple) -> Any:
+    """``step`` with a ``None`` result name for each gradient a run-time
+    ``convolution_backward`` makes and the traced call did not (its ``output_mask`` asks for
+    more), so the results line up with the call's tensors; other steps unchanged."""
+    if step.target != BACKWARD or not step.ops:
+        return step
+    traced = plan.graph.ops[step.ops[0]].attrs.get("output_mask")
+    wanted = tuple(bool(m) for m in args[10])
+    if traced is None or tuple(traced) == wanted:
+        return step
+    names = iter(step.results)
+    results = []
+    for made, asked in zip(traced, wanted, strict=True):
+        name = next(names, None) if made else None
+        if asked:
+            results.append(name)
+    return dataclasses.replace(step, results=tuple(results))
 
 
 def _local(t: Any) -> Any:
@@ -151,10 +171,44 @@ def _backward(follower: Any, step: Any, args: tuple) -> tuple:
     outs = list(torch.ops.aten.convolution_backward.default(_local(grad), lhs, _local(w), *rest))
     if rows is not None and outs[0] is not None:
         outs[0] = halo.fold_back(outs[0], dim, lo, hi, x.device_mesh, mesh_dim)
-    values = iter(follower.plan.graph.ops[step.ops[0]].results)
-    return tuple(
-        None if t is None else _wrap_planned(follower, t, next(values), step) for t in outs
-    )
+    op = follower.plan.graph.ops[step.ops[0]]
+    traced = op.attrs.get("output_mask") or (True,) * len(outs)
+    values = iter(op.results)
+    wrapped = []
+    for k, t in enumerate(outs):
+        value = next(values) if traced[k] else None
+        if t is None:
+            wrapped.append(None)
+        elif value is not None:
+            wrapped.append(_wrap_planned(follower, t, value, step))
+        else:
+            wrapped.append(_untraced_input_gradient(follower, step, k, t, (grad, x, w)))
+    return tuple(wrapped)
+
+
+def _untraced_input_gradient(follower: Any, step: Any, k: int, local: torch.Tensor,
+                             operands: tuple) -> DTensor:  # fmt: skip
+    """An input gradient the run asks for and the trace did not (HF Wav2Vec2's feature encoder
+    sets ``requires_grad`` on its input at run time only): no later op reads it, so it is
+    left where the kernel made it - the rank's batch rows, a pending sum over the mesh dims
+    that split the output channels (each rank sums over its own), whole channels of a grouped
+    convolution split as groups - and reported in ``deviations``."""
+    if k != 0:
+        raise NotImplementedError(
+            f"{step.target}: a weight or bias gradient the trace did not make (output {k})"
+        )
+    grad, x, w = operands
+    placements = []
+    for i, p in enumerate(x.placements):
+        g = grad.placements[i]
+        if isinstance(p, Shard) and p.dim in (0, 1):
+            placements.append(p)  # batch rows, or channels held as whole groups
+        elif (isinstance(g, Shard) and g.dim == 1) or isinstance(w.placements[i], Shard):
+            placements.append(Partial())
+        else:
+            placements.append(Replicate())
+    follower.deviations.append(f"{step.target}: input gradient the trace did not make")
+    return follower._wrap(local, tuple(placements))
 
 
 def _wrap_planned(follower: Any, local: torch.Tensor, value: Any, step: Any) -> DTensor:

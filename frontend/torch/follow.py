@@ -215,6 +215,7 @@ class PlanFollower(TorchDispatchMode):
             if target == _ADD and None not in known and isinstance(out, torch.Tensor):
                 self.names[out] = self._partial_sum(known)  # a sum the trace made otherwise
             return out
+        step = conv_local.aligned(self.plan, step, args)
         out = self._run(step, func, args, kwargs)
         for t, name in zip(leaves(out, torch.Tensor), step.results, strict=False):
             if name is not None:

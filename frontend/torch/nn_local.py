@@ -277,7 +277,7 @@ NN_KINDS = frozenset({
     "hardswish", "hardswish_backward", "hardsigmoid", "hardsigmoid_backward", "softplus",
     "softplus_backward", "mish", "mish_backward", "elu", "elu_backward", "leaky_relu",
     "leaky_relu_backward", "hardtanh", "hardtanh_backward", "log_sigmoid",
-    "log_sigmoid_backward",
+    "log_sigmoid_backward", "weight_norm",
 })  # fmt: skip
 """Kinds whose aten call the follower runs here (``handles``)."""
 _BATCH_NORM = ("batch_norm_apply", "batch_norm_backward_reduce")

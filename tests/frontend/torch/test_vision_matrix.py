@@ -3,7 +3,8 @@ ranks (issue 36: points 2, 4 and 6 for torch).
 
 Families (``vision_models.py``): HF ResNet (batch norm in training mode, max pool), ViT
 (patch conv), ConvNeXt (depthwise conv, channels-last layer norm), Whisper (conv1d front end,
-encoder-decoder with labels), Mamba (depthwise conv1d, softplus, HF's slow selective scan),
+encoder-decoder with labels), Wav2Vec2 (raw-audio conv1d encoder, grouped positional conv with
+weight norm), Mamba (depthwise conv1d, softplus, HF's slow selective scan),
 a diffusers UNet2DConditionModel (group norm, cross attention, up-sampling), an ``nn.LSTM``
 and an ``nn.GRU`` model, and an MLP with batch norm, group norm and the activations DTensor
 has no backward for. Each is captured once (and must capture without an
@@ -51,6 +52,7 @@ CELLS = [
     *((f, "2x4", "fsdp") for f in ("resnet", "vit", "convnext", "mamba", "lstm")),
     ("mamba", "2x4", "channels"),
     ("activations", "2x2x2", "fsdp"), ("lstm", "2x2x2", "dp"), ("mamba", "2x2x2", "channels"),
+    ("wav2vec2", "8", "dp"),
 ]  # fmt: skip
 """Free plans of ViT, the GRU and the LSTM replicate everything and do not fit under half that
 peak, so they have no free cell."""

@@ -81,6 +81,21 @@ def unet() -> tuple:
     return model, (sample, torch.tensor(10), context)
 
 
+def wav2vec2() -> tuple:
+    """HF Wav2Vec2 (the base model: its CTC head checks ``labels.max()`` in Python, which a
+    fake-tensor trace cannot): a 1-D conv feature encoder on raw audio (group norm on the first
+    layer, GELU), a grouped positional convolution with weight norm, a transformer encoder."""
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    config = Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=4, mask_time_prob=0.0, layerdrop=0.0, hidden_dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
+    )  # fmt: skip
+    return Wav2Vec2Model(config), (torch.randn(BATCH, 400),)
+
+
 class Recurrent(nn.Module):
     """A 2-layer batch-first LSTM or GRU and a linear head."""
 
@@ -127,5 +142,5 @@ def activations() -> tuple:
 
 FAMILIES = {
     "resnet": resnet, "vit": vit, "convnext": convnext, "whisper": whisper, "mamba": mamba,
-    "unet": unet, "lstm": lstm, "gru": gru, "activations": activations,
+    "unet": unet, "lstm": lstm, "gru": gru, "activations": activations, "wav2vec2": wav2vec2,
 }  # fmt: skip
