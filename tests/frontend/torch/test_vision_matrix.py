@@ -57,9 +57,10 @@ CELLS = [
 """Free plans of ViT, the GRU and the LSTM replicate everything and do not fit under half that
 peak, so they have no free cell."""
 UNET_CELLS = [("unet", "8", "dp"), ("unet", "2x4", "fsdp")]
-"""The UNet (2.3k captured ops) is applied only (``plan.apply`` numerics): one cell's apply took
-91 s on the loaded 2-core machine, its ``follow_plan`` step as long again (the (8,) DP one
-measured exact, collectives equal the plan's; not run in CI for time)."""
+"""The UNet (2.3k captured ops) is applied only (``plan.apply`` numerics): capture 29 s, the
+(8,) DP cell 43-91 s and the (2, 4) FSDP one 86-95 s on the loaded 2-core machine; a
+``follow_plan`` step takes as long again (the (8,) DP one measured exact, collectives equal
+the plan's; not run in CI for time)."""
 IDS = ["-".join(c) for c in CELLS]
 
 
