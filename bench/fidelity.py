@@ -15,8 +15,9 @@ in ``transformer_cost.py`` with ONE calibration per GPU generation
 (``costmodel.calibration.DEFAULTS``); nothing is fitted per row. TF/GPU uses model FLOPs
 (``6 N T + 12 l s h T`` = Korthikanti's ``72 B s l h^2 (1 + s/6h + V/12lh)`` for GPTs).
 
-``--cnn`` predicts the ResNet-50 v1.5 training row (NVIDIA DeepLearningExamples, 8x A100
-80GB, AMP) end to end with ``sp.evaluate`` on the captured HF ResNet-50 (``fidelity_cnn.py``).
+``--cnn`` predicts the ResNet-50 v1.5 training rows (NVIDIA DeepLearningExamples, 8x A100
+80GB, AMP and TF32) end to end with ``sp.evaluate`` on the captured HF ResNet-50
+(``fidelity_cnn.py``).
 
 ``--builder`` predicts the three Llama 3 405B rows (the 8K ones and the 128K context-parallel
 one) end to end with ``sp.evaluate`` on the IR builder's whole training step

@@ -15,6 +15,7 @@ from .cluster import (
     load_cluster,
     peak_table,
     register_cluster,
+    tf32_matmuls,
 )
 from .collective import COLLECTIVE_KINDS, Collective
 from .collectives import collective_time, make_collective
@@ -46,6 +47,7 @@ __all__ = [
     "register_cluster",
     "reshard",
     "reshard_time",
+    "tf32_matmuls",
     "total_value_bytes",
     "value_bytes",
 ]

@@ -219,6 +219,23 @@ def known_clusters() -> tuple[str, ...]:
     return tuple(sorted(_REGISTRY))
 
 
+def tf32_matmuls(cluster: Cluster | str) -> Cluster:
+    """``cluster`` with fp32 math at its TF32 tensor-core rate (``<name>+tf32``): a run with
+    ``torch.backends.cuda.matmul.allow_tf32`` and ``torch.backends.cudnn.allow_tf32`` (cuDNN's
+    default for convolutions; NGC containers also turn it on for matmuls). The FLOP-bound
+    kernels of an fp32 step are its GEMMs and convolutions; the rest are bandwidth-bound, so one
+    fp32 rate is enough. A cluster without a ``tf32`` peak is refused."""
+    base = get_cluster(cluster)
+    peaks = dict(base.peak_flops)
+    if "tf32" not in peaks:
+        raise ClusterConfigError(
+            f"cluster {base.name!r} lists no tf32 peak (it has {sorted(peaks)}); add one to "
+            "its peak_flops to price fp32 math on TF32 tensor cores"
+        )
+    peaks["f32"] = peaks["tf32"]
+    return replace(base, name=f"{base.name}+tf32", peak_flops=peak_table(peaks))
+
+
 def peak_table(peaks: Mapping[str, float]) -> tuple[tuple[str, float], ...]:
     """``{"bf16": 989e12, ...}`` as the sorted pairs ``Cluster.peak_flops`` stores."""
     return tuple(sorted((str(k), float(v)) for k, v in peaks.items()))

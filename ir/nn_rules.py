@@ -149,6 +149,17 @@ def _slab_local(size: tuple, stride: tuple, offset: int, i: int, slab: int, bloc
     return inner < slab
 
 
+def weight_norm(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """``_weight_norm_interface(v, g) -> (w, norm)`` and its backward: each slice along
+    ``attrs["channel"]`` (the kept dim) is normalised on its own, so that dim passes through;
+    the norm sums over every other dim, which stay whole (need replication)."""
+    rule = channelwise(ins, outs, attrs)
+    x = max(list(ins) + list(outs), key=lambda t: t.rank)
+    kept = _letters(x.rank)[int(attrs.get("channel", 0))]  # type: ignore[call-overload]
+    whole = frozenset(f for f in _letters(x.rank) if f != kept)
+    return ShardingRule(rule.operands, rule.results, rule.sizes, whole, rule.summed)
+
+
 ACTIVATIONS = """hardswish hardswish_backward hardsigmoid hardsigmoid_backward softplus
 softplus_backward mish mish_backward elu elu_backward leaky_relu leaky_relu_backward hardtanh
 hardtanh_backward log_sigmoid log_sigmoid_backward batch_norm_stat""".split()
@@ -158,6 +169,7 @@ for _kind in ("batch_norm_apply", "batch_norm_sqsum", "batch_norm_backward_reduc
               "batch_norm_backward_elemt"):  # fmt: skip
     register_rule(_kind, channelwise)
 register_rule("group_norm", group_norm)
+register_rule("weight_norm", weight_norm)
 register_rule("group_norm_backward", group_norm)
 register_rule("rnn_layer", rnn_layer, flops="attr")
 register_rule("window", window, flops="none")

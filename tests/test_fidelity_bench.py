@@ -84,6 +84,6 @@ def test_resnet50_row_within_20_percent():
         pytest.skip("needs the batch-norm lowering (aten.native_batch_norm)")
     import fidelity_cnn
 
-    (r,) = fidelity_cnn.cnn_results()
+    (r,) = fidelity_cnn.cnn_results(fidelity_cnn.cnn_rows()[:1])  # the AMP row (TF32: bench)
     assert "batch over dp" in r["strategy"]
     assert abs(r["product_error"]) <= 0.20, r["product_error"]

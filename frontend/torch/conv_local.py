@@ -16,10 +16,11 @@ layouts.
 
 from __future__ import annotations
 
+import dataclasses
 from typing import Any
 
 import torch
-from torch.distributed.tensor import DTensor, Replicate, Shard
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ...costmodel.conv import halo_rows
 from ...ir import Sharding
@@ -41,6 +42,25 @@ def handles(plan: Any, step: Any) -> bool:
     if step.target in (FORWARD, BACKWARD):
         return True
     return bool(step.ops) and plan.graph.ops[step.ops[0]].kind in WINDOW_KINDS
+
+
+def aligned(plan: Any, step: Any, args: tuple) -> Any:
+    """``step`` with a ``None`` result name for each gradient a run-time
+    ``convolution_backward`` makes and the traced call did not (its ``output_mask`` asks for
+    more), so the results line up with the call's tensors; other steps unchanged."""
+    if step.target != BACKWARD or not step.ops:
+        return step
+    traced = plan.graph.ops[step.ops[0]].attrs.get("output_mask")
+    wanted = tuple(bool(m) for m in args[10])
+    if traced is None or tuple(traced) == wanted:
+        return step
+    names = iter(step.results)
+    results = []
+    for made, asked in zip(traced, wanted, strict=True):
+        name = next(names, None) if made else None
+        if asked:
+            results.append(name)
+    return dataclasses.replace(step, results=tuple(results))
 
 
 def _local(t: Any) -> Any:
@@ -167,10 +187,22 @@ def _forward(follower: Any, step: Any, args: tuple) -> DTensor:
     out = _wrap_result(follower, y, value, step, 0)
     if bias is None:
         return out
+    return _add_bias(follower, step, out, name, bias)
+
+
+def _add_bias(follower: Any, step: Any, out: DTensor, name: str, bias: Any) -> DTensor:
+    """The IR's bias add: the convolution's result and the bias (reshaped to broadcast over
+    the spatial dims) each at the add's planned operand layout. An FSDP-sharded bias is
+    gathered there, as the plan prices it, not by DTensor's choice at the add."""
     add = step.ops[-1]
+    operands = follower.plan.graph.ops[add].operands
     out = follower._to(out, follower._placements(
         follower.plan.operand_shardings.get((add, 0)), name), step)  # fmt: skip
-    return out + bias.reshape(bias.shape[0], *([1] * (out.ndim - 2)))
+    shaped = bias.reshape(bias.shape[0], *([1] * (out.ndim - 2)))
+    if len(operands) > 1:
+        shaped = follower._to(shaped, follower._placements(
+            follower.plan.operand_shardings.get((add, 1)), operands[1].name), step)  # fmt: skip
+    return out + shaped
 
 
 def _backward(follower: Any, step: Any, args: tuple) -> tuple:
@@ -185,15 +217,44 @@ def _backward(follower: Any, step: Any, args: tuple) -> tuple:
     outs = list(torch.ops.aten.convolution_backward.default(_local(grad), lhs, _local(w), *rest))
     if rows and outs[0] is not None:
         outs[0] = _folded(x, outs[0], rows)
-    values = iter(enumerate(follower.plan.graph.ops[step.ops[0]].results))
+    op = follower.plan.graph.ops[step.ops[0]]
+    traced = op.attrs.get("output_mask") or (True,) * len(outs)
+    values = iter(enumerate(op.results))
     wrapped = []
-    for t in outs:
+    for k, t in enumerate(outs):
+        value = next(values) if traced[k] else None
         if t is None:
             wrapped.append(None)
-            continue
-        k, value = next(values)
-        wrapped.append(_wrap_result(follower, t, value, step, k))
+        elif value is not None:
+            wrapped.append(_wrap_result(follower, t, value[1], step, value[0]))
+        else:
+            wrapped.append(_untraced_input_gradient(follower, step, k, t, (grad, x, w)))
     return tuple(wrapped)
+
+
+def _untraced_input_gradient(follower: Any, step: Any, k: int, local: torch.Tensor,
+                             operands: tuple) -> DTensor:  # fmt: skip
+    """An input gradient the run asks for and the trace did not (HF Wav2Vec2's feature encoder
+    sets ``requires_grad`` on its input at run time only): no later op reads it, so it is
+    left where the kernel made it - the rank's batch rows, a pending sum over the mesh dims
+    that split the output channels (each rank sums over its own), whole channels of a grouped
+    convolution split as groups - and reported in ``deviations``."""
+    if k != 0:
+        raise NotImplementedError(
+            f"{step.target}: a weight or bias gradient the trace did not make (output {k})"
+        )
+    grad, x, w = operands
+    placements = []
+    for i, p in enumerate(x.placements):
+        g = grad.placements[i]
+        if isinstance(p, Shard) and p.dim in (0, 1):
+            placements.append(p)  # batch rows, or channels held as whole groups
+        elif (isinstance(g, Shard) and g.dim == 1) or isinstance(w.placements[i], Shard):
+            placements.append(Partial())
+        else:
+            placements.append(Replicate())
+    follower.deviations.append(f"{step.target}: input gradient the trace did not make")
+    return follower._wrap(local, tuple(placements))
 
 
 def _wrap_planned(follower: Any, local: torch.Tensor, value: Any, step: Any) -> DTensor:

@@ -8,7 +8,8 @@ Before ``plan.apply`` or ``follow_plan`` runs a captured step, every traced aten
 strategy gets one (of the kind ``register_sharding`` takes), forward and backward alike:
 
 - ops elementwise in their first operand (``_LOCAL``: a fill) run on local shards at that
-  operand's layout, the other operands whole;
+  operand's layout, the other operands whole; a split keeps its operand's layout off the
+  split dim;
 - every other op runs whole: its operands are gathered (DTensor's redistribution, pending sums
   reduced), it computes on every rank, and its results are replicated (a later planned layout is
   a local slice). The IR gives such an op the all-``need_replication`` rule (an unknown op), so
@@ -165,12 +166,24 @@ def _elementwise_strategy(
     return [([p], [p, *rest]) for p in layouts]
 
 
+def _split_strategy(results: int, x: Any, *args: Any, **kwargs: Any) -> list[tuple[list, list]]:
+    """A split along ``dim``: every piece keeps the operand's layout when that leaves ``dim``
+    whole (a batch split of ``nn.GRU``'s gate pre-activations split into its gates), or all
+    whole; the IR's split (one slice per piece) has the same choices."""
+    dim = (args[1] if len(args) > 1 else kwargs.get("dim", 0)) % x.ndim
+    rest = [None] * (len(args) + len(kwargs))
+    layouts = [Replicate(), *(Shard(d) for d in range(x.ndim) if d != dim)]
+    return [([p] * results, [p, *rest]) for p in layouts]
+
+
 _LOCAL = {
     "aten.fill_.Tensor": _elementwise_strategy,
     "aten.fill.Tensor": _elementwise_strategy,
+    "aten.unsafe_split.Tensor": _split_strategy,
+    "aten.unsafe_split_with_sizes.default": _split_strategy,
 }
 """Ops computed on local shards: elementwise in their first operand (a fill: the other operands
-whole)."""
+whole), or a split keeping its operand's layout off the split dim."""
 
 
 def is_unsupported(error: Exception) -> bool:

@@ -215,6 +215,7 @@ class PlanFollower(TorchDispatchMode):
             if target == _ADD and None not in known and isinstance(out, torch.Tensor):
                 self.names[out] = self._partial_sum(known)  # a sum the trace made otherwise
             return out
+        step = conv_local.aligned(self.plan, step, args)
         out = self._run(step, func, args, kwargs)
         for t, name in zip(leaves(out, torch.Tensor), step.results, strict=False):
             if name is not None:
@@ -339,7 +340,9 @@ class PlanFollower(TorchDispatchMode):
             else self._to(self._through_identities(t, name, step), self._want(step, i), step)
             for i, (t, name) in enumerate(zip(tensors, step.operands, strict=True))
         ]
-        if inplace and torch.Tag.inplace_view not in func.tags and self._relayout(step, args[0]):
+        if inplace and torch.Tag.inplace_view in func.tags and isinstance(args[0], DTensor):
+            return self._in_place_view(step, func, args, kwargs)
+        if inplace and self._relayout(step, args[0]):
             return self._run_out_of_place(step, func, (args, kwargs), tensors, moved)
         args, kwargs = self._arguments(step, _replace((args, kwargs), iter(moved)))
         if step.target in _EMPTY and step.results[0] in self.fill_layout:
@@ -406,6 +409,19 @@ class PlanFollower(TorchDispatchMode):
             out = self._results(step, _out_of_place(func)(*args, **kwargs))
         _assign(tensors[0], out)
         return tensors[0]
+
+    def _in_place_view(self, step: AtenStep, func: Any, args: tuple, kwargs: dict) -> DTensor:
+        """An in-place view (``nn.GRU``'s ``output.transpose_(0, 1)`` with ``batch_first``)
+        of a DTensor, which DTensor has no strategy for: the target is moved to its planned
+        operand layout, the view is computed out of place by DTensor at the planned result
+        layout, and the target takes it (``_assign_view``: its shape changes with it)."""
+        target = args[0]
+        want = self._want(step, 0)
+        if not same_layout(tuple(target.placements), want):
+            _assign(target, self._to(target, want, step))
+        out = self._results(step, _out_of_place_view(func)(target, *args[1:], **kwargs))
+        _assign_view(target, out, func, args[1:], kwargs)
+        return target
 
     def _relayout(self, step: AtenStep, target: torch.Tensor) -> bool:
         """An in-place call whose planned result layout is not its target's: DTensor keeps
@@ -666,6 +682,31 @@ def _assign(target: DTensor, value: DTensor) -> None:
     """
     target._local_tensor = value._local_tensor
     target._spec = value._spec
+
+
+def _out_of_place_view(func: Any) -> Any:
+    """``aten.transpose.int`` for ``aten.transpose_.default``: the overload of the out-of-place
+    view taking the same arguments."""
+    packet = getattr(torch.ops.aten, func._overloadpacket.__name__.removesuffix("_"))
+    names = [a.name for a in func._schema.arguments]
+    for overload in packet.overloads():
+        op = getattr(packet, overload)
+        if [a.name for a in op._schema.arguments] == names:
+            return op
+    raise NotImplementedError(f"{func}: no out-of-place view with its arguments")
+
+
+def _assign_view(target: DTensor, value: DTensor, func: Any, args: tuple, kwargs: dict) -> None:
+    """Make ``target`` hold ``value``, the result of the in-place view ``func(target, *args)``
+    computed out of place: its local shard and spec become ``value``'s, and ``func`` runs on
+    the wrapper's own sizes and strides only.
+
+    Private, as ``_assign``: below Python dispatch (``_DisableTorchDispatch``) the view is
+    metadata-only on the wrapper (no data is read); there is no public way to change a
+    DTensor's shape in place, and an in-place view must return its very target."""
+    _assign(target, value)
+    with torch._C._DisableTorchDispatch():
+        func(target, *args, **kwargs)
 
 
 def _in_place(target: str) -> bool:

@@ -303,7 +303,7 @@ NN_KINDS = frozenset({
     "hardswish", "hardswish_backward", "hardsigmoid", "hardsigmoid_backward", "softplus",
     "softplus_backward", "mish", "mish_backward", "elu", "elu_backward", "leaky_relu",
     "leaky_relu_backward", "hardtanh", "hardtanh_backward", "log_sigmoid",
-    "log_sigmoid_backward",
+    "log_sigmoid_backward", "weight_norm",
 })  # fmt: skip
 """Kinds whose aten call the follower runs here (``handles``)."""
 _BATCH_NORM = ("batch_norm_apply", "batch_norm_backward_reduce")
@@ -355,13 +355,14 @@ def _fresh_workspace(a: tuple) -> tuple:
 
     The kernel's workspace depends on the batch rows a rank ran; when the plan moves the
     backward's operands to another batch split than the forward's, the saved one does not fit
-    (the kernel aborts). The forward is run again on the backward's local operands (measured
-    on (2, 2, 2): the kernel then rejects the new workspace's type on simulated ranks; the
-    matrix lists that cell)."""
+    (the kernel aborts). The forward is run again on the backward's local operands, with grad
+    mode on: the backward runs with it off, and the kernel then makes no workspace (the
+    backward rejected the undefined one: "expected scalar type Byte")."""
     forward = torch.ops.aten.mkldnn_rnn_layer.default
     # backward: (input, w0..w3, hx, cx, out, hy, cy, g_out, g_hy, g_cy, reverse, mode,
     # hidden_size, num_layers, has_biases, train, bidirectional, batch_sizes, batch_first, ws)
-    again = forward(*a[:7], a[13], a[20], a[14], a[15], a[16], a[17], a[19], a[21], a[18])
+    with torch.enable_grad():  # the kernel makes no workspace with grad mode off (backward)
+        again = forward(*a[:7], a[13], a[20], a[14], a[15], a[16], a[17], a[19], a[21], a[18])
     return (*a[:-1], again[3])
 
 

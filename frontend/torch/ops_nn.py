@@ -169,6 +169,17 @@ def _multi(low: Lowering, kind: str, operands: list[Value], node: fx.Node, **att
     return [next(results) if hasattr(v, "shape") else None for v in vals]
 
 
+def weight_norm(low: Lowering, node: fx.Node) -> list:
+    """_weight_norm_interface(v, g, dim) -> (w, norm) and its backward (grad_w, v, g, norm,
+    dim) -> (grad_v, grad_g): ``torch.nn.utils.parametrizations.weight_norm``."""
+    forward = node.target.__name__.startswith("_weight_norm_interface.")  # type: ignore[union-attr]
+    count = 2 if forward else 4
+    operands = low.tensors(node.args[:count])
+    dim = int(_arg(node, count, "dim", 0))  # type: ignore[call-overload]
+    rank = operands[0 if forward else 1].type.rank
+    return _multi(low, "weight_norm", operands, node, channel=dim % rank)
+
+
 def split(low: Lowering, node: fx.Node) -> list:
     """unsafe_split and the ``_copy`` variants: the IR's split (one slice per piece)."""
     from .ops import split as plain_split
@@ -259,4 +270,5 @@ def table() -> dict[str, Row]:
     rows.update(unfold=unfold, unfold_backward=unfold_backward, as_strided=as_strided)
     rows.update(dict.fromkeys(RNN_LAYERS, rnn_layer))
     rows["mkldnn_rnn_layer_backward"] = rnn_layer_backward
+    rows.update(_weight_norm_interface=weight_norm, _weight_norm_interface_backward=weight_norm)
     return rows

@@ -179,7 +179,11 @@ def trace(
     tied = _tied_aliases(model)
     boundaries = boundary_modules(model)
     mode = FakeTensorMode(allow_non_fake_inputs=False)
-    fake_params = [fake_like(mode, p, requires_grad=train) for p in params.values()]
+    fake_params = [fake_like(mode, p, requires_grad=train and p.requires_grad)
+                   for p in params.values()]  # fmt: skip
+    # a frozen parameter (requires_grad=False: Whisper's sinusoidal encoder positions) gets
+    # no gradient and no update, as in the user's own step
+    trainable = [i for i, p in enumerate(params.values()) if p.requires_grad]
     fake_buffers = [fake_like(mode, b) for b in buffers.values()]
     fake_inputs = [fake_like(mode, t) for _, t in leaves]
     states = [s for p in fake_params for s in _fake_states(mode, spec, p)] if train else []
@@ -208,7 +212,7 @@ def trace(
 
     def train_step(p, b, s, xs):  # type: ignore[no-untyped-def]
         loss = loss_of(call(p, b, xs), xs)
-        grads = torch.autograd.grad(loss, p, allow_unused=True)
+        grads = _gradients(loss, p, trainable)
         if optimizer_in_trace:
             return loss, *optim_splice.in_trace(spec, mark, names, p, grads, s)
         updated[:] = [(i, names[i], g) for i, g in enumerate(grads) if g is not None]
@@ -238,6 +242,16 @@ def trace(
     placeholders += [Placeholder("input", path) for path in paths]
     outputs = _output_specs(gm, train, names, spec)
     return Traced(gm, placeholders, outputs, names, tied, sorted(boundaries), pins)
+
+
+def _gradients(loss: torch.Tensor, params: list[torch.Tensor], trainable: list[int]) -> list:
+    """The loss's gradient for each parameter; None for a frozen or unused one."""
+    wanted = [params[i] for i in trainable]
+    found = torch.autograd.grad(loss, wanted, allow_unused=True) if wanted else ()
+    grads: list = [None] * len(params)
+    for i, g in zip(trainable, found, strict=True):
+        grads[i] = g
+    return grads
 
 
 class _FusedAttentionDropout(TorchFunctionMode):

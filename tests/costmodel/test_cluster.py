@@ -12,10 +12,12 @@ from shardplan.costmodel import (
     ClusterConfigError,
     LinkLevel,
     UnknownClusterError,
+    compute_time,
     get_cluster,
     known_clusters,
     load_cluster,
     register_cluster,
+    tf32_matmuls,
 )
 from shardplan.ir.errors import ShardplanError
 
@@ -168,3 +170,21 @@ def test_load_cluster_reports_unknown_fields_and_bad_files(tmp_path: Path) -> No
         load_cluster(path)
     with pytest.raises(ClusterConfigError, match="cannot read"):
         load_cluster(tmp_path / "missing.toml")
+
+
+def test_tf32_matmuls_prices_fp32_math_at_the_tf32_rate() -> None:
+    """A100 TF32: fp32 GEMMs/convolutions at 156 TF, not the 19.5 TF CUDA-core rate; the
+    other peaks, links and capacity are the cluster's; a cluster without a tf32 peak is
+    refused by name."""
+    base = get_cluster("a100-80gb")
+    tf32 = tf32_matmuls(base)
+    assert tf32.name == "a100-80gb+tf32"
+    assert tf32.peak("f32") == base.peak("tf32") == 156e12
+    assert tf32.peak("f16") == base.peak("f16")
+    assert (tf32.hbm_bandwidth, tf32.intra_node) == (base.hbm_bandwidth, base.intra_node)
+    flops = 1e12  # a GEMM-sized fp32 kernel: 8x faster than on CUDA cores
+    assert compute_time(flops, 0, "f32", tf32) == pytest.approx(
+        compute_time(flops, 0, "f32", base) * 19.5 / 156
+    )
+    with pytest.raises(ClusterConfigError, match=r"cpu-test.*no tf32 peak"):
+        tf32_matmuls("cpu-test")

@@ -89,3 +89,18 @@ def test_strided_view_passes_dims_read_slab_by_slab() -> None:
     beyond = {"size": (8, 4, 8), "stride": (24, 6, 1), "offset": 0}  # the last row: next sample
     rule = rule_for("strided_view", [x], [TensorType((8, 4, 8))], beyond)
     assert rule.need_replication == set(rule.factor_names)
+
+
+def test_weight_norm_passes_only_the_kept_dim() -> None:
+    """_weight_norm_interface(v[o, i, k], g) -> (w, norm), and its backward: each slice along
+    the kept dim is normalised alone (dim 2 in Wav2Vec2's positional conv, 0 by default)."""
+    v, kept_k, kept_o = TensorType((32, 8, 4)), TensorType((1, 1, 4)), TensorType((32, 1, 1))
+    rule = rule_for("weight_norm", [v, kept_k], [v, kept_k], {"channel": 2})
+    k = rule.operands[0][2][0]
+    assert rule.operands[1] == ((), (), (k,))
+    assert rule.results[0][2] == (k,)
+    assert rule.need_replication == set(rule.factor_names) - {k}
+    backward = rule_for("weight_norm", [v, v, kept_o, kept_o], [v, kept_o], {"channel": 0})
+    o = backward.operands[0][0][0]
+    assert backward.results[1] == ((o,), (), ())
+    assert backward.need_replication == set(backward.factor_names) - {o}

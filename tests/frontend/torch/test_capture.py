@@ -68,6 +68,21 @@ def test_capture_training_step_roles_and_aliases(examples) -> None:  # type: ign
     assert {op.origin.module for op in matmuls[:2]} == {"fc1", "fc2"}
 
 
+def test_capture_frozen_parameter_has_no_gradient_or_update(examples) -> None:  # type: ignore[no-untyped-def]
+    """A parameter with ``requires_grad=False`` (Whisper's encoder positions) gets no gradient
+    and no update: its weight-gradient matmul is not in the step (it was, and the plan priced
+    an all-reduce the run never made)."""
+    model, inputs = examples["torch_mlp"].make(batch=8, dim=4, hidden=8)
+    model.fc1.weight.requires_grad_(False)
+    graph, context = capture(model, *inputs)
+    assert set(context.grad_values) == {"fc1.bias", "fc2.weight", "fc2.bias"}
+    paths = {graph.inputs[i].origin.path for i in graph.output_aliases.values()}
+    assert "fc1.weight" not in paths
+    assert "fc2.weight" in paths
+    assert len(graph.output_aliases) == 9  # 3 parameters and their 2 AdamW moments each
+    assert len([op for op in graph.ops if op.kind == "matmul"]) == 4  # fc1's weight grad gone
+
+
 def test_capture_inference_mode_is_forward_only(examples) -> None:  # type: ignore[no-untyped-def]
     model, inputs = examples["torch_mlp"].make(batch=8, dim=4, hidden=8)
     graph, _ = capture(model, *inputs, mode="inference")

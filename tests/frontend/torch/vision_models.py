@@ -72,13 +72,28 @@ def unet() -> tuple:
     from diffusers import UNet2DConditionModel
 
     model = UNet2DConditionModel(
-        sample_size=16, in_channels=4, out_channels=4, block_out_channels=(32, 64),
-        layers_per_block=1, cross_attention_dim=32, norm_num_groups=8, attention_head_dim=8,
-        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"),
-        up_block_types=("UpBlock2D", "CrossAttnUpBlock2D"),
+        sample_size=8, in_channels=4, out_channels=4, block_out_channels=(8, 16),
+        layers_per_block=1, cross_attention_dim=16, norm_num_groups=4, attention_head_dim=4,
+        down_block_types=("CrossAttnDownBlock2D", "DownBlock2D"), mid_block_type=None,
+        up_block_types=("UpBlock2D", "UpBlock2D"),
     )  # fmt: skip
-    sample, context = torch.randn(BATCH, 4, 16, 16), torch.randn(BATCH, 4, 32)
+    sample, context = torch.randn(BATCH, 4, 8, 8), torch.randn(BATCH, 4, 16)
     return model, (sample, torch.tensor(10), context)
+
+
+def wav2vec2() -> tuple:
+    """HF Wav2Vec2 (the base model: its CTC head checks ``labels.max()`` in Python, which a
+    fake-tensor trace cannot): a 1-D conv feature encoder on raw audio (group norm on the first
+    layer, GELU), a grouped positional convolution with weight norm, a transformer encoder."""
+    from transformers import Wav2Vec2Config, Wav2Vec2Model
+
+    config = Wav2Vec2Config(
+        hidden_size=32, num_hidden_layers=1, num_attention_heads=4, intermediate_size=64,
+        conv_dim=(16, 16), conv_stride=(5, 2), conv_kernel=(10, 3), num_conv_pos_embeddings=4,
+        num_conv_pos_embedding_groups=4, mask_time_prob=0.0, layerdrop=0.0, hidden_dropout=0.0,
+        attention_dropout=0.0, activation_dropout=0.0, feat_proj_dropout=0.0,
+    )  # fmt: skip
+    return Wav2Vec2Model(config), (torch.randn(BATCH, 400),)
 
 
 class Recurrent(nn.Module):
@@ -127,5 +142,5 @@ def activations() -> tuple:
 
 FAMILIES = {
     "resnet": resnet, "vit": vit, "convnext": convnext, "whisper": whisper, "mamba": mamba,
-    "unet": unet, "lstm": lstm, "gru": gru, "activations": activations,
+    "unet": unet, "lstm": lstm, "gru": gru, "activations": activations, "wav2vec2": wav2vec2,
 }  # fmt: skip
