@@ -1,0 +1,216 @@
+"""The embedding-table planner: per-table sharding type, kernel and ranks, jointly with dense.
+
+Identical tables form a class. A CP-SAT model chooses, per class, how many of its tables take
+each option (sharding type x kernel x cache ratio x column shards) and the dense part's mode
+(DDP or FSDP), minimising ``T + dense`` where ``T`` bounds every rank's sparse time from below
+by its two honest limits: the balanced average (uniform shards on every rank plus the rank- and
+node-placed shards spread evenly) and the largest single shard. Memory: every rank's average
+HBM (and host) within its limit. A balanced greedy (longest processing time first, onto the
+least-loaded ranks or nodes with room) then places the shards; its makespan is the plan's,
+and the CP-SAT objective is the reported lower bound. TorchRec's planner enumerates every
+table's options and proposes plans one at a time; classes make 4,096 alike tables one decision.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterable, Sequence
+from dataclasses import dataclass
+
+from ortools.sat.python import cp_model
+from shardplan.costmodel.dense_part import DenseCost
+from shardplan.costmodel.embedding import (
+    Option,
+    OptionCost,
+    TableSpec,
+    World,
+    candidate_options,
+    fixed_latency,
+    price,
+)
+
+TIME_SCALE = 1e9  # CP-SAT integers: nanoseconds
+MEMORY_SCALE = 1 / 1024  # and KiB
+COLLECTIVES = {
+    "data_parallel": {"all-reduce"},
+    "table_wise": {"all-to-all"},
+    "column_wise": {"all-to-all"},
+    "row_wise": {"all-to-all", "reduce-scatter"},
+    "table_row_wise": {"all-to-all", "reduce-scatter"},
+    "grid": {"all-to-all", "reduce-scatter"},
+}
+HEADROOM = 0.02
+"""Fraction of HBM kept free for the allocator's fragmentation (assumption)."""
+
+
+@dataclass(frozen=True, slots=True)
+class TableClass:
+    """Alike tables (equal ``shape_key``) and their priced options, dominated ones removed."""
+
+    tables: tuple[TableSpec, ...]
+    costs: tuple[OptionCost, ...]
+
+
+def table_classes(tables: Sequence[TableSpec], world: World, **filters) -> list[TableClass]:
+    """Group ``tables`` into classes and price their candidate options."""
+    groups: dict[tuple, list[TableSpec]] = {}
+    for table in tables:
+        groups.setdefault(table.shape_key(), []).append(table)
+    out = []
+    for members in groups.values():
+        options = _filtered(candidate_options(members[0], world), **filters)
+        costs = [price(members[0], o, world) for o in options]
+        out.append(TableClass(tuple(members), tuple(undominated(costs))))
+    return out
+
+
+def _filtered(
+    options: list[Option],
+    sharding_types: Iterable[str] | None = None,
+    kernels: Iterable[str] | None = None,
+) -> list[Option]:
+    types = set(sharding_types) if sharding_types is not None else None
+    kinds = set(kernels) if kernels is not None else None
+    return [
+        o
+        for o in options
+        if (types is None or o.sharding_type in types) and (kinds is None or o.kernel in kinds)
+    ]
+
+
+def undominated(costs: list[OptionCost]) -> list[OptionCost]:
+    """Drop an option when another of the same placement shape is no worse in time, HBM, host."""
+    keep = []
+    for c in costs:
+        beaten = any(
+            d is not c
+            and (d.placement, d.groups, d.option.sharding_type)
+            == (c.placement, c.groups, c.option.sharding_type)
+            and (d.time, d.hbm, d.host) <= (c.time, c.hbm, c.host)
+            and d.time <= c.time
+            and d.hbm <= c.hbm
+            and d.host <= c.host
+            and (d.time, d.hbm, d.host) != (c.time, c.hbm, c.host)
+            for d in costs
+        )
+        if not beaten:
+            keep.append(c)
+    return keep
+
+
+def spread(cost: OptionCost, world: World) -> float:
+    """Shards of one table that land on ranks: W for ``all``, groups x node size for ``node``."""
+    if cost.placement == "all":
+        return world.size
+    if cost.placement == "node":
+        return cost.groups * world.local
+    return cost.groups
+
+
+@dataclass(frozen=True, slots=True)
+class Budget:
+    """Per-rank memory limits the tables and the dense part share."""
+
+    hbm: float
+    host: float
+
+
+class _ClassModel:
+    """The CP-SAT model over class counts (module docstring); small helpers keep it readable."""
+
+    def __init__(self, classes: list[TableClass], world: World) -> None:
+        self.model = cp_model.CpModel()
+        self.classes = classes
+        self.world = world
+        self.sparse = self.model.new_int_var(0, 1 << 50, "sparse")
+        self.counts: dict[tuple[int, int], cp_model.IntVar] = {}
+        self.uniform_time: list = []
+        self.spread_time: list = []
+        self.uniform_hbm: list = []
+        self.spread_hbm: list = []
+        self.host: list = []
+        self.largest: list[tuple[int, cp_model.IntVar]] = []
+        self.type_used: dict[str, cp_model.IntVar] = {}
+        for ci, cls in enumerate(classes):
+            row = [self._option(ci, oi, cost, len(cls.tables)) for oi, cost in enumerate(cls.costs)]
+            self.model.add(sum(row) == len(cls.tables))
+
+    def _option(self, ci: int, oi: int, cost: OptionCost, n_tables: int) -> cp_model.IntVar:
+        n = self.model.new_int_var(0, n_tables, f"n{ci}_{oi}")
+        self.counts[ci, oi] = n
+        t, hbm, host = _ns(cost.time), _kib(cost.hbm), _kib(cost.host)
+        if cost.placement == "all":
+            self.uniform_time.append(t * n)
+            self.uniform_hbm.append(hbm * n)
+            self.host.append(self.world.size * host * n)
+        else:
+            s = int(spread(cost, self.world))
+            self.spread_time.append(s * t * n)
+            self.spread_hbm.append(s * hbm * n)
+            self.host.append(s * host * n)
+            used = self.model.new_bool_var(f"u{ci}_{oi}")
+            self.model.add(n <= n_tables * used)
+            self.largest.append((t, used))
+        kind = cost.option.sharding_type
+        if kind not in self.type_used:
+            self.type_used[kind] = self.model.new_bool_var(f"type_{kind}")
+        self.model.add(n <= n_tables * self.type_used[kind])
+        return n
+
+    def constrain(self, budget: Budget, dense_costs: list[DenseCost]) -> list[cp_model.IntVar]:
+        """Time bounds, memory limits, the dense choice; returns the dense choice variables."""
+        model, W = self.model, self.world.size
+        uniform = sum(self.uniform_time)
+        model.add(W * self.sparse >= W * uniform + sum(self.spread_time))
+        for t, used in self.largest:
+            model.add(self.sparse >= uniform + t * used)
+        pick = [model.new_bool_var(f"dense_{d.mode}") for d in dense_costs]
+        model.add_exactly_one(pick)
+        dense_hbm = sum(_kib(d.hbm) * p for d, p in zip(dense_costs, pick, strict=True))
+        tables_hbm = W * sum(self.uniform_hbm) + sum(self.spread_hbm)
+        model.add(tables_hbm + W * dense_hbm <= W * _kib(budget.hbm))
+        model.add(sum(self.host) <= W * _kib(budget.host))
+        latency = sum(
+            _ns(fixed_latency(COLLECTIVES[kind], self.world)) * used
+            for kind, used in self.type_used.items()
+        )
+        dense_time = sum(_ns(d.time) * p for d, p in zip(dense_costs, pick, strict=True))
+        model.minimize(self.sparse + latency + dense_time)
+        return pick
+
+
+def solve_classes(
+    classes: list[TableClass],
+    world: World,
+    dense_costs: list[DenseCost],
+    budget: Budget,
+    time_limit: float = 5.0,
+) -> tuple[dict[int, list[tuple[OptionCost, int]]], DenseCost, float, str]:
+    """Counts per class and option, the dense mode, the objective (a lower bound) and status."""
+    built = _ClassModel(classes, world)
+    pick = built.constrain(budget, dense_costs)
+    solver = cp_model.CpSolver()
+    solver.parameters.max_time_in_seconds = time_limit
+    solver.parameters.num_workers = 1  # deterministic: the same inputs give the same plan
+    solver.parameters.random_seed = 0
+    status = solver.solve(built.model)
+    if status not in (cp_model.OPTIMAL, cp_model.FEASIBLE):
+        raise _NoSolution(solver.status_name(status))
+    counts: dict[int, list[tuple[OptionCost, int]]] = {}
+    for (ci, oi), var in built.counts.items():
+        value = solver.value(var)
+        if value:
+            counts.setdefault(ci, []).append((classes[ci].costs[oi], value))
+    dense = next(d for d, p in zip(dense_costs, pick, strict=True) if solver.value(p))
+    return counts, dense, solver.best_objective_bound / TIME_SCALE, solver.status_name(status)
+
+
+class _NoSolution(Exception):
+    """CP-SAT found no assignment within the limits (the caller explains which)."""
+
+
+def _ns(seconds: float) -> int:
+    return round(seconds * TIME_SCALE)
+
+
+def _kib(nbytes: float) -> int:
+    return int(-(-nbytes * MEMORY_SCALE // 1))  # rounded up: never under-count memory
