@@ -6,13 +6,13 @@ import time
 from collections.abc import Iterable, Sequence
 
 from shardplan.costmodel.dense_part import DENSE_MODES, DenseSpec, price_dense
-from shardplan.costmodel.embedding import TableSpec, TableSpecError, World, fixed_latency
+from shardplan.costmodel.embedding import TableSpec, TableSpecError, World
 from shardplan.ir.errors import InfeasiblePlanError
 
 from .table_assign import AssignmentError, Loads, assign
+from .table_exact import EXACT_LIMIT, exact_size, solve_exact
 from .table_plan import TableChoice, TablePlan, gib
 from .tables import (
-    COLLECTIVES,
     HEADROOM,
     Budget,
     TableClass,
@@ -20,6 +20,7 @@ from .tables import (
     solve_classes,
     spread,
     table_classes,
+    type_latency,
 )
 
 HOST_MEMORY_PER_NODE = 2 * 2**40
@@ -68,6 +69,13 @@ def plan_tables(
         )
     dense_costs = [price_dense(dense, mode, world) for mode in dense_modes]
     budget = Budget(limit, host)
+    if exact_size(classes, world) <= EXACT_LIMIT:  # few placements: the exact optimum
+        try:
+            found = solve_exact(classes, world, dense_costs, budget, time_limit)
+        except _NoSolution:
+            raise _infeasible(classes, world, dense_costs, limit, host) from None
+        choices, loads, dense_cost, bound, status = found
+        return _plan(choices, loads, world, dense_cost, bound, status, start, limit)
     for _ in range(ATTEMPTS):
         try:
             counts, dense_cost, bound, status = solve_classes(
@@ -96,10 +104,7 @@ def expand(classes: list[TableClass], counts: dict) -> list:
 
 
 def _plan(choices, loads: Loads, world, dense_cost, bound, status, start, limit) -> TablePlan:  # type: ignore[no-untyped-def]
-    kinds: set[str] = set()
-    for c in choices:
-        kinds |= COLLECTIVES[c.option.sharding_type]
-    latency = fixed_latency(kinds, world)
+    latency = type_latency({c.option.sharding_type for c in choices}, world)
     hbm = tuple(h + dense_cost.hbm for h in loads.hbm)
     return TablePlan(
         tuple(sorted(choices, key=lambda c: c.table.name)), world, dense_cost.mode,
