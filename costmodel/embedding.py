@@ -270,7 +270,7 @@ def price(table: TableSpec, option: Option, world: World) -> OptionCost:
     if kind == "data_parallel":
         return _price_data_parallel(table, option, world)
     k = option.column_shards
-    dim = math.ceil(table.dim / k)  # uneven column splits are padded to the widest shard
+    dim = math.ceil(table.dim / k)  # even by construction (candidate_options); else padded
     ids_global = world.batch_per_rank * world.size * table.pooling_factor
     out = world.batch_per_rank * world.size * dim * table.element_bytes
     every = world.mesh.axis_names
@@ -318,8 +318,8 @@ CACHE_RATIOS = (0.05, 0.1, 0.2, 0.5)
 def candidate_options(table: TableSpec, world: World) -> list[Option]:
     """Every option worth pricing: sharding types x kernels x cache ratios x column shards.
 
-    Column shards are the divisors-like counts 2, 4, 8 ... up to ``W`` (``grid``: up to the node
-    count) that leave each shard at least 4 wide (fbgemm's TBE wants dims in multiples of 4).
+    Column shards are the powers of two up to ``W`` (``grid``: up to the node count) that divide
+    the dim (TorchRec refuses uneven column splits) and leave each shard at least 4 wide.
     """
     kernels = [("fused", 1.0), ("fused_uvm", 0.0)] + [
         ("fused_uvm_caching", r) for r in CACHE_RATIOS
@@ -332,7 +332,7 @@ def candidate_options(table: TableSpec, world: World) -> list[Option]:
         out += [Option(kind, kernel, ratio) for kernel, ratio in kernels]
     for kind, limit in (("column_wise", world.size), ("grid", world.nodes)):
         k = 2
-        while k <= limit and table.dim // k >= 4:
+        while k <= limit and table.dim // k >= 4 and table.dim % k == 0:
             out += [Option(kind, kernel, ratio, k) for kernel, ratio in kernels]
             k *= 2
     return out

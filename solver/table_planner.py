@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 import time
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 
 from shardplan.costmodel.dense_part import DENSE_MODES, DenseSpec, price_dense
 from shardplan.costmodel.embedding import TableSpec, TableSpecError, World
@@ -37,6 +37,7 @@ def plan_tables(
     host_limit: float | None = None,
     sharding_types: Iterable[str] | None = None,
     kernels: Iterable[str] | None = None,
+    pins: Mapping[str, str] | None = None,
     dense_modes: Sequence[str] = DENSE_MODES,
     time_limit: float = 5.0,
 ) -> TablePlan:
@@ -49,6 +50,7 @@ def plan_tables(
         hbm_limit: HBM bytes per rank (default: the cluster's capacity).
         host_limit: host bytes per rank for UVM (default: 2 TB per node shared by its ranks).
         sharding_types, kernels: restrict the choices (e.g. ``["table_wise"]``).
+        pins: table name -> the sharding type it must take.
         dense_modes: the dense modes to choose from (``("ddp",)`` pins DDP).
         time_limit: CP-SAT seconds.
     Returns:
@@ -60,12 +62,13 @@ def plan_tables(
         raise TableSpecError("plan_tables needs at least one table and distinct table names")
     limit = (hbm_limit or world.cluster.hbm_capacity) * (1 - HEADROOM)
     host = host_limit if host_limit is not None else HOST_MEMORY_PER_NODE / world.local
-    classes = table_classes(tables, world, sharding_types=sharding_types, kernels=kernels)
+    classes = table_classes(tables, world, pins, sharding_types=sharding_types, kernels=kernels)
     empty = [c for c in classes if not c.costs]
     if empty:
         raise TableSpecError(
             f"table {empty[0].tables[0].name!r}: no option left under sharding_types="
-            f"{sharding_types} kernels={kernels}; allow more"
+            f"{sharding_types} kernels={kernels} pins={dict(pins or {})}; allow more (a "
+            "pinned table_row_wise or grid needs two nodes at least)"
         )
     dense_costs = [price_dense(dense, mode, world) for mode in dense_modes]
     budget = Budget(limit, host)

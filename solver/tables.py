@@ -14,7 +14,7 @@ tables one decision.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass
 
 from ortools.linear_solver import pywraplp
@@ -23,6 +23,7 @@ from shardplan.costmodel.embedding import (
     Option,
     OptionCost,
     TableSpec,
+    TableSpecError,
     World,
     candidate_options,
     fixed_latency,
@@ -51,14 +52,28 @@ class TableClass:
     costs: tuple[OptionCost, ...]
 
 
-def table_classes(tables: Sequence[TableSpec], world: World, **filters) -> list[TableClass]:
-    """Group ``tables`` into classes and price their candidate options."""
+def table_classes(
+    tables: Sequence[TableSpec],
+    world: World,
+    pins: Mapping[str, str] | None = None,
+    **filters: Iterable[str] | None,
+) -> list[TableClass]:
+    """Group ``tables`` into classes (alike and pinned alike) and price their options.
+
+    ``pins`` maps a table name to the sharding type it must take (TorchRec's vocabulary).
+    """
+    pins = dict(pins or {})
+    unknown = sorted(set(pins) - {t.name for t in tables})
+    if unknown:
+        raise TableSpecError(f"pins name tables that are not planned: {unknown}")
     groups: dict[tuple, list[TableSpec]] = {}
     for table in tables:
-        groups.setdefault(table.shape_key(), []).append(table)
+        groups.setdefault((table.shape_key(), pins.get(table.name)), []).append(table)
     out = []
-    for members in groups.values():
+    for (_, pin), members in groups.items():
         options = _filtered(candidate_options(members[0], world), **filters)
+        if pin is not None:
+            options = [o for o in options if o.sharding_type == pin]
         costs = [price(members[0], o, world) for o in options]
         out.append(TableClass(tuple(members), tuple(undominated(costs))))
     return out

@@ -16,6 +16,11 @@ from shardplan.ir.errors import FrontendError
 from shardplan.solver.table_plan import TableChoice, TablePlan
 
 TORCHREC_DTYPES = {"FP32": "f32", "FP16": "f16", "BF16": "bf16", "INT8": "i8"}
+TORCHREC_SHARDING_TYPES = {
+    "data_parallel": "data_parallel", "table_wise": "table_wise", "column_wise": "column_wise",
+    "row_wise": "row_wise", "table_row_wise": "table_row_wise", "grid": "grid_shard",
+}  # fmt: skip
+"""Our sharding type -> TorchRec's ``ShardingType`` value."""
 KERNELS = {"fused": "fused", "fused_uvm_caching": "fused_uvm_caching", "fused_uvm": "fused_uvm"}
 
 
@@ -66,6 +71,7 @@ def to_torchrec(plan: TablePlan, module: object, module_path: str = "") -> objec
         module, generators, local_size=world.local, world_size=world.size, device_type="cuda"
     )
     for name, choice in plan.by_name().items():
+        _check_columns(module_plan[name], choice)
         module_plan[name] = _with_kernel(module_plan[name], choice)
     return ShardingPlan({module_path: module_plan})
 
@@ -89,6 +95,19 @@ def _generator(choice: TableChoice, local: int):  # type: ignore[no-untyped-def]
         case "grid":
             return helpers.grid_shard(host_indexes=[r // local for r in ranks])
     raise FrontendError(f"sharding type {kind!r} has no TorchRec counterpart")
+
+
+def _check_columns(sharding, choice: TableChoice) -> None:  # type: ignore[no-untyped-def]
+    """TorchRec's grid helper picks its own column blocks; refuse a plan it cannot express."""
+    if sharding.sharding_spec is None:
+        return
+    columns = {s.shard_offsets[1] for s in sharding.sharding_spec.shards}
+    if len(columns) != choice.option.column_shards:
+        raise FrontendError(
+            f"table {choice.table.name!r}: planned {choice.option} but TorchRec's helper split "
+            f"its {choice.table.dim} columns into {len(columns)} blocks\n  hint: plan it with "
+            "sharding_types excluding 'grid' (or a dim TorchRec splits that way)"
+        )
 
 
 def _with_kernel(sharding, choice: TableChoice):  # type: ignore[no-untyped-def]

@@ -1,0 +1,74 @@
+"""A TablePlan as TorchRec's ShardingPlan: TorchRec's own types and helpers accept it."""
+
+from __future__ import annotations
+
+import pytest
+import shardplan as sp
+from shardplan.frontend.torch.torchrec_plan import TORCHREC_SHARDING_TYPES
+
+pytestmark = pytest.mark.torch
+
+PINS = {
+    "t_tw": "table_wise",
+    "t_cw": "column_wise",
+    "t_rw": "row_wise",
+    "t_twrw": "table_row_wise",
+    "t_grid": "grid",
+    "t_dp": "data_parallel",
+}
+
+
+def collection():  # type: ignore[no-untyped-def]
+    import torch
+    from torchrec.modules.embedding_configs import DataType, EmbeddingBagConfig
+    from torchrec.modules.embedding_modules import EmbeddingBagCollection
+
+    configs = [
+        EmbeddingBagConfig(
+            name=name,
+            embedding_dim=256 if name == "t_grid" else 64,
+            num_embeddings=1000 * (i + 1),
+            feature_names=[f"f_{name}"],
+            data_type=DataType.FP16,
+        )
+        for i, name in enumerate(PINS)
+    ]
+    return EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
+
+
+def test_torchrec_plan_accepted_by_torchrec_types() -> None:
+    from torchrec.distributed.types import (
+        EmbeddingModuleShardingPlan,
+        ParameterSharding,
+        ShardingPlan,
+    )
+
+    module = collection()
+    plan = sp.plan_tables(module, world=16, pins=PINS, pooling_factors={"t_tw": 3.0})
+    assert plan.by_name()["t_tw"].table.pooling_factor == 3.0
+    converted = sp.torchrec_plan(plan, module, module_path="sparse.ebc")
+    assert isinstance(converted, ShardingPlan)
+    module_plan = converted.get_plan_for_module("sparse.ebc")
+    assert isinstance(module_plan, EmbeddingModuleShardingPlan)
+    assert set(module_plan) == set(PINS)
+    for name, choice in plan.by_name().items():
+        sharding = module_plan[name]
+        assert isinstance(sharding, ParameterSharding)
+        assert choice.option.sharding_type == PINS[name]
+        assert sharding.sharding_type == TORCHREC_SHARDING_TYPES[PINS[name]]
+        rows, dim = choice.table.rows, choice.table.dim
+        if name == "t_dp":
+            assert sharding.ranks == list(range(16))
+            continue
+        shards = sharding.sharding_spec.shards
+        ranks = sorted({int(s.placement.rank()) for s in shards})
+        assert ranks == list(choice.rank_set())  # TorchRec puts the shards where we planned
+        covered = sum(s.shard_sizes[0] * s.shard_sizes[1] for s in shards)
+        assert covered == rows * dim  # the shards tile the table exactly
+        assert sharding.compute_kernel == choice.option.kernel
+
+
+def test_torchrec_plan_names_a_missing_module_table() -> None:
+    module = collection()
+    with pytest.raises(sp.ShardplanError, match="pooling_factors names tables"):
+        sp.plan_tables(module, world=16, pooling_factors={"nope": 2.0})
