@@ -43,9 +43,17 @@ class Loads:
 
 
 def assign(
-    picks: list[tuple[TableSpec, OptionCost]], world: World, hbm: float, host: float
+    picks: list[tuple[TableSpec, OptionCost]],
+    world: World,
+    hbm: float,
+    host: float,
+    by: str = "time",
 ) -> tuple[list[TableChoice], Loads]:
-    """Ranks for every ``(table, option)``; raises ``AssignmentError`` when a shard has no room."""
+    """Ranks for every ``(table, option)``; raises ``AssignmentError`` when a shard has no room.
+
+    ``by="time"`` balances seconds (LPT); ``by="hbm"`` balances memory (first-fit decreasing
+    onto the emptiest rank), the fallback when memory is tight.
+    """
     W = world.size
     loads = Loads([0.0] * W, [0.0] * W, [0.0] * W)
     placed: dict[int, tuple[tuple[int, ...], ...]] = {}
@@ -55,26 +63,28 @@ def assign(
             placed[i] = (everyone,)
             for r in everyone:
                 loads.add(r, cost)
-    order = sorted(range(len(picks)), key=lambda i: (-picks[i][1].time, i))
+    order = sorted(range(len(picks)), key=lambda i: (-getattr(picks[i][1], by), i))
     nodes = [i for i in order if picks[i][1].placement == "node"]
     ranks = [i for i in order if picks[i][1].placement == "rank"]
     for i in nodes:
-        placed[i] = _place_on_nodes(picks[i][1], world, loads, hbm, host)
-    heap = [(loads.time[r], r) for r in everyone]
+        placed[i] = _place_on_nodes(picks[i][1], world, loads, hbm, host, by)
+    metric = getattr(loads, by)
+    heap = [(metric[r], r) for r in everyone]
     heapq.heapify(heap)
     for i in ranks:
-        placed[i] = _place_on_ranks(picks[i][1], heap, loads, hbm, host)
+        placed[i] = _place_on_ranks(picks[i][1], heap, loads, (hbm, host), metric)
     choices = [TableChoice(t, c, placed[i]) for i, (t, c) in enumerate(picks)]
     return choices, loads
 
 
 def _place_on_nodes(
-    cost: OptionCost, world: World, loads: Loads, hbm: float, host: float
+    cost: OptionCost, world: World, loads: Loads, hbm: float, host: float, by: str
 ) -> tuple[tuple[int, ...], ...]:
     """``cost.groups`` distinct least-loaded nodes with room; every rank of each gets a shard."""
     local = world.local
     members = [tuple(range(n * local, (n + 1) * local)) for n in range(world.nodes)]
-    ranked = sorted(range(world.nodes), key=lambda n: (max(loads.time[r] for r in members[n]), n))
+    metric = getattr(loads, by)
+    ranked = sorted(range(world.nodes), key=lambda n: (max(metric[r] for r in members[n]), n))
     chosen = [n for n in ranked if all(loads.fits(r, cost, hbm, host) for r in members[n])]
     if len(chosen) < cost.groups:
         raise AssignmentError(cost.hbm)
@@ -86,9 +96,14 @@ def _place_on_nodes(
 
 
 def _place_on_ranks(
-    cost: OptionCost, heap: list[tuple[float, int]], loads: Loads, hbm: float, host: float
+    cost: OptionCost,
+    heap: list[tuple[float, int]],
+    loads: Loads,
+    limits: tuple[float, float],
+    metric: list[float],
 ) -> tuple[tuple[int, ...], ...]:
-    """``cost.groups`` distinct least-loaded ranks with room (a heap of ``(time, rank)``)."""
+    """``cost.groups`` distinct least-loaded ranks with room (a heap of ``(load, rank)``)."""
+    hbm, host = limits
     chosen, skipped = [], []
     while heap and len(chosen) < cost.groups:
         load, r = heapq.heappop(heap)
@@ -101,5 +116,5 @@ def _place_on_ranks(
         raise AssignmentError(cost.hbm)
     for _, r in chosen:
         loads.add(r, cost)
-        heapq.heappush(heap, (loads.time[r], r))
+        heapq.heappush(heap, (metric[r], r))
     return tuple((r,) for _, r in sorted(chosen, key=lambda e: e[1]))

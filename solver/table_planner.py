@@ -71,6 +71,11 @@ def plan_tables(
             "pinned table_row_wise or grid needs two nodes at least)"
         )
     dense_costs = [price_dense(dense, mode, world) for mode in dense_modes]
+    room = limit - min(d.hbm for d in dense_costs)
+    fitting = [fits(cls, room, host) for cls in classes]  # a shard no rank can hold: dropped
+    if any(not cls.costs for cls in fitting):
+        raise _infeasible(classes, world, dense_costs, limit, host)
+    classes = fitting
     budget = Budget(limit, host)
     if exact_size(classes, world) <= EXACT_LIMIT:  # few placements: the exact optimum
         try:
@@ -88,12 +93,26 @@ def plan_tables(
             raise _infeasible(classes, world, dense_costs, limit, host) from None
         picks = expand(classes, counts)
         try:
-            choices, loads = assign(picks, world, limit - dense_cost.hbm, host)
+            placed = place(picks, world, limit - dense_cost.hbm, host)
         except AssignmentError as exc:  # averages fit, one rank does not: leave a shard's room
             budget = Budget(budget.hbm - exc.needed, budget.host)
             continue
-        return _plan(choices, loads, world, dense_cost, bound, status, start, limit)
+        return _plan(*placed, world, dense_cost, bound, status, start, limit)
     raise _infeasible(classes, world, dense_costs, limit, host)
+
+
+def fits(cls: TableClass, hbm: float, host: float) -> TableClass:
+    """``cls`` with only the options whose one shard fits a rank next to the dense part."""
+    costs = tuple(c for c in cls.costs if c.hbm <= hbm and c.host <= host)
+    return TableClass(cls.tables, costs)
+
+
+def place(picks: list, world: World, hbm: float, host: float) -> tuple:
+    """LPT by time; where memory is too tight for it, balance memory instead."""
+    try:
+        return assign(picks, world, hbm, host, by="time")
+    except AssignmentError:
+        return assign(picks, world, hbm, host, by="hbm")
 
 
 def expand(classes: list[TableClass], counts: dict) -> list:
