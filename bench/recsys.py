@@ -29,6 +29,7 @@ plans DLRM-A for minutes: the anchor row gives issue 38's measurement, labelled 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import math
 import time
@@ -69,11 +70,11 @@ def criteo() -> tuple[list[TableSpec], DenseSpec]:
         for i, (rows, pool) in enumerate(zip(CRITEO_ROWS, CRITEO_POOLING, strict=True))
     ]
     sizes = [13, 512, 256, 128]
-    params = sum(a * b + b for a, b in zip(sizes, sizes[1:], strict=False))
+    params = sum(a * b + b for a, b in itertools.pairwise(sizes))
     inter = 26 * 128 + 128
     params += 3 * (2 * inter * 512 + inter)  # DCN v2: low-rank U, V and a bias per layer
     top = [inter, 1024, 1024, 512, 256, 1]
-    params += sum(a * b + b for a, b in zip(top, top[1:], strict=False))
+    params += sum(a * b + b for a, b in itertools.pairwise(top))
     return specs, DenseSpec(param_bytes=4.0 * params)
 
 
@@ -99,7 +100,7 @@ def torchrec_collection(tables: list[TableSpec]):  # type: ignore[no-untyped-def
             num_embeddings=t.rows,
             feature_names=[f"f_{t.name}"],
             data_type=dtypes[t.dtype],
-        )  # fmt: skip
+        )
         for t in tables
     ]
     return EmbeddingBagCollection(tables=configs, device=torch.device("meta"))
