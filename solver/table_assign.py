@@ -48,11 +48,12 @@ def assign(
     hbm: float,
     host: float,
     by: str = "time",
+    balance: str = "time",
 ) -> tuple[list[TableChoice], Loads]:
     """Ranks for every ``(table, option)``; raises ``AssignmentError`` when a shard has no room.
 
-    ``by="time"`` balances seconds (LPT); ``by="hbm"`` balances memory (first-fit decreasing
-    onto the emptiest rank), the fallback when memory is tight.
+    Items go in decreasing ``by`` (``time``: Graham's LPT; ``hbm``: largest shards first, for
+    tight memory) onto the rank with the least ``balance`` (seconds, or HBM as a last resort).
     """
     W = world.size
     loads = Loads([0.0] * W, [0.0] * W, [0.0] * W)
@@ -67,8 +68,8 @@ def assign(
     nodes = [i for i in order if picks[i][1].placement == "node"]
     ranks = [i for i in order if picks[i][1].placement == "rank"]
     for i in nodes:
-        placed[i] = _place_on_nodes(picks[i][1], world, loads, hbm, host, by)
-    metric = getattr(loads, by)
+        placed[i] = _place_on_nodes(picks[i][1], world, loads, hbm, host, balance)
+    metric = getattr(loads, balance)
     heap = [(metric[r], r) for r in everyone]
     heapq.heapify(heap)
     for i in ranks:

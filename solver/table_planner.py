@@ -84,20 +84,32 @@ def plan_tables(
             raise _infeasible(classes, world, dense_costs, limit, host) from None
         choices, loads, dense_cost, bound, status = found
         return _plan(choices, loads, world, dense_cost, bound, status, start, limit)
+    best: TablePlan | None = None
+    first_bound = None
     for _ in range(ATTEMPTS):
         try:
             counts, dense_cost, bound, status = solve_classes(
                 classes, world, dense_costs, budget, time_limit
             )
         except _NoSolution:
-            raise _infeasible(classes, world, dense_costs, limit, host) from None
+            break
+        first_bound = bound if first_bound is None else first_bound
         picks = expand(classes, counts)
+        largest = max(c.hbm for _, c in picks)
         try:
             placed = place(picks, world, limit - dense_cost.hbm, host)
-        except AssignmentError as exc:  # averages fit, one rank does not: leave a shard's room
-            budget = Budget(budget.hbm - exc.needed, budget.host)
+        except AssignmentError:  # averages fit, one rank does not: leave a shard's room
+            budget = Budget(budget.hbm - largest, budget.host)
             continue
-        return _plan(*placed, world, dense_cost, bound, status, start, limit)
+        plan = _plan(*placed, world, dense_cost, first_bound, status, start, limit)
+        if best is None or plan.iteration_time < best.iteration_time:
+            best = plan
+        slack = max(c.time for _, c in picks)  # LPT's makespan is within one shard of the mean
+        if plan.iteration_time <= bound + slack:
+            break
+        budget = Budget(budget.hbm - largest, budget.host)  # full ranks unbalanced it: retry
+    if best is not None:
+        return best
     raise _infeasible(classes, world, dense_costs, limit, host)
 
 
@@ -108,11 +120,14 @@ def fits(cls: TableClass, hbm: float, host: float) -> TableClass:
 
 
 def place(picks: list, world: World, hbm: float, host: float) -> tuple:
-    """LPT by time; where memory is too tight for it, balance memory instead."""
-    try:
-        return assign(picks, world, hbm, host, by="time")
-    except AssignmentError:
-        return assign(picks, world, hbm, host, by="hbm")
+    """LPT by time; where memory is too tight for it, big shards first; then balance memory."""
+    orders = (("time", "time"), ("hbm", "time"), ("hbm", "hbm"))
+    for by, balance in orders[:-1]:
+        try:
+            return assign(picks, world, hbm, host, by=by, balance=balance)
+        except AssignmentError:
+            pass
+    return assign(picks, world, hbm, host, by="hbm", balance="hbm")
 
 
 def expand(classes: list[TableClass], counts: dict) -> list:
