@@ -55,6 +55,8 @@ def _attrs(low: Lowering, node: fx.Node, ids: Value, offsets: Value, fields: dic
     bags = offsets.type.shape[0] - int(last) if offsets.type.rank else 0
     padding = fields.get("padding_idx", -1)
     fixed = _fixed_bag(node.args[2], ids) if isinstance(node.args[2], fx.Node) else None
+    if fields.get("scale_grad_by_freq"):
+        fixed = None  # each id's count in the whole batch: the ids are read whole
     if ids.type.rank != 1:
         raise FrontendError(
             f"embedding_bag at {low.origin()}: indices of shape {ids.type.shape} reached the aten "
