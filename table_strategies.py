@@ -148,17 +148,26 @@ def table_lookups(graph: Graph) -> dict[str, tuple[Value, set[str]]]:
 
 
 def whole_index_inputs(graph: Graph) -> list[Value]:
-    """Graph inputs read only as the ids, offsets or weights of jagged bag lookups."""
-    out = []
-    for v in graph.inputs:
-        uses = list(v.uses)
-        if uses and all(
-            u.op.kind.startswith("embedding_bag")
-            and u.index > 0
-            and not u.op.attrs.get("fixed_bag")
-            for u in uses
-        ):
-            out.append(v)
+    """Graph inputs the ids, offsets or weights of jagged bag lookups are made from (directly,
+    or through views and sums: a torchrec ``KeyedJaggedTensor``'s lengths become offsets)."""
+    seen: set[str] = set()
+    out: list[Value] = []
+    todo = [
+        v
+        for op in graph.ops
+        if op.kind == "embedding_bag" and not op.attrs.get("fixed_bag")
+        for v in op.operands[1:]
+    ]
+    while todo:
+        v = todo.pop()
+        if v.name in seen:
+            continue
+        seen.add(v.name)
+        if v.producer is None:
+            if v.role is Role.INPUT:
+                out.append(v)
+        else:
+            todo.extend(v.producer.operands)
     return out
 
 

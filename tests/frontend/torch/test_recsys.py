@@ -223,3 +223,71 @@ def test_dlrm_pinned_layouts_are_the_strategys() -> None:
     assert layouts["ids[0]"] == layouts["offsets[0]"] == "[{}]"
     kinds = Counter(op.kind for op in plan.graph.ops)
     assert kinds["embedding_bag"] == kinds["embedding_bag_backward"] == 4
+
+
+class _TorchRec(nn.Module):
+    """A torchrec ``EmbeddingBagCollection`` (sum and mean tables) read by a linear head."""
+
+    def __init__(self) -> None:
+        from torchrec import EmbeddingBagCollection, EmbeddingBagConfig, PoolingType
+
+        super().__init__()
+        tables = [
+            EmbeddingBagConfig(name="t0", embedding_dim=16, num_embeddings=64,
+                               feature_names=["f0"]),
+            EmbeddingBagConfig(name="t1", embedding_dim=16, num_embeddings=128,
+                               feature_names=["f1"], pooling=PoolingType.MEAN),
+        ]  # fmt: skip
+        self.ebc = EmbeddingBagCollection(tables=tables, device=torch.device("cpu"))
+        self.top = nn.Linear(32, 1)
+
+    def forward(self, features):  # type: ignore[no-untyped-def]
+        return self.top(self.ebc(features).values()).squeeze(1)
+
+
+def test_torchrec_collection_with_a_keyed_jagged_tensor_runs_as_planned() -> None:
+    """The KJT's values and lengths are the example inputs; the collection's tables lower to
+    ``embedding_bag``s, pinned row-wise and column-wise; apply and follow_plan match."""
+    from torchrec import KeyedJaggedTensor
+
+    torch.manual_seed(0)
+    model = _TorchRec()
+    lengths = torch.tensor([1, 2, 1, 1, 2, 0, 1, 2])
+    kjt = KeyedJaggedTensor.from_lengths_sync(
+        keys=["f0", "f1"], values=torch.randint(0, 64, (10,)), lengths=lengths
+    )
+    with warnings.catch_warnings():
+        warnings.simplefilter("error", UnsupportedOpWarning)
+        graph, context = capture(model, kjt, stamp_layers=False)
+    assert [v.origin.path for v in graph.inputs if v.role.name == "INPUT"] == [
+        "features.values", "features.lengths",
+    ]  # fmt: skip
+    reference = copy.deepcopy(model)
+    want = (reference(kjt) ** 2).mean()  # the capture's default loss
+    want.backward()
+    mesh = sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test")
+    strategy = sp.strategies.embedding(
+        row_wise=["ebc.embedding_bags.t0"], column_wise=["ebc.embedding_bags.t1"], axes="tp"
+    )
+    plan = plan_graph(graph, mesh, pins=strategy.pins(graph, mesh), time_limit=20,
+                      semantics=context.partial_semantics, merge_followers=True)  # fmt: skip
+    plan.frontend_context = context
+    lookups = [op for op in graph.ops if op.kind == "embedding_bag"]
+    assert [str(plan.shardings[op.results[0].name]) for op in lookups] == [
+        '[{}, {}] partial={"tp"}', '[{}, {"tp"}]',
+    ]  # fmt: skip
+    device_mesh = _device_mesh(mesh)
+    for follow in (False, True):
+        with simulate.local_ranks(mesh.size):
+            sharded = plan.apply(copy.deepcopy(model), device_mesh)
+            log = simulate.CollectiveLog(device_mesh)
+            replay = follow_plan(plan, device_mesh) if follow else contextlib.nullcontext()
+            with log, replay:
+                loss = (sharded(kjt) ** 2).mean()
+                loss.backward()
+            grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
+        torch.testing.assert_close(simulate.rank0(loss), want.detach(), rtol=1e-4, atol=1e-6)
+        for name, p in reference.named_parameters():
+            torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+        if follow:
+            assert log.counts == simulate.planned_collective_list(plan)
