@@ -6,8 +6,10 @@ from collections.abc import Iterable, Sequence
 
 from .costmodel.dense_part import DENSE_MODES, DenseSpec
 from .costmodel.embedding import TableSpec, make_world
+from .ir.graph import Graph
 from .solver.table_plan import TablePlan
 from .solver.table_planner import plan_tables as _plan_tables
+from .solver.table_specs import tables_from_graph
 
 
 def plan_tables(
@@ -30,8 +32,9 @@ def plan_tables(
     """Per-table sharding (TorchRec's types and kernels) and the dense mode, in one decision.
 
     Args:
-        tables: ``TableSpec`` values, or a TorchRec ``EmbeddingBagCollection`` /
-            ``EmbeddingCollection`` (its tables are read; ``pooling_factors`` by table name).
+        tables: ``TableSpec`` values, a captured ``Graph`` (its ``embedding_bag`` ops' tables),
+            or a TorchRec ``EmbeddingBagCollection`` / ``EmbeddingCollection`` (its tables are
+            read; ``pooling_factors`` by table name).
         world: ranks (whole nodes of the cluster's ``devices_per_node``).
         cluster: a catalogue name (``h100-sxm``, ``a100-80gb``, ...).
         batch_per_rank: samples per rank per iteration.
@@ -46,7 +49,9 @@ def plan_tables(
         module)`` for TorchRec's ``ShardingPlan``.
     """
     specs = list(tables) if isinstance(tables, list | tuple) else None
-    if specs is None:
+    if isinstance(tables, Graph):
+        specs = tables_from_graph(tables)
+    elif specs is None:
         from .frontend.torch.torchrec_plan import tables_from_torchrec
 
         specs = tables_from_torchrec(tables, pooling_factors)

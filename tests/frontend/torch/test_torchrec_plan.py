@@ -72,3 +72,38 @@ def test_torchrec_plan_names_a_missing_module_table() -> None:
     module = collection()
     with pytest.raises(sp.ShardplanError, match="pooling_factors names tables"):
         sp.plan_tables(module, world=16, pooling_factors={"nope": 2.0})
+
+
+def test_plan_tables_reads_a_captured_graphs_bags() -> None:
+    """A captured ``nn.EmbeddingBag`` model: its tables, with the example's pooling factors."""
+    import torch
+    from shardplan.frontend.torch.capture import capture
+    from torch import nn
+
+    class Bags(nn.Module):
+        def __init__(self) -> None:
+            super().__init__()
+            self.emb = nn.ModuleList([nn.EmbeddingBag(64, 16), nn.EmbeddingBag(128, 32)])
+
+        def forward(self, ids: list, offsets: list) -> torch.Tensor:
+            pooled = [e(i, o) for e, i, o in zip(self.emb, ids, offsets, strict=True)]
+            return torch.cat(pooled, 1).sum(1)
+
+    bags = 8
+    ids = [torch.zeros(3 * bags, dtype=torch.long), torch.zeros(5 * bags, dtype=torch.long)]
+    offsets = [torch.arange(0, 3 * bags, 3), torch.arange(0, 5 * bags, 5)]
+    labels = torch.zeros(bags)
+    graph, _ = capture(
+        Bags(), ids, offsets, loss_fn=_squared, loss_inputs=(labels,), stamp_layers=False
+    )
+    plan = sp.plan_tables(graph, world=8, batch_per_rank=bags)
+    specs = {c.table.name: c.table for c in plan.choices}
+    assert {(s.rows, s.dim, s.pooling_factor) for s in specs.values()} == {
+        (64, 16, 3.0),
+        (128, 32, 5.0),
+    }
+    assert set(specs) == {"emb.0.weight", "emb.1.weight"}
+
+
+def _squared(out, target):  # type: ignore[no-untyped-def]
+    return ((out - target) ** 2).mean()
