@@ -63,8 +63,10 @@ def plan_tables(
     )  # fmt: skip
 
 
-def torchrec_plan(plan: TablePlan, module: object, module_path: str = "") -> object:
+def torchrec_plan(
+    plan: TablePlan, module: object, module_path: str = "", device_type: str = "cuda"
+) -> object:
     """The plan as TorchRec's ``ShardingPlan`` for ``module`` (an ``EmbeddingBagCollection``)."""
     from .frontend.torch.torchrec_plan import to_torchrec
 
-    return to_torchrec(plan, module, module_path)
+    return to_torchrec(plan, module, module_path, device_type)

@@ -54,13 +54,16 @@ def tables_from_torchrec(
     return out
 
 
-def to_torchrec(plan: TablePlan, module: object, module_path: str = "") -> object:
+def to_torchrec(
+    plan: TablePlan, module: object, module_path: str = "", device_type: str = "cuda"
+) -> object:
     """The plan as a ``torchrec.distributed.types.ShardingPlan`` for ``module``'s tables.
 
     Args:
         plan: a ``TablePlan`` whose table names are ``module``'s table names.
         module: the ``EmbeddingBagCollection`` (or ``EmbeddingCollection``) it plans.
         module_path: the module's path inside the model ("" when it is the model).
+        device_type: where the shards live (``"cuda"``; ``"cpu"`` for CPU runs and tests).
     """
     from torchrec.distributed.sharding_plan import construct_module_sharding_plan
     from torchrec.distributed.types import ShardingPlan
@@ -68,7 +71,7 @@ def to_torchrec(plan: TablePlan, module: object, module_path: str = "") -> objec
     world = plan.world
     generators = {c.table.name: _generator(c, world.local) for c in plan.choices}
     module_plan = construct_module_sharding_plan(
-        module, generators, local_size=world.local, world_size=world.size, device_type="cuda"
+        module, generators, local_size=world.local, world_size=world.size, device_type=device_type
     )
     for name, choice in plan.by_name().items():
         _check_columns(module_plan[name], choice)
