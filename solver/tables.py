@@ -16,7 +16,10 @@ tables one decision.
 
 from __future__ import annotations
 
-from collections.abc import Iterable, Mapping, Sequence
+import os
+import sys
+from collections.abc import Iterable, Iterator, Mapping, Sequence
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 from ortools.linear_solver import pywraplp
@@ -214,7 +217,8 @@ def solve_classes(
     solver = built.solver
     solver.SetTimeLimit(int(time_limit * 1000))
     solver.SetNumThreads(1)  # deterministic: the same inputs give the same plan
-    status = solver.Solve()
+    with _native_stdout_silenced():  # HiGHS prints its banner from C++ on every MIP solve
+        status = solver.Solve()
     if status not in (pywraplp.Solver.OPTIMAL, pywraplp.Solver.FEASIBLE):
         raise _NoSolution(str(status))
     counts: dict[int, list[tuple[OptionCost, int]]] = {}
@@ -228,6 +232,24 @@ def solve_classes(
     bound = solver.Objective().BestBound() / 1e6 + least_alpha
     name = "OPTIMAL" if status == pywraplp.Solver.OPTIMAL else "FEASIBLE"
     return counts, dense, bound, name
+
+
+@contextmanager
+def _native_stdout_silenced() -> Iterator[None]:
+    """File descriptor 1 to /dev/null for a native call (SuppressOutput misses the banner)."""
+    sys.stdout.flush()
+    try:
+        saved = os.dup(1)
+    except OSError:  # no real stdout (embedded interpreters): nothing to silence
+        yield
+        return
+    with open(os.devnull, "w") as null:
+        os.dup2(null.fileno(), 1)
+        try:
+            yield
+        finally:
+            os.dup2(saved, 1)
+            os.close(saved)
 
 
 def type_latency(types: Iterable[str], world: World) -> float:
