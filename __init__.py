@@ -5,6 +5,8 @@
 
 from . import strategies
 from .api import annotate, plan
+from .costmodel.dense_part import DenseSpec
+from .costmodel.embedding import TableSpec
 from .evaluate import Evaluation, evaluate
 from .ir import (
     Graph,
@@ -19,12 +21,15 @@ from .ir import (
     UnsupportedOpWarning,
 )
 from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
+from .recsys import plan_tables, torchrec_plan
 from .solver.plan import Plan, load_plan
+from .solver.table_plan import TablePlan
 from .whatif import WhatIf, whatif
 
 __version__ = "0.1.0"
 __all__ = [
     "ArgumentError",
+    "DenseSpec",
     "Evaluation",
     "Graph",
     "IdleAxisWarning",
@@ -37,6 +42,8 @@ __all__ = [
     "Role",
     "Sharding",
     "ShardplanError",
+    "TablePlan",
+    "TableSpec",
     "TensorType",
     "UnsupportedOpWarning",
     "WhatIf",
@@ -44,6 +51,8 @@ __all__ = [
     "evaluate",
     "load_plan",
     "plan",
+    "plan_tables",
     "strategies",
+    "torchrec_plan",
     "whatif",
 ]  # fmt: skip

@@ -129,7 +129,8 @@ def roofline(plan: Plan, cluster: Cluster) -> Roofline:
         out_shards = [plan.shardings[r.name].shard_count(mesh) for r in op.results]
         split = max(in_shards + out_shards + [1])
         f = op_flops(op.kind, op.rule, ins, outs, op.attrs) / split * op.repeat
-        b = op_bytes(op.kind, ins, outs, in_shards, out_shards) * op.repeat
+        b = op_bytes(op.kind, ins, outs, in_shards, out_shards, attrs=op.attrs, split=split)
+        b *= op.repeat
         dtype = (outs or ins)[0].dtype
         flops += f
         moved += b

@@ -484,3 +484,11 @@ def baselines(mesh: Mesh) -> list[ParallelStrategy]:
         if has_tp:
             out += [megatron("tp", recompute=recompute), tp_fsdp("tp", recompute=recompute)]
     return out
+
+
+def embedding(*args: object, **kwargs: object) -> ParallelStrategy:
+    """Embedding tables laid out by hand (row-wise, column-wise, data-parallel) over a dense
+    base strategy: ``table_strategies.embedding`` (its module docstring has the details)."""
+    from .table_strategies import embedding as build
+
+    return build(*args, **kwargs)  # type: ignore[arg-type]

@@ -466,7 +466,7 @@ def _op_time(op: Op, operands, results, mesh, cluster: Cluster, fused: OpFusion 
     flops *= conv_work_factor(op, cluster)  # implicit-GEMM tiles (costmodel/conv.py)
     counts = [s.shard_count(mesh) for s in operands], [s.shard_count(mesh) for s in results]
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
-    nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip)
+    nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip, attrs=op.attrs, split=split)
     launches = fused is None or fused.launches
     halo = halo_time(op, operands, mesh, cluster)  # a spatially split convolution
     return halo + compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster, launches=launches)

@@ -16,7 +16,16 @@ weight gradients: partial over a split batch).
 
 from __future__ import annotations
 
-from .registry import Attrs, Types, _letters, _make, elementwise, register_rule, replicated_rule
+from .registry import (
+    Attrs,
+    Types,
+    _broadcast_map,
+    _letters,
+    _make,
+    elementwise,
+    register_rule,
+    replicated_rule,
+)
 from .rules import ShardingRule
 from .types import TensorType
 
@@ -168,6 +177,21 @@ for _kind in ACTIVATIONS:
 for _kind in ("batch_norm_apply", "batch_norm_sqsum", "batch_norm_backward_reduce",
               "batch_norm_backward_elemt"):  # fmt: skip
     register_rule(_kind, channelwise)
+
+
+def pointwise_loss(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
+    """A loss of elementwise terms (binary cross-entropy with logits): every operand broadcasts
+    to the logits; a scalar result (mean or sum) makes every factor a reduction (a split batch
+    leaves the loss a pending sum), a full-shape one (``reduction="none"``) passes them."""
+    x = ins[0]
+    letters = _letters(x.rank)
+    sizes = dict(zip(letters, x.shape, strict=True))
+    operands = [_broadcast_map(t, x, letters) for t in ins]
+    results = [[] if t.rank == 0 else _broadcast_map(t, x, letters) for t in outs]
+    return _make(operands, results, sizes)
+
+
+register_rule("binary_cross_entropy_with_logits", pointwise_loss)
 register_rule("group_norm", group_norm)
 register_rule("weight_norm", weight_norm)
 register_rule("group_norm_backward", group_norm)

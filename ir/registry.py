@@ -68,6 +68,17 @@ def register_rule(
         _REGISTRY[kind] = OpInfo(rule, flops, linear)
 
 
+BytesModel = Callable[..., float]
+"""``(ins, outs, in_shards, out_shards, attrs, split) -> bytes`` one device moves for an op
+whose HBM traffic is not its operands and results (a lookup reads rows, not the table)."""
+_BYTES: dict[str, BytesModel] = {}
+
+
+def register_bytes(kind: str, model: BytesModel) -> None:
+    """Give ``kind`` its own HBM-bytes model (``op_bytes`` uses it instead of the sizes)."""
+    _BYTES[kind] = model
+
+
 def known_kinds() -> list[str]:
     return sorted(_REGISTRY)
 
@@ -123,12 +134,18 @@ def op_bytes(  # type: ignore[no-untyped-def]
     out_shards,
     on_chip_ins: Sequence[bool] = (),
     on_chip_outs: Sequence[bool] = (),
+    attrs: Attrs | None = None,
+    split: int = 1,
 ) -> float:
     """HBM bytes one device moves for an op: its local operands and results; 0 for views.
 
     ``in_shards``/``out_shards``: the number of shards of each operand/result (layouts).
     ``on_chip_ins``/``on_chip_outs``: operands read and results kept on chip by a fused kernel
-    (``costmodel.fusion``); they move no HBM bytes. Empty: none."""
+    (``costmodel.fusion``); they move no HBM bytes. Empty: none.
+    ``attrs``/``split``: the op's attributes and its strategy's split (the product of the axes
+    its factors use), for a kind with its own model (``register_bytes``)."""
+    if kind in _BYTES:
+        return float(_BYTES[kind](ins, outs, in_shards, out_shards, attrs or {}, split))
     if kind in VIEW_KINDS:
         return 0.0
     if kind in IN_PLACE_WRITES:  # reads the new rows and writes them, not the buffer
@@ -714,4 +731,4 @@ def core_kinds() -> list[str]:
     return sorted(CORE_KINDS)
 
 
-from . import nn_rules  # noqa: E402, F401  (normalisation/activation/recurrent rules block)
+from . import embedding_bag, nn_rules  # noqa: E402, F401  (rule blocks: bag lookups, norms...)

@@ -294,6 +294,8 @@ def op_cost(
         [s.shard_count(mesh) for s in strategy.operands],
         [s.shard_count(mesh) for s in strategy.results],
         *on_chip,
+        attrs=op.attrs,
+        split=strategy.split,
     )
     dtype = (outs or ins)[0].dtype
     halo = halo_time(op, strategy.operands, mesh, cluster)  # a spatially split convolution
@@ -327,7 +329,7 @@ def op_signature(op: Op, fused: object) -> tuple:
     stack) share it, so their times are priced once."""
     operands, results = tuple(v.type for v in op.operands), tuple(r.type for r in op.results)
     return (op.kind, op.rule, operands, results, fused, op.attrs.get("causal"),
-            op.attrs.get("load_balance"))  # fmt: skip
+            op.attrs.get("load_balance"), op.attrs.get("pooling"))  # fmt: skip
 
 
 def op_vectors_key(space: Space, cluster: Cluster) -> tuple:

@@ -10,7 +10,7 @@ loss, then the updated parameters and states, aliased to the inputs they replace
 from __future__ import annotations
 
 import operator
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -21,7 +21,7 @@ from ...ir import FrontendError, Graph, Mesh, Role, Sharding, ShardplanError, Va
 from ...ir.errors import ArgumentError
 from ...passes.stamp_layers import StampedGraph
 from ...passes.stamp_layers import stamp_layers as stamp_graph
-from . import moe, optim, stack
+from . import moe, ops_bag, optim, stack
 from .annotate import dtensor_parameter_pins
 from .lower import Lowering, add_input, infer_modules, lower_node
 from .trace import Traced, trace
@@ -130,6 +130,7 @@ def capture(
     name: str | None = None,
     stamp_layers: bool = True,
     context_len: int | None = None,
+    pooling: Mapping[str, float] | None = None,
     **example_kwargs: Any,
 ) -> tuple[Graph, TorchContext]:
     """Trace and lower one step of ``model``.
@@ -155,6 +156,9 @@ def capture(
         are graph inputs (split with the batch like the others).
       optimizer: ``"adamw"`` (two fp32 moments per parameter), ``"sgd"``, or
         ``"sgd-momentum"`` (one fp32 momentum buffer, weight decay; torch.optim.SGD's step).
+      pooling: ``{table module: average ids per bag}`` for ``nn.EmbeddingBag`` lookups (default:
+        each lookup's example, ``ids / bags``): what the cost model prices their rows by
+        (``frontend/torch/ops_bag.py``).
       stamp_layers: trace 3 layers of a deep stack of alike layers and stamp out the rest
         (``frontend/torch/stack.py``; the graph is the same, capture is much faster). Such a
         capture cannot be replayed by ``follow_plan``; pass False for that.
@@ -177,8 +181,11 @@ def capture(
             graph, context = _capture(model, call, mode, spec, name, context_len)
         stamped = stamp_graph(graph, layers.path, layers.size)
         if stamped is not None:
+            ops_bag.set_pooling(stamped.graph, pooling)
             return stamped.graph, _stamped_context(context, stamped)
-    return _capture(model, call, mode, spec, name, context_len)
+    graph, context = _capture(model, call, mode, spec, name, context_len)
+    ops_bag.set_pooling(graph, pooling)
+    return graph, context
 
 
 @dataclass(frozen=True)

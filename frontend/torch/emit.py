@@ -30,7 +30,7 @@ from torch.overrides import TorchFunctionMode
 
 from ...ir import FrontendError, Mesh, Role, Sharding
 from ...solver.plan import Plan
-from . import fallback, follow, inputs, local, lookup, nn_local, reshard, views
+from . import bags, fallback, follow, inputs, local, lookup, nn_local, reshard, views
 from .capture import TorchContext
 
 Placements = tuple[Placement, ...]
@@ -200,6 +200,7 @@ def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
     _install_boundary_hooks(plan, context, model)
     _install_mark_hooks(model)
     _install_grad_hooks(plan, context, model)
+    bags.install_hooks(plan, context, model)
     return model
 
 
@@ -289,6 +290,9 @@ class _ApplyMode(TorchFunctionMode):
                 return out
         elif func is F.embedding and len(args) > 1 and isinstance(args[1], DTensor):
             return embedding(*args, **kwargs)
+        elif func is F.embedding_bag and len(args) > 1 and isinstance(args[1], DTensor):
+            out = bags.embedding_bag(*args, **kwargs)
+            return _call(func, args, kwargs) if out is NotImplemented else out
         elif (out := _local_call(func, args, kwargs)) is not None:
             return out
         elif func is F.linear and args and isinstance(args[0], DTensor) and args[0].ndim > 2:

@@ -43,11 +43,13 @@ from torch.utils.weak import WeakIdKeyDictionary
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
 from . import (  # modules: emit imports this one too
+    bags,
     context_parallel,
     conv_local,
     emit,
     fallback,
     lookup,
+    losses,
     nn_local,
     reshard,
     views,
@@ -373,6 +375,10 @@ class PlanFollower(TorchDispatchMode):
             out = self._fill_at(func, args, kwargs, step)
         elif nn_local.handles([self.plan.graph.ops[i].kind for i in step.ops]):
             out = nn_local.run_step(self, step, func, args, kwargs, moved)
+        elif bags.handles(step.target):  # pooled lookups on local shards
+            out = bags.run_step(self, step, args)
+        elif step.target in losses.LOCAL:
+            out = losses.run_step(self, step, args, kwargs)
         elif step.target == _EMBEDDING and lookup.fits(*args[:2]):
             out = lookup.masked_lookup(args[1], args[0])[0]  # the project's, not DTensor's
         elif step.target == "aten.cat.default" and len(args[0]) == 1:
@@ -537,9 +543,42 @@ class PlanFollower(TorchDispatchMode):
             for j, operand in enumerate(self.plan.graph.ops[index].operands):
                 if operand.name == name:
                     if occurrence == 0:
-                        return self._placements(self.plan.operand_shardings.get((index, j)), name)
+                        into = self.plan.operand_shardings.get((index, j))
+                        into = self._reduced_after(step, index, into or self.plan.shardings[name])
+                        return self._placements(into, name)
                     occurrence -= 1
         return self._placements(None, name)
+
+    def _reduced_after(self, step: AtenStep, index: int, into: Sharding) -> Sharding:
+        """``into`` moved to the layout the plan gives IR op ``index``'s result inside the call,
+        when that op is a reshape adding or dropping size-1 dims (``stack`` lowers to such
+        reshapes and a concat): moving its operand is the same collective on the same bytes,
+        and the call has no place to move it in between."""
+        inside = self._internal_layout(step, index)
+        if inside is None:
+            return into
+        op = self.plan.graph.ops[index]
+        src, dst = op.operands[0].type.shape, op.results[0].type.shape
+        axes = iter(a for a, n in zip(inside.dims, dst, strict=True) if n != 1)
+        dims = tuple(() if n == 1 else next(axes) for n in src)
+        return Sharding(dims, inside.partial)
+
+    def _internal_layout(self, step: AtenStep, index: int) -> Sharding | None:
+        """The layout IR op ``index``'s result (a reshape of size-1 dims) is read at by the next
+        op of the same call, when that differs from the result's own; else None."""
+        op = self.plan.graph.ops[index]
+        if op.kind != "reshape":
+            return None
+        src, dst = op.operands[0].type.shape, op.results[0].type.shape
+        if [n for n in src if n != 1] != [n for n in dst if n != 1]:
+            return None
+        made = self.plan.shardings[op.results[0].name]
+        for k in step.ops:
+            for j, operand in enumerate(self.plan.graph.ops[k].operands):
+                into = self.plan.operand_shardings.get((k, j))
+                if operand is op.results[0] and into is not None and into != made:
+                    return into
+        return None
 
     def _placements(self, sharding: Sharding | None, value: str | None) -> emit.Placements:
         if sharding is None:
@@ -583,6 +622,11 @@ class PlanFollower(TorchDispatchMode):
     def _check_internal(self, step: AtenStep) -> None:
         """A reshard between two IR ops of one aten call cannot be followed: report it."""
         made = {r.name for i in step.ops for r in self.plan.graph.ops[i].results}
+        made -= {  # moved before the call instead (``_reduced_after``)
+            self.plan.graph.ops[i].results[0].name
+            for i in step.ops
+            if self._internal_layout(step, i) is not None
+        }
         for index in step.ops:
             for j, operand in enumerate(self.plan.graph.ops[index].operands):
                 planned = self.plan.operand_shardings.get((index, j))

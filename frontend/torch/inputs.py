@@ -223,8 +223,37 @@ def _leaves(tree: Any, path: str) -> Iterator[tuple[str, Any]]:
     elif dataclasses.is_dataclass(tree) and not isinstance(tree, type):
         for f in dataclasses.fields(tree):
             yield from _leaves(getattr(tree, f.name), f"{path}.{f.name}")
+    elif is_jagged(tree):
+        for name, t in _jagged_tensors(tree).items():
+            yield f"{path}.{name}", t
     else:
         yield path, tree
+
+
+def is_jagged(tree: Any) -> bool:
+    """A torchrec ``KeyedJaggedTensor`` (duck-typed: torchrec is not imported for it)."""
+    return type(tree).__name__ == "KeyedJaggedTensor" and hasattr(tree, "offset_per_key")
+
+
+def _jagged_tensors(kjt: Any) -> dict[str, torch.Tensor]:
+    """A ``KeyedJaggedTensor``'s tensors: its values, lengths and (weighted) weights."""
+    out = {"values": kjt.values(), "lengths": kjt.lengths()}
+    if kjt.weights_or_none() is not None:
+        out["weights"] = kjt.weights()
+    return out
+
+
+def _map_jagged(kjt: Any, path: str, fn: LeafFn) -> Any:
+    """The ``KeyedJaggedTensor`` rebuilt from ``fn`` of its tensors. Its per-key counts and
+    offsets are the example's (Python ints): torchrec would otherwise read them from the
+    lengths (``.tolist()``), which a trace on fake tensors cannot; the captured step is then
+    for batches of these per-key counts, as a traced step is for its example's shapes."""
+    tensors = {name: fn(f"{path}.{name}", t) for name, t in _jagged_tensors(kjt).items()}
+    return type(kjt)(
+        keys=kjt.keys(), values=tensors["values"], lengths=tensors["lengths"],
+        weights=tensors.get("weights"), stride=kjt.stride(),
+        length_per_key=kjt.length_per_key(), offset_per_key=kjt.offset_per_key(),
+    )  # fmt: skip
 
 
 def tree_tensors(tree: Any, path: str) -> list[tuple[str, torch.Tensor]]:
@@ -279,6 +308,8 @@ def _map(tree: Any, path: str, fn: LeafFn) -> Any:
             if f.init
         }
         return dataclasses.replace(tree, **changes)
+    if is_jagged(tree):
+        return _map_jagged(tree, path, fn)
     return tree
 
 

@@ -230,6 +230,15 @@ def embedding_backward(low: Lowering, node: fx.Node) -> Value:
     )
 
 
+def bce_with_logits(low: Lowering, node: fx.Node) -> Value:
+    """``binary_cross_entropy_with_logits(x, y, weight, pos_weight, reduction)``: one op of
+    elementwise terms, reduced to the loss (``ir/nn_rules.pointwise_loss``)."""
+    operands = low.tensors(node.args[:4])
+    reduction = node.args[4] if len(node.args) > 4 else node.kwargs.get("reduction", 1)
+    return _single(low, "binary_cross_entropy_with_logits", operands, node,
+                   reduction=int(reduction))  # fmt: skip
+
+
 def cat(low: Lowering, node: fx.Node) -> Value:
     out = low.result_types(node)[0]
     parts = [v for v in low.tensors(node.args[0]) if v.type.rank == out.rank]
@@ -351,12 +360,12 @@ FACTORIES = (
     "full", "zeros", "ones", "empty", "scalar_tensor", "full_like", "zeros_like", "ones_like",
     "empty_like", "new_zeros", "new_ones", "new_full", "new_empty", "empty_strided",
     "new_empty_strided", "rand",
-    "randn", "rand_like", "randn_like", "randint",
+    "randn", "rand_like", "randn_like", "randint", "tril_indices", "triu_indices",
 )  # fmt: skip
 
 
 def _table() -> dict[str, Row]:
-    from . import attention, conv, ops_nn
+    from . import attention, conv, ops_bag, ops_nn
 
     table: dict[str, Row] = {}
     names = {
@@ -421,6 +430,8 @@ def _table() -> dict[str, Row]:
     for aten_name in attention.BACKWARD:
         table[aten_name] = attention.backward
     table.update(conv.TABLE)
+    table.update(ops_bag.TABLE)
+    table["binary_cross_entropy_with_logits"] = bce_with_logits
     table.update(ops_nn.table())
     return table
 
