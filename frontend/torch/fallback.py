@@ -3,7 +3,8 @@
 DTensor raises ``NotImplementedError`` ("Operator aten.mkldnn_rnn_layer.default does not have
 a sharding strategy registered") for ops outside its registry: ``fill_.Tensor`` (Hugging
 Face's ``_shift_right`` / ``shift_tokens_right``), ``_embedding_bag`` (``nn.EmbeddingBag``, which
-``bags.py`` runs on local shards itself), ``mkldnn_rnn_layer`` (``nn.LSTM`` on CPU), ``transpose_`` (``nn.GRU``) and their backwards.
+``bags.py`` runs on local shards itself), ``mkldnn_rnn_layer`` (``nn.LSTM`` on CPU),
+``transpose_`` (``nn.GRU``) and their backwards.
 Before ``plan.apply`` or ``follow_plan`` runs a captured step, every traced aten op without a
 strategy gets one (of the kind ``register_sharding`` takes), forward and backward alike:
 
