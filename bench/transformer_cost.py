@@ -293,7 +293,7 @@ def optimizer_time(m: Model, c: Config, cluster: str, cal: Calibration) -> float
 
 def _dp_exposed(
     m: Model, c: Config, cluster: str, last_backward: float, first_forward: float,
-    cal: Calibration,
+    cal: Calibration | None = None,
 ) -> float:  # fmt: skip
     """Sharded data parallelism (Megatron distributed optimizer; Llama 3's FSDP without
     resharding): a reduce-scatter of the gradients (``grad_bytes`` each, fp32 in both) and an
@@ -311,6 +311,7 @@ def _dp_exposed(
     ag = collective_time("all-gather", BYTES * params, group, mesh)
     if not c.dp_overlap:
         return rs + ag
+    cal = cal or default_calibration(cluster)
     hidden = min(rs, last_backward) + min(ag, first_forward)
     exposed = max(0.0, rs - last_backward) + max(0.0, ag - first_forward)
     return exposed + cal.overlap_penalty(hidden)

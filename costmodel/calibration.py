@@ -350,9 +350,9 @@ __all__ = [
     "DEFAULTS",
     "Calibration",
     "apply",
+    "backward_slowdown",
     "default_calibration",
     "fit",
-    "backward_slowdown",
     "gpu_seconds",
     "load_calibration",
 ]

@@ -33,6 +33,16 @@ def test_analytic_fidelity_within_bounds():
     _check(fidelity.evaluate(fidelity.all_rows()), "error", "predicted_s")
 
 
+def test_analytic_fidelity_has_no_training_bias():
+    """Issue 41: the dense rows were all under-predicted (mean signed error -8.2%). With the
+    measured H100 GEMM curve and attention backward, 2022 Megatron-LM's blocking pipeline
+    sends and the SMs overlapped NCCL takes, the mean signed error is within +-3% and the
+    median |error| within 6% (nothing fitted per row)."""
+    errors = [r["error"] for r in fidelity.evaluate(fidelity.all_rows())]
+    assert abs(statistics.mean(errors)) <= 0.03, statistics.mean(errors)
+    assert statistics.median(abs(e) for e in errors) <= 0.06
+
+
 def test_llama3_interleave_is_chosen_without_the_published_numbers():
     # The paper runs an interleaved schedule but does not publish V: each row takes the V the
     # cost model finds fastest, whatever the published TF/GPU says.
