@@ -1,13 +1,18 @@
-"""Step-time simulation: compute and communication on two streams, with dependencies.
+"""Step-time simulation: compute and communication streams, with dependencies.
 
 One device's step as MAD-Max models it (Hsia et al., ISCA'24; re-derived, no code taken): a
-compute stream runs the ops in graph order, a communication stream runs collectives in the
+compute stream runs the ops in graph order, communication streams run collectives in the
 order they become ready, and each task starts at ``max(its stream's clock, its dependencies)``.
+There is one communication stream per link a collective rides (``comm_streams.py``): the
+process groups' NCCL communicators run concurrently, so an FSDP all-gather over the NICs
+overlaps a tensor-parallel or expert all-to-all on NVLink, while collectives sharing a link
+take turns (``SimulationOptions.concurrent_links=False``: one stream for all, as before).
 
 - an op waits for its operands: a produced value, or the collectives resharding it for this op;
 - a collective waits for its producer (an op result, or a pinned result's own reshard);
-- a collective on a graph input (a parameter all-gather) may be issued early, but no more than
-  ``prefetch_window`` layers ahead of its consumer (FSDP's one-layer prefetch);
+- a collective on a graph input (a parameter all-gather), or on a view of one (a weight's
+  ``transpose``), may be issued early, but no more than ``prefetch_window`` layers ahead of its
+  consumer (FSDP's one-layer prefetch);
 - nothing else orders the comm stream, so gradient reductions run under the rest of backward
   while tensor-parallel collectives, needed at once, stay on the critical path;
 - unless tensor-parallel communication overlap is on (``SimulationOptions.tp_overlap_axes``,
@@ -31,9 +36,10 @@ from typing import TYPE_CHECKING
 from shardplan.costmodel.context_parallel import attention_work_factor
 from shardplan.costmodel.conv import conv_work_factor, halo_time
 from shardplan.ir.graph import Graph, Op, Role, Value
-from shardplan.ir.registry import op_bytes, op_flops, op_info
+from shardplan.ir.registry import VIEW_KINDS, op_bytes, op_flops, op_info
 
 from .cluster import Cluster, get_cluster
+from .comm_streams import reshard_link
 from .compute import compute_time
 from .fusion import OpFusion, fusion, unfused_penalty
 from .per_graph import PerGraph
@@ -62,6 +68,9 @@ class SimulationOptions:
     chunk moves. Two-stage pipeline of ``n`` chunks: the pair takes
     ``max(c, g) + min(c, g) / n`` instead of ``c + g``, i.e. the exposed communication is
     ``max(0, c - g) + min(c, g) / n`` (see ``Transfer.pipelined``). Empty: no such overlap."""
+    concurrent_links: bool = True
+    """One communication stream per link (``Transfer.link``): collectives on NVLink and on
+    the NICs run at the same time. False: every collective queues on one stream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +96,9 @@ class Transfer:
     done and ends no earlier than one comm chunk after the GEMM); ``""``: not pipelined."""
     chunks: int = 1
     """Chunks of a pipelined transfer (one per rank of the collective's group)."""
+    link: str = ""
+    """The link level its collectives ride (``comm_streams.reshard_link``): the stream it
+    queues on when ``SimulationOptions.concurrent_links`` is set."""
     also: tuple[int, ...] = ()
     """Later consumers that read the same resharded buffer (the same value, source and target
     layout): a compiler or Megatron gathers once and every reader reuses the result, so they
@@ -197,8 +209,11 @@ class _Streams:
         self.start: dict[int, float] = {}  # job id -> start time, once scheduled
         self.floor: dict[int, float] = {}  # producer-pipelined job -> earliest end
         self.ready: dict[Value, float] = dict.fromkeys(graph.inputs, 0.0)
-        self.queue: list[tuple[float, int]] = []  # (ready time, job id): FIFO by readiness
-        self.compute_clock = self.comm_clock = 0.0
+        # (ready time, first consumer, job id): by readiness, then the one needed soonest
+        self.queue: list[tuple[float, int, int]] = []
+        self.compute_clock = 0.0
+        self.comm_clocks: dict[str, float] = {}  # link -> when its stream is free
+        self.concurrent = options.concurrent_links
         self.pin_job: dict[Value, int] = {}
         self.waiting: dict[Value, list[int]] = {}  # value -> edge jobs released when it is ready
         self.needs: dict[int, dict[Value, list[int]]] = {}  # op -> operand -> its edge jobs
@@ -213,7 +228,7 @@ class _Streams:
                     raise ValueError(f"a pin reshard needs an op result, got %{t.value.name}")
                 self.pin_job[t.value] = job
                 self.waiting.setdefault(t.value, [])
-            elif t.consumer is not None and (t.value.producer is None or t.carried is not None):
+            elif t.consumer is not None and (stored_view(t.value) or t.carried is not None):
                 self.gated.setdefault(gates[t.consumer], []).append(job)
             else:
                 self.waiting.setdefault(t.value, []).append(job)
@@ -230,26 +245,34 @@ class _Streams:
             t = self.transfers[job]
             if t.pipelined == "producer" and began is not None and t.chunks > 1:
                 self.floor[job] = time + t.time / t.chunks
-                heapq.heappush(self.queue, (began + (time - began) / t.chunks, job))
+                self.push(began + (time - began) / t.chunks, job)
             else:
-                heapq.heappush(self.queue, (time, job))
+                self.push(time, job)
+
+    def push(self, ready: float, job: int) -> None:
+        """Queue ``job`` from ``ready`` on: collectives released together (a layer's prefetched
+        gathers) run in the order their consumers need them."""
+        t = self.transfers[job]
+        need = min((t.consumer, *t.also)) if t.consumer is not None else len(self.needs) + job
+        heapq.heappush(self.queue, (ready, need, job))
 
     def produced(self, value: Value, time: float, began: float | None = None) -> None:
         if value in self.pin_job:
-            heapq.heappush(self.queue, (time, self.pin_job[value]))
+            self.push(time, self.pin_job[value])
         else:
             self.release(value, time, began)
 
     def drain_until(self, job: int | None) -> None:
         """Run queued collectives in readiness order until ``job`` has run (``None``: all)."""
         while self.queue and (job is None or job not in self.end):
-            ready, popped = heapq.heappop(self.queue)
-            start = max(self.comm_clock, ready)
+            ready, _, popped = heapq.heappop(self.queue)
+            link = self.transfers[popped].link if self.concurrent else ""
+            start = max(self.comm_clocks.get(link, 0.0), ready)
             end = max(start + self.transfers[popped].time, self.floor.get(popped, 0.0))
             self.start[popped] = start
-            self.comm_clock = self.end[popped] = end
+            self.comm_clocks[link] = self.end[popped] = end
             if self.transfers[popped].pin:
-                self.release(self.transfers[popped].value, self.comm_clock)
+                self.release(self.transfers[popped].value, end)
         if job is not None and job not in self.end:
             raise RuntimeError(f"collective {job} can never run: its producer never finished")
 
@@ -273,6 +296,18 @@ class _Streams:
         if value not in self.ready and value in self.pin_job:
             self.drain_until(self.pin_job[value])
         return self.ready[value], 0.0
+
+
+def stored_view(value: Value) -> bool:
+    """``value`` is a graph input, or a view of one (``transpose`` of a weight, a ``reshape``):
+    its bytes exist from the step's start, so a collective on it may be prefetched (FSDP
+    gathers the stored parameter; the view is taken of the gathered buffer)."""
+    op = value.producer
+    while op is not None:
+        if op.kind not in VIEW_KINDS or len(op.operands) != 1:
+            return False
+        op = op.operands[0].producer
+    return True
 
 
 def _gates(graph: Graph, window: int | None) -> list[int]:
@@ -312,7 +347,7 @@ def simulate_graph(
     exposed: dict[str, float] = {}
     for i, op in enumerate(graph.ops):
         for job in streams.gated.pop(i, []):
-            heapq.heappush(streams.queue, (streams.compute_clock, job))
+            streams.push(streams.compute_clock, job)
         waits = [streams.operand_ready(i, v, op_times[i]) for v in op.operands]
         start = max([streams.compute_clock] + [w[0] for w in waits])
         end = max([start + op_times[i]] + [w[1] for w in waits])
@@ -328,7 +363,7 @@ def simulate_graph(
     streams.drain_until(None)
     if timeline is not None:
         timeline += [("comm", j, streams.start[j], streams.end[j]) for j in sorted(streams.end)]
-    step = max(streams.compute_clock, streams.comm_clock)
+    step = max([streams.compute_clock, *streams.comm_clocks.values()])
     if step > streams.compute_clock:
         exposed["tail"] = step - streams.compute_clock
     compute = float(sum(op_times))
@@ -360,6 +395,7 @@ def simulate(
     as for ``simulate_graph``, with a ``"comm"`` entry's index that of ``plan.reshards``."""
     graph = plan.graph
     times = plan_op_times(plan)
+    cluster = get_cluster(plan.mesh.cluster)
     by_name = {v.name: v for v in graph.values()}
     position = {op: i for i, op in enumerate(graph.ops)}
     axes = options.tp_overlap_axes if options is not None else ()
@@ -375,6 +411,7 @@ def simulate(
                 )
             continue
         t = _transfer(r.consumer, by_name[r.value], r.time, graph, position)
+        t = replace(t, link=reshard_link(r.collectives, plan.mesh, cluster))
         transfers[n] = _pipelined(t, r, graph, plan.mesh, axes) if axes else t
     if timeline is None:
         return simulate_graph(graph, times, list(transfers.values()), options)

@@ -18,6 +18,7 @@ from shardplan.costmodel.simulate import (
     shared_reshards,
     simulate,
     simulate_graph,
+    stored_view,
     weight_edges,
 )
 from shardplan.ir import Graph, Mesh, Origin, Role, Sharding, TensorType
@@ -291,3 +292,41 @@ def test_simulate_shared_transfer_releases_every_reader():
     result = simulate_graph(g, times, transfers)
     assert result.comm_time == pytest.approx(2.5)
     assert result.step_time == pytest.approx(len(g.ops) + 2.5)
+
+
+def test_simulate_collectives_on_different_links_run_concurrently():
+    """Issue 41: an FSDP gather over the NICs and a tensor-parallel collective on NVLink are two
+    NCCL communicators: they overlap. On one link (or with ``concurrent_links=False``) they
+    take turns. Two gradient reductions of ``c`` ending the step: c vs 2c exposed."""
+    g = deep_linear(layers=2)
+    times = [0.0 if op.kind == "sub" else 1.0 for op in g.ops]
+    c = 5.0
+    consumers = [g.ops.index(_op(g, f"w{k}_new")) for k in range(2)]
+    on = [Transfer(g.value(f"g_w{k}"), consumers[k], c, link=link)
+          for k, link in enumerate(("inter-node", "intra-node"))]  # fmt: skip
+    shared = [Transfer(t.value, t.consumer, c, link="inter-node") for t in on]
+    compute = sum(times)
+    timeline: list[tuple[str, int, float, float]] = []
+    concurrent = simulate_graph(g, times, on, timeline=timeline)
+    turns = simulate_graph(g, times, shared)
+    one_stream = simulate_graph(g, times, on, SimulationOptions(concurrent_links=False))
+    # g_w1 is produced before g_w0, which ends the backward: on two links the reductions
+    # overlap, so only g_w0's shows; on one link g_w0's waits for g_w1's to finish
+    producer = _op(g, "g_w1")
+    first = next(end for kind, i, _, end in timeline if kind == "compute" and g.ops[i] is producer)
+    assert first < compute
+    assert concurrent.step_time == pytest.approx(compute + c)
+    assert turns.step_time == pytest.approx(first + 2 * c)
+    assert one_stream.step_time == pytest.approx(turns.step_time)
+
+
+def test_simulate_prefetches_a_gather_of_a_parameter_view():
+    """A gather of a weight's transpose moves the stored parameter: it is prefetched like a
+    gather of the parameter itself (the transpose is a view of the gathered buffer)."""
+    g = deep_linear(layers=1)
+    w = g.value("w0")
+    h1 = _op(g, "h1")
+    view = g.add_op("transpose", [w], [w.type], attrs={"permutation": (1, 0)},
+                    origin=Origin(module="layers.0"), names=["w0_t"]).result  # fmt: skip
+    assert stored_view(view) and stored_view(w)
+    assert not stored_view(h1.result)
