@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from shardplan.costmodel import get_cluster
+from shardplan.costmodel.collective import Collective
+from shardplan.costmodel.comm_streams import link_rank, reshard_link
 from shardplan.costmodel.simulate import (
     GRADIENT_EXPOSURE,
     PREFETCH_EXPOSURE,
@@ -328,5 +330,19 @@ def test_simulate_prefetches_a_gather_of_a_parameter_view():
     h1 = _op(g, "h1")
     view = g.add_op("transpose", [w], [w.type], attrs={"permutation": (1, 0)},
                     origin=Origin(module="layers.0"), names=["w0_t"]).result  # fmt: skip
-    assert stored_view(view) and stored_view(w)
+    assert stored_view(view)
+    assert stored_view(w)
     assert not stored_view(h1.result)
+
+
+def test_reshard_link_is_the_outermost_level_crossed():
+    """8 GPUs a node: ``tp`` (minor, 8) stays on NVLink, ``dp`` crosses the NICs; a reshard
+    with both rides the NICs; a local slice rides nothing."""
+    mesh = Mesh({"dp": 4, "tp": 8}, cluster="h100-sxm")
+    h100 = get_cluster("h100-sxm")
+    tp, dp = Collective("all-gather", ("tp",), 1 << 20), Collective("all-gather", ("dp",), 1 << 20)
+    assert reshard_link([tp], mesh, h100) == "intra-node"
+    assert reshard_link([dp], mesh, h100) == "inter-node"
+    assert reshard_link([tp, dp], mesh, h100) == "inter-node"
+    assert reshard_link([], mesh, h100) == ""
+    assert link_rank("inter-island-2") > link_rank("inter-island") > link_rank("inter-node")
