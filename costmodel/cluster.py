@@ -110,6 +110,8 @@ class Cluster:
     """
     kernel_floor: float = 0.0
     """Seconds: the least any non-empty kernel takes (launch + tail)."""
+    engine: str = "eager"
+    """How kernels are launched (``costmodel.engine``): ``eager``, ``cuda_graph`` or ``fused``."""
     source: str = ""
     notes: tuple[str, ...] = field(default=())
     islands: tuple[IslandLevel, ...] = ()
@@ -146,6 +148,10 @@ class Cluster:
             raise ClusterConfigError(
                 f"cluster {self.name!r}: attention_efficiency={self.attention_efficiency} is "
                 "not in (0, 1] (or 0 for compute_efficiency)"
+            )
+        if self.engine not in ("eager", "cuda_graph", "fused"):
+            raise ClusterConfigError(
+                f"cluster {self.name!r}: engine={self.engine!r} is not eager, cuda_graph or fused"
             )
         if not 1 <= self.attention_backward_slowdown <= 4:
             raise ClusterConfigError(

@@ -41,6 +41,7 @@ from shardplan.ir.registry import VIEW_KINDS, op_bytes, op_flops, op_info
 from .cluster import Cluster, get_cluster
 from .comm_streams import reshard_link
 from .compute import compute_time
+from .engine import launches as engine_launches
 from .fusion import OpFusion, fusion, unfused_penalty
 from .per_graph import PerGraph
 
@@ -504,7 +505,7 @@ def _op_time(op: Op, operands, results, mesh, cluster: Cluster, fused: OpFusion 
     counts = [s.shard_count(mesh) for s in operands], [s.shard_count(mesh) for s in results]
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip)
-    launches = fused is None or fused.launches
+    launches = engine_launches(op.kind, fused is None or fused.launches, cluster)
     halo = halo_time(op, operands, mesh, cluster)  # a spatially split convolution
     return halo + compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster, launches=launches)
 
