@@ -28,7 +28,7 @@ def test_engine_sets_the_floor_and_the_elementwise_launches():
 
 
 def test_unknown_engine_names_the_choices():
-    with pytest.raises(ClusterConfigError, match="unknown engine 'graphs'.*cuda_graph"):
+    with pytest.raises(ClusterConfigError, match=r"unknown engine 'graphs'.*cuda_graph"):
         with_engine("h100-sxm", "graphs")
 
 
