@@ -3,10 +3,11 @@
 One device's step as MAD-Max models it (Hsia et al., ISCA'24; re-derived, no code taken): a
 compute stream runs the ops in graph order, communication streams run collectives in the
 order they become ready, and each task starts at ``max(its stream's clock, its dependencies)``.
-There is one communication stream per link a collective rides (``comm_streams.py``): the
-process groups' NCCL communicators run concurrently, so an FSDP all-gather over the NICs
-overlaps a tensor-parallel or expert all-to-all on NVLink, while collectives sharing a link
-take turns (``SimulationOptions.concurrent_links=False``: one stream for all, as before).
+There is one communication stream per process group (its NCCL communicator), and groups run
+concurrently on the links under them (``comm_streams.py``): an FSDP all-gather over the NICs
+overlaps a tensor-parallel or expert all-to-all on NVLink, and collectives of two groups on one
+link split its bandwidth (``SimulationOptions.concurrent_links=False``: one stream for all, as
+before).
 
 - an op waits for its operands: a produced value, or the collectives resharding it for this op;
 - a collective waits for its producer (an op result, or a pinned result's own reshard);
@@ -70,8 +71,10 @@ class SimulationOptions:
     ``max(c, g) + min(c, g) / n`` instead of ``c + g``, i.e. the exposed communication is
     ``max(0, c - g) + min(c, g) / n`` (see ``Transfer.pipelined``). Empty: no such overlap."""
     concurrent_links: bool = True
-    """One communication stream per link (``Transfer.link``): collectives on NVLink and on
-    the NICs run at the same time. False: every collective queues on one stream."""
+    """One communication stream per process group (``Transfer.group``), sharing the bandwidth
+    of the link under it (``Transfer.link``): collectives on NVLink and on the NICs run at the
+    same time, and two groups on one link split it. False: every collective queues on one
+    stream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -98,8 +101,12 @@ class Transfer:
     chunks: int = 1
     """Chunks of a pipelined transfer (one per rank of the collective's group)."""
     link: str = ""
-    """The link level its collectives ride (``comm_streams.reshard_link``): the stream it
-    queues on when ``SimulationOptions.concurrent_links`` is set."""
+    """The link level its collectives ride (``comm_streams.reshard_link``)."""
+    group: tuple[str, ...] = ()
+    """The mesh axes of its collectives (its process group's communicator): with
+    ``SimulationOptions.concurrent_links`` each group has its own stream, and a collective
+    that starts while ``k`` collectives of other groups are in flight on its link gets
+    ``1 / (k + 1)`` of the link's bandwidth."""
     also: tuple[int, ...] = ()
     """Later consumers that read the same resharded buffer (the same value, source and target
     layout): a compiler or Megatron gathers once and every reader reuses the result, so they
@@ -213,7 +220,8 @@ class _Streams:
         # (ready time, first consumer, job id): by readiness, then the one needed soonest
         self.queue: list[tuple[float, int, int]] = []
         self.compute_clock = 0.0
-        self.comm_clocks: dict[str, float] = {}  # link -> when its stream is free
+        self.comm_clocks: dict[tuple, float] = {}  # (link, group) -> when its stream is free
+        self.flight: dict[str, list[tuple[float, tuple[str, ...]]]] = {}  # link -> (end, group)
         self.concurrent = options.concurrent_links
         self.pin_job: dict[Value, int] = {}
         self.waiting: dict[Value, list[int]] = {}  # value -> edge jobs released when it is ready
@@ -263,15 +271,27 @@ class _Streams:
         else:
             self.release(value, time, began)
 
+    def sharing(self, t: Transfer, start: float) -> int:
+        """How many ways ``t``'s link is split when it starts: itself and the collectives of
+        other groups still in flight on it (fair sharing of the link's bandwidth)."""
+        if not self.concurrent or not t.link:
+            return 1
+        flight = [(end, g) for end, g in self.flight.get(t.link, []) if end > start]
+        self.flight[t.link] = flight
+        return 1 + sum(1 for _, g in flight if g != t.group)
+
     def drain_until(self, job: int | None) -> None:
         """Run queued collectives in readiness order until ``job`` has run (``None``: all)."""
         while self.queue and (job is None or job not in self.end):
             ready, _, popped = heapq.heappop(self.queue)
-            link = self.transfers[popped].link if self.concurrent else ""
-            start = max(self.comm_clocks.get(link, 0.0), ready)
-            end = max(start + self.transfers[popped].time, self.floor.get(popped, 0.0))
+            t = self.transfers[popped]
+            stream = (t.link, t.group) if self.concurrent else ("", ())
+            start = max(self.comm_clocks.get(stream, 0.0), ready)
+            end = max(start + t.time * self.sharing(t, start), self.floor.get(popped, 0.0))
             self.start[popped] = start
-            self.comm_clocks[link] = self.end[popped] = end
+            self.comm_clocks[stream] = self.end[popped] = end
+            if self.concurrent:
+                self.flight.setdefault(t.link, []).append((end, t.group))
             if self.transfers[popped].pin:
                 self.release(self.transfers[popped].value, end)
         if job is not None and job not in self.end:
@@ -412,7 +432,8 @@ def simulate(
                 )
             continue
         t = _transfer(r.consumer, by_name[r.value], r.time, graph, position)
-        t = replace(t, link=reshard_link(r.collectives, plan.mesh, cluster))
+        group = tuple(sorted({a for c in r.collectives for a in c.axes}))
+        t = replace(t, link=reshard_link(r.collectives, plan.mesh, cluster), group=group)
         transfers[n] = _pipelined(t, r, graph, plan.mesh, axes) if axes else t
     if timeline is None:
         return simulate_graph(graph, times, list(transfers.values()), options)

@@ -346,3 +346,21 @@ def test_reshard_link_is_the_outermost_level_crossed():
     assert reshard_link([tp, dp], mesh, h100) == "inter-node"
     assert reshard_link([], mesh, h100) == ""
     assert link_rank("inter-island-2") > link_rank("inter-island") > link_rank("inter-node")
+
+
+def test_simulate_two_groups_on_one_link_split_its_bandwidth():
+    """Two communicators on the NICs: the second collective, starting while the first is in
+    flight, gets half the link (2c); the same group queues behind it instead (first + 2c)."""
+    g = deep_linear(layers=2)
+    times = [0.0 if op.kind == "sub" else 1.0 for op in g.ops]
+    c = 5.0
+    consumers = [g.ops.index(_op(g, f"w{k}_new")) for k in range(2)]
+    groups = [("dp",), ("ep",)]
+    split = [Transfer(g.value(f"g_w{k}"), consumers[k], c, link="inter-node", group=groups[k])
+             for k in range(2)]  # fmt: skip
+    timeline: list[tuple[str, int, float, float]] = []
+    result = simulate_graph(g, times, split, timeline=timeline)
+    ends = {i: (a, b) for kind, i, a, b in timeline if kind == "comm"}
+    assert ends[1][1] - ends[1][0] == pytest.approx(c)  # g_w1 starts alone
+    assert ends[0][1] - ends[0][0] == pytest.approx(2 * c)  # g_w0 shares the link with it
+    assert result.step_time == pytest.approx(sum(times) + 2 * c)
