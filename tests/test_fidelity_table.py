@@ -8,11 +8,11 @@ from pathlib import Path
 
 import pytest
 
-ROOT = Path(__file__).resolve().parents[1]
-sys.path.insert(0, str(ROOT / "bench"))
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
 
 import fidelity_table
 
+ROOT = Path(__file__).resolve().parents[1]
 RECORDS = sorted((ROOT / "bench" / "records").glob("*.json"))
 
 
