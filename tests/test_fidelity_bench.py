@@ -70,9 +70,11 @@ def test_captured_fidelity_within_bounds():
 # All 19 rows take ~15 min on two cores; CI runs one row per kind of configuration: tensor
 # parallel only, an interleaved pipeline over 8 stages (V=3), and PP 2 x DP 48 x TP 8 with
 # TP overlap.
-PRODUCT_ROWS = {"22B selective": 0.12, "175B selective": 0.05, "70B": 0.18}
+PRODUCT_ROWS = {"22B selective": 0.12, "175B selective": 0.05, "70B": 0.23}
 """Row -> |error| bound: each row's measured error (+11.5%, +3.8%, +16.6%; README table)
-rounded up, so a regression in the product's pipeline or DP pricing fails here."""
+rounded up, so a regression in the product's pipeline or DP pricing fails here. Issue 41: the
+H100 row (70B) measured +22.6% after the H100 GEMM curve became the fit of the measured sweep
+(the product's one GEMM efficiency is its asymptote, 0.67; see the captured check)."""
 
 
 @pytest.mark.slow
