@@ -29,6 +29,7 @@ from pathlib import Path
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
 from fidelity_capture import _calibrated_cluster
+from shardplan.records import WallClock, add_record_argument, save_record
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,7 +151,8 @@ def predict(row: MoERow) -> dict:
         peak = ev_a.peak_memory_bytes + scale * (ev_b.peak_memory_bytes - ev_a.peak_memory_bytes)
     step = micro * row.accumulation
     return {
-        "label": row.label, "published_s": row.published_step, "predicted_s": step,
+        "source": row.source, "label": row.label, "published_s": row.published_step,
+        "predicted_s": step,
         "error": step / row.published_step - 1, "micro_step_s": micro,
         "compute_s": compute * row.accumulation, "peak_gib": peak / 2**30,
         "wall_s": time.perf_counter() - start, "strategy": strategy.name, "row": asdict(row),
@@ -160,7 +162,9 @@ def predict(row: MoERow) -> dict:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--json", default=None)
+    add_record_argument(parser)
     args = parser.parse_args()
+    clock = WallClock()
     results = []
     for row in ROWS:
         r = predict(row)
@@ -171,6 +175,7 @@ def main() -> None:
               f"{r['wall_s']:.0f} s)", flush=True)  # fmt: skip
     if args.json:
         Path(args.json).write_text(json.dumps(results, indent=1))
+    save_record(args, "fidelity_moe", results=results, wall_times=clock.total())
 
 
 if __name__ == "__main__":

@@ -105,6 +105,10 @@ class Config:
     every sequence; attention all-gathers K/V over cp (forward, and again in backward) and
     reduce-scatters dK/dV, exposed (the paper: "the all-gather communication latency is
     exposed in the critical path"); the causal work is balanced (head-tail chunks)."""
+    p2p_overlap: bool = True
+    """Pipeline sends and receives run beside compute (Megatron-Core's
+    ``--overlap-p2p-communication``). False for 2022 Megatron-LM, whose schedules waited for
+    each batched send/receive (``schedule_pipeline(..., blocking_p2p=True)``)."""
 
     @property
     def microbatches(self) -> int:
@@ -169,8 +173,9 @@ def layer_times(m: Model, c: Config, cluster: str, cal: Calibration) -> tuple[fl
     gemm_f = sum(cal.matmul_time(f, 0, "bf16", cl) for f in weights)
     heads_per_gpu = c.micro_batch * m.heads // c.tp
     if c.flash_attention:  # causal blocks skipped; backward 2.5x forward FLOPs (FlashAttention-2)
+        # at the backward kernel's own rate (Calibration.attention_backward_slowdown)
         core_f = cal.attention_time(core / 2, cl)
-        core_b = 2.5 * core_f
+        core_b = cal.attention_backward_time(core_f)
     else:  # batched GEMMs of one head each
         core_f = heads_per_gpu * cal.matmul_time(core / heads_per_gpu, 0, "bf16", cl)
         core_b = 2 * core_f
@@ -181,8 +186,10 @@ def layer_times(m: Model, c: Config, cluster: str, cal: Calibration) -> tuple[fl
     cp_f, cp_b = _cp_comm(m, c, cluster)
     exposed_f = max(0.0, tp_f - gemm_f) if c.tp_overlap else tp_f
     exposed_b = max(0.0, tp_b - 2 * gemm_f) if c.tp_overlap else tp_b
-    forward = gemm_f + core_f + mem_f + exposed_f + cp_f
-    backward = 2 * gemm_f + core_b + 2 * mem_f + exposed_b + cp_b
+    # what is hidden still takes the collective's SMs from the GEMMs it runs under
+    taxed = cal.overlap_penalty(tp_f - exposed_f), cal.overlap_penalty(tp_b - exposed_b)
+    forward = gemm_f + core_f + mem_f + exposed_f + cp_f + taxed[0]
+    backward = 2 * gemm_f + core_b + 2 * mem_f + exposed_b + cp_b + taxed[1]
     if c.recompute == "full":
         backward += forward
     elif c.recompute == "selective" and not c.flash_attention:
@@ -259,8 +266,9 @@ def estimate(
     p2p = collective_time("collective-permute", c.local_tokens * m.hidden * BYTES / sp,
                           "pp", mesh) if c.pp > 1 else 0.0  # fmt: skip
     schedule = "interleaved" if c.chunks > 1 else "1f1b"
-    pipe = schedule_pipeline(forward, backward, c.microbatches, schedule, c.chunks, p2p)
-    dp = _dp_exposed(m, c, cluster, backward[0], forward[0])
+    pipe = schedule_pipeline(forward, backward, c.microbatches, schedule, c.chunks, p2p,
+                             blocking_p2p=not c.p2p_overlap)  # fmt: skip
+    dp = _dp_exposed(m, c, cluster, backward[0], forward[0], cal)
     opt = optimizer_time(m, c, cluster, cal)
     return Estimate(pipe.step_time + dp + opt, pipe, fwd, bwd, tp_comm, dp, opt)
 
@@ -284,14 +292,16 @@ def optimizer_time(m: Model, c: Config, cluster: str, cal: Calibration) -> float
 
 
 def _dp_exposed(
-    m: Model, c: Config, cluster: str, last_backward: float, first_forward: float
-) -> float:
+    m: Model, c: Config, cluster: str, last_backward: float, first_forward: float,
+    cal: Calibration | None = None,
+) -> float:  # fmt: skip
     """Sharded data parallelism (Megatron distributed optimizer; Llama 3's FSDP without
     resharding): a reduce-scatter of the gradients (``grad_bytes`` each, fp32 in both) and an
     all-gather of the updated bf16
     parameters once per step. With overlap the reduce-scatter runs under the last micro-batch's
     backward and the all-gather under the next step's first forward (``--overlap-grad-reduce``,
-    ``--overlap-param-gather``); only what sticks out is exposed."""
+    ``--overlap-param-gather``); only what sticks out is exposed, and the hidden part slows the
+    compute under it by the collective's share of the SMs (``Calibration.overlap_penalty``)."""
     if c.dp * c.cp == 1:
         return 0.0
     params = _local_params(m, c)
@@ -301,4 +311,7 @@ def _dp_exposed(
     ag = collective_time("all-gather", BYTES * params, group, mesh)
     if not c.dp_overlap:
         return rs + ag
-    return max(0.0, rs - last_backward) + max(0.0, ag - first_forward)
+    cal = cal or default_calibration(cluster)
+    hidden = min(rs, last_backward) + min(ag, first_forward)
+    exposed = max(0.0, rs - last_backward) + max(0.0, ag - first_forward)
+    return exposed + cal.overlap_penalty(hidden)

@@ -45,12 +45,20 @@ class Calibration:
     """``F_half``: GEMM FLOPs at which the efficiency is half of ``e_max``."""
     attention_efficiency: float = 0.50
     """Fraction of dense peak a fused (flash) attention kernel reaches on its causal FLOPs."""
+    attention_backward_slowdown: float = 1.0
+    """Fused attention backward seconds over 2.5x the forward's (the FLOP ratio of its five
+    matmuls to two): the backward kernel's efficiency is ``attention_efficiency`` divided by
+    this."""
     memory_efficiency: float = 0.80
     conv_efficiency: float = 0.0
     """Fraction of dense peak a full-tile implicit-GEMM convolution reaches; 0: the GEMM's
     ``matmul_efficiency`` (``costmodel/conv.py`` adds the tile quantisation)."""
     intra_busbw_efficiency: float = 1.0
     inter_busbw_efficiency: float = 1.0
+    comm_sm_share: float = 0.0
+    """Fraction of the SMs a collective occupies while it runs beside compute: NCCL runs one
+    CTA per channel, so compute overlapped with it runs at ``1 - comm_sm_share`` of its
+    rate."""
     kernel_floor: float = 7e-6
     source: str = ""
 
@@ -63,6 +71,12 @@ class Calibration:
         for name in ("intra_busbw_efficiency", "inter_busbw_efficiency"):
             if not 0 < getattr(self, name) <= 2:
                 raise ClusterConfigError(f"calibration {self.name!r}: {name} not in (0, 2]")
+        if not 1 <= self.attention_backward_slowdown <= 4:
+            raise ClusterConfigError(
+                f"calibration {self.name!r}: attention_backward_slowdown not in [1, 4]"
+            )
+        if not 0 <= self.comm_sm_share < 1:
+            raise ClusterConfigError(f"calibration {self.name!r}: comm_sm_share not in [0, 1)")
         if self.matmul_half_flops < 0 or self.kernel_floor < 0:
             raise ClusterConfigError(f"calibration {self.name!r}: negative half-flops or floor")
 
@@ -77,6 +91,16 @@ class Calibration:
         if flops <= 0:
             return 0.0
         return max(flops / (cluster.peak(dtype) * self.attention_efficiency), self.kernel_floor)
+
+    def attention_backward_time(self, forward_seconds: float) -> float:
+        """Backward seconds of a fused attention kernel whose forward takes ``forward_seconds``:
+        2.5x the FLOPs (FlashAttention-2's five matmuls to two), at the backward's rate."""
+        return 2.5 * forward_seconds * self.attention_backward_slowdown
+
+    def overlap_penalty(self, hidden_seconds: float) -> float:
+        """Seconds compute loses to a collective hidden under it for ``hidden_seconds``: the
+        collective's SMs do no compute meanwhile (``comm_sm_share``)."""
+        return hidden_seconds * self.comm_sm_share / (1 - self.comm_sm_share)
 
     def matmul_time(self, flops: float, nbytes: float, dtype: str, cluster: Cluster) -> float:
         """Roofline time of a GEMM with the size-dependent efficiency and the kernel floor."""
@@ -109,6 +133,7 @@ def apply(calibration: Calibration, cluster: Cluster | str) -> Cluster:
         compute_efficiency=calibration.matmul_efficiency,
         memory_efficiency=calibration.memory_efficiency,
         attention_efficiency=calibration.attention_efficiency,
+        attention_backward_slowdown=calibration.attention_backward_slowdown,
         conv_efficiency=calibration.conv_efficiency,
         kernel_floor=calibration.kernel_floor,
         intra_node=LinkLevel(
@@ -133,19 +158,31 @@ DEFAULTS: dict[str, Calibration] = {
         # FlashAttention-2 (Dao 2023, abstract): 50-73% of the theoretical maximum on A100.
         attention_efficiency=0.60,
         memory_efficiency=0.80,  # ref §3 priors 0.70-0.84 (autoparallel .. MAD-Max)
+        # NCCL's default 12 channels on Ampere (ref §3, NCCL tuning) of the A100's 108 SMs
+        comm_sm_share=12 / 108,
         source="ref §3/§5 priors (Calculon A100 size table; MAD-Max 0.836 memory; 7 us floor)",
     ),
     "h100-sxm": Calibration(
         "h100-sxm",
-        # Hopper reaches a smaller fraction of its 989 TF peak in bf16 GEMMs (~0.70-0.75 at
-        # Megatron sizes; autoparallel's 0.70 and MAD-Max's 0.705 priors, ref §3).
-        matmul_efficiency=0.72,
-        matmul_half_flops=4e9,
+        # The GEMM curve measured on one H100 SXM (bench/microbench_gpu.py --full, 27 bf16
+        # cuBLAS shapes, data/calibration/h100-sxm-measured.json): Megatron layer shapes
+        # (m = 4-8K tokens, n or k = 1-4K) run at 0.59-0.65 of peak, square 4-16K ones at
+        # 0.71-0.76. The earlier prior (0.72 / 4 GFLOP, autoparallel's 0.70 and MAD-Max's
+        # 0.705, ref §3) held only for the large square GEMMs and priced layer GEMMs ~7% fast.
+        matmul_efficiency=0.67,
+        matmul_half_flops=1.8e9,
         # FlashAttention-3 (Shah et al. 2024, abstract): FlashAttention-2 reaches only 35% of
         # H100 peak; FA3 75% (fp16 fwd). 2024 Megatron-Core runs predate FA3 in TE: FA2 level.
         attention_efficiency=0.35,
+        # The same measurement's causal forward+backward runs at >= 4K tokens: the backward
+        # takes 1.18-1.38x (median 1.25) of 2.5x the forward's time (_fit_attention).
+        attention_backward_slowdown=1.25,
         memory_efficiency=0.80,
-        source="ref §3 priors (autoparallel 0.70, MAD-Max 0.705 compute; 0.70-0.84 memory)",
+        # NCCL's default 16 channels on Hopper (ref §3, NCCL tuning) of the H100 SXM's 132 SMs
+        comm_sm_share=16 / 132,
+        source="GEMM curve and attention backward measured on one H100 SXM "
+        "(data/calibration/h100-sxm-measured-raw.json); FA2 attention level (FA3 abstract); "
+        "memory ref §3 priors 0.70-0.84",
     ),
 }
 
@@ -243,7 +280,23 @@ def _fit_attention(rows, cluster: Cluster, train_rows=()) -> dict[str, float]:
         for r in rows
         if float(r["seconds"]) > 0
     ]
-    return {"attention_efficiency": min(1.0, statistics.median(effs))} if effs else {}
+    out = {"attention_efficiency": min(1.0, statistics.median(effs))} if effs else {}
+    long_causal = [r for r in train_rows if r.get("causal") and int(r["seq"]) >= 4096]
+    slowdowns = [x for x in map(backward_slowdown, long_causal) if x > 0]
+    if slowdowns:
+        out["attention_backward_slowdown"] = min(4.0, max(1.0, statistics.median(slowdowns)))
+    return out
+
+
+def backward_slowdown(row: Mapping[str, object]) -> float:
+    """A forward+backward attention run's backward time per FLOP over its forward's (0 where
+    the row cannot say): the backward's ``attention_backward_slowdown``."""
+    fwd_s, fwd_f = float(row["fwd_seconds"]), float(row["fwd_flops"])
+    bwd_s = float(row["fwd_bwd_seconds"]) - fwd_s
+    bwd_f = float(row["fwd_bwd_flops"]) - fwd_f
+    if min(fwd_s, fwd_f, bwd_s, bwd_f) <= 0:
+        return 0.0
+    return (bwd_s / bwd_f) / (fwd_s / fwd_f)
 
 
 def _fit_conv(rows, cluster: Cluster) -> dict[str, float]:
@@ -297,6 +350,7 @@ __all__ = [
     "DEFAULTS",
     "Calibration",
     "apply",
+    "backward_slowdown",
     "default_calibration",
     "fit",
     "gpu_seconds",

@@ -101,12 +101,17 @@ class Cluster:
     """Fraction of dense peak a fused (flash) attention kernel reaches on its causal FLOPs;
     0 means ``compute_efficiency`` (a kernel at GEMM efficiency, FlashAttention-3's level on
     Hopper). Calibrations of older runs set their kernel's (``costmodel.calibration``)."""
+    attention_backward_slowdown: float = 1.0
+    """Fused attention backward time over 2.5x its forward time (its FLOP ratio): > 1 where
+    the backward kernel runs below the forward's efficiency (``costmodel.calibration``)."""
     conv_efficiency: float = 0.0
     """Fraction of dense peak a full-tile implicit-GEMM convolution reaches (cuDNN); 0 means
     ``compute_efficiency`` (a GEMM's). Tile quantisation comes on top (``costmodel/conv.py``).
     """
     kernel_floor: float = 0.0
     """Seconds: the least any non-empty kernel takes (launch + tail)."""
+    engine: str = "eager"
+    """How kernels are launched (``costmodel.engine``): ``eager``, ``cuda_graph`` or ``fused``."""
     source: str = ""
     notes: tuple[str, ...] = field(default=())
     islands: tuple[IslandLevel, ...] = ()
@@ -143,6 +148,15 @@ class Cluster:
             raise ClusterConfigError(
                 f"cluster {self.name!r}: attention_efficiency={self.attention_efficiency} is "
                 "not in (0, 1] (or 0 for compute_efficiency)"
+            )
+        if self.engine not in ("eager", "cuda_graph", "fused"):
+            raise ClusterConfigError(
+                f"cluster {self.name!r}: engine={self.engine!r} is not eager, cuda_graph or fused"
+            )
+        if not 1 <= self.attention_backward_slowdown <= 4:
+            raise ClusterConfigError(
+                f"cluster {self.name!r}: attention_backward_slowdown="
+                f"{self.attention_backward_slowdown} is not in [1, 4]"
             )
         if not self.peak_flops:
             raise ClusterConfigError(f"cluster {self.name!r}: peak_flops needs one dtype at least")

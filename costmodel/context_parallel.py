@@ -41,12 +41,15 @@ def attention_work_factor(
     op: Op, operands: Sequence[Sharding], mesh: Mesh, cluster: Cluster | str
 ) -> float:
     """Multiplier on the op's even per-device FLOPs, for a roofline at GEMM efficiency: the
-    fused kernel's own efficiency (``Cluster.attention_efficiency``) and the causal imbalance
-    of its query split."""
+    fused kernel's own efficiency (``Cluster.attention_efficiency``, and
+    ``attention_backward_slowdown`` for the backward) and the causal imbalance of its query
+    split."""
     if op.kind not in ATTENTION_KINDS:
         return 1.0
     cluster = get_cluster(cluster)
     kernel = cluster.compute_efficiency / cluster.fused_attention_efficiency
+    if op.kind == "attention_backward":  # the backward kernel runs below the forward's rate
+        kernel *= cluster.attention_backward_slowdown
     if not op.attrs.get("causal"):
         return kernel
     balanced = bool(op.attrs.get("load_balance", True))

@@ -12,8 +12,12 @@ Pure functions on numbers. Two levels:
 
 Stage-to-stage transfers: every hand-off of a micro-batch between devices costs
 ``p2p_time`` (``activation_bytes / link bandwidth + latency``, see ``p2p_time``) and delays the
-dependent task; the sending device is not blocked (sends are asynchronous, as Megatron's
-``overlap_p2p_comm``).
+dependent task; by default the sending device is not blocked (sends are asynchronous, as
+Megatron-Core's ``--overlap-p2p-communication``). ``blocking_p2p=True`` models the 2022
+Megatron-LM schedules instead: each hand-off is a batched send/receive that the device waits
+for (``req.wait()`` and a ``torch.cuda.synchronize()`` after ``batch_isend_irecv``), so the
+transfer also holds the sender for ``p2p`` after every task whose output crosses to another
+device.
 """
 
 from __future__ import annotations
@@ -95,6 +99,7 @@ def schedule_pipeline(
     schedule: str = "1f1b",
     chunks: int = 1,
     p2p: float = 0.0,
+    blocking_p2p: bool = False,
 ) -> PipelineResult:
     """Simulate one step of a pipeline schedule.
 
@@ -106,6 +111,7 @@ def schedule_pipeline(
       schedule: ``"gpipe"``, ``"1f1b"`` or ``"interleaved"``.
       chunks: model chunks per device (``v``), used by ``"interleaved"`` only.
       p2p: seconds per stage-to-stage hand-off (``p2p_time``).
+      blocking_p2p: the sender waits for each of its hand-offs (module docstring).
     Returns:
       the step time, per-device busy time, bubble and in-flight micro-batches per stage.
     """
@@ -117,7 +123,7 @@ def schedule_pipeline(
     orders = [_order(schedule, s, p, microbatches, v) for s in range(p)]
     fwd = [f / v for f in forward]
     bwd = [b / v for b in backward]
-    done, peaks = _run(orders, fwd, bwd, p, v, p2p)
+    done, peaks = _run(orders, fwd, bwd, p, v, p2p, blocking_p2p)
     step = max(done.values()) if done else 0.0
     busy = tuple(microbatches * (f + b) for f, b in zip(forward, backward, strict=True))
     return PipelineResult(
@@ -196,7 +202,20 @@ def _deps(task: _Task, stage: int, p: int, v: int) -> list[tuple[int, _Task]]:
     return deps
 
 
-def _run(orders, fwd, bwd, p: int, v: int, p2p: float) -> tuple[dict, list[float]]:
+def _sends(task: _Task, s: int, p: int, v: int) -> bool:
+    """Whether ``task`` on device ``s`` hands its output to another device (the last chunk's
+    forward on the last device feeds its own backward; the first chunk's backward on device 0
+    ends the micro-batch)."""
+    if p == 1:
+        return False
+    if task.forward:
+        return not (s == p - 1 and task.chunk == v - 1)
+    return not (s == 0 and task.chunk == 0)
+
+
+def _run(
+    orders, fwd, bwd, p: int, v: int, p2p: float, blocking: bool = False
+) -> tuple[dict, list[float]]:
     """Execute each device's order as soon as dependencies allow; return end times and peaks."""
     done: dict[tuple[int, _Task], float] = {}
     clock = [0.0] * p
@@ -216,6 +235,8 @@ def _run(orders, fwd, bwd, p: int, v: int, p2p: float) -> tuple[dict, list[float
                 start = max(clock[s], ready)
                 clock[s] = start + (fwd[s] if task.forward else bwd[s])
                 done[(s, task)] = clock[s]
+                if blocking and _sends(task, s, p, v):
+                    clock[s] += p2p  # the device waits for its own send (2022 Megatron-LM)
                 live[s] += (1.0 if task.forward else -1.0) / v
                 peaks[s] = max(peaks[s], live[s])
                 nxt[s] += 1

@@ -1,13 +1,19 @@
-"""Step-time simulation: compute and communication on two streams, with dependencies.
+"""Step-time simulation: compute and communication streams, with dependencies.
 
 One device's step as MAD-Max models it (Hsia et al., ISCA'24; re-derived, no code taken): a
-compute stream runs the ops in graph order, a communication stream runs collectives in the
+compute stream runs the ops in graph order, communication streams run collectives in the
 order they become ready, and each task starts at ``max(its stream's clock, its dependencies)``.
+There is one communication stream per process group (its NCCL communicator), and groups run
+concurrently on the links under them (``comm_streams.py``): an FSDP all-gather over the NICs
+overlaps a tensor-parallel or expert all-to-all on NVLink, and collectives of two groups on one
+link split its bandwidth (``SimulationOptions.concurrent_links=False``: one stream for all, as
+before).
 
 - an op waits for its operands: a produced value, or the collectives resharding it for this op;
 - a collective waits for its producer (an op result, or a pinned result's own reshard);
-- a collective on a graph input (a parameter all-gather) may be issued early, but no more than
-  ``prefetch_window`` layers ahead of its consumer (FSDP's one-layer prefetch);
+- a collective on a graph input (a parameter all-gather), or on a view of one (a weight's
+  ``transpose``), may be issued early, but no more than ``prefetch_window`` layers ahead of its
+  consumer (FSDP's one-layer prefetch);
 - nothing else orders the comm stream, so gradient reductions run under the rest of backward
   while tensor-parallel collectives, needed at once, stay on the critical path;
 - unless tensor-parallel communication overlap is on (``SimulationOptions.tp_overlap_axes``,
@@ -31,10 +37,12 @@ from typing import TYPE_CHECKING
 from shardplan.costmodel.context_parallel import attention_work_factor
 from shardplan.costmodel.conv import conv_work_factor, halo_time
 from shardplan.ir.graph import Graph, Op, Role, Value
-from shardplan.ir.registry import op_bytes, op_flops, op_info
+from shardplan.ir.registry import VIEW_KINDS, op_bytes, op_flops, op_info
 
 from .cluster import Cluster, get_cluster
+from .comm_streams import reshard_link
 from .compute import compute_time
+from .engine import launches as engine_launches
 from .fusion import OpFusion, fusion, unfused_penalty
 from .per_graph import PerGraph
 
@@ -62,6 +70,11 @@ class SimulationOptions:
     chunk moves. Two-stage pipeline of ``n`` chunks: the pair takes
     ``max(c, g) + min(c, g) / n`` instead of ``c + g``, i.e. the exposed communication is
     ``max(0, c - g) + min(c, g) / n`` (see ``Transfer.pipelined``). Empty: no such overlap."""
+    concurrent_links: bool = True
+    """One communication stream per process group (``Transfer.group``), sharing the bandwidth
+    of the link under it (``Transfer.link``): collectives on NVLink and on the NICs run at the
+    same time, and two groups on one link split it. False: every collective queues on one
+    stream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -87,6 +100,13 @@ class Transfer:
     done and ends no earlier than one comm chunk after the GEMM); ``""``: not pipelined."""
     chunks: int = 1
     """Chunks of a pipelined transfer (one per rank of the collective's group)."""
+    link: str = ""
+    """The link level its collectives ride (``comm_streams.reshard_link``)."""
+    group: tuple[str, ...] = ()
+    """The mesh axes of its collectives (its process group's communicator): with
+    ``SimulationOptions.concurrent_links`` each group has its own stream, and a collective
+    that starts while ``k`` collectives of other groups are in flight on its link gets
+    ``1 / (k + 1)`` of the link's bandwidth."""
     also: tuple[int, ...] = ()
     """Later consumers that read the same resharded buffer (the same value, source and target
     layout): a compiler or Megatron gathers once and every reader reuses the result, so they
@@ -197,8 +217,12 @@ class _Streams:
         self.start: dict[int, float] = {}  # job id -> start time, once scheduled
         self.floor: dict[int, float] = {}  # producer-pipelined job -> earliest end
         self.ready: dict[Value, float] = dict.fromkeys(graph.inputs, 0.0)
-        self.queue: list[tuple[float, int]] = []  # (ready time, job id): FIFO by readiness
-        self.compute_clock = self.comm_clock = 0.0
+        # (ready time, first consumer, job id): by readiness, then the one needed soonest
+        self.queue: list[tuple[float, int, int]] = []
+        self.compute_clock = 0.0
+        self.comm_clocks: dict[tuple, float] = {}  # (link, group) -> when its stream is free
+        self.flight: dict[str, list[tuple[float, tuple[str, ...]]]] = {}  # link -> (end, group)
+        self.concurrent = options.concurrent_links
         self.pin_job: dict[Value, int] = {}
         self.waiting: dict[Value, list[int]] = {}  # value -> edge jobs released when it is ready
         self.needs: dict[int, dict[Value, list[int]]] = {}  # op -> operand -> its edge jobs
@@ -213,7 +237,7 @@ class _Streams:
                     raise ValueError(f"a pin reshard needs an op result, got %{t.value.name}")
                 self.pin_job[t.value] = job
                 self.waiting.setdefault(t.value, [])
-            elif t.consumer is not None and (t.value.producer is None or t.carried is not None):
+            elif t.consumer is not None and (stored_view(t.value) or t.carried is not None):
                 self.gated.setdefault(gates[t.consumer], []).append(job)
             else:
                 self.waiting.setdefault(t.value, []).append(job)
@@ -230,26 +254,46 @@ class _Streams:
             t = self.transfers[job]
             if t.pipelined == "producer" and began is not None and t.chunks > 1:
                 self.floor[job] = time + t.time / t.chunks
-                heapq.heappush(self.queue, (began + (time - began) / t.chunks, job))
+                self.push(began + (time - began) / t.chunks, job)
             else:
-                heapq.heappush(self.queue, (time, job))
+                self.push(time, job)
+
+    def push(self, ready: float, job: int) -> None:
+        """Queue ``job`` from ``ready`` on: collectives released together (a layer's prefetched
+        gathers) run in the order their consumers need them."""
+        t = self.transfers[job]
+        need = min((t.consumer, *t.also)) if t.consumer is not None else len(self.needs) + job
+        heapq.heappush(self.queue, (ready, need, job))
 
     def produced(self, value: Value, time: float, began: float | None = None) -> None:
         if value in self.pin_job:
-            heapq.heappush(self.queue, (time, self.pin_job[value]))
+            self.push(time, self.pin_job[value])
         else:
             self.release(value, time, began)
+
+    def sharing(self, t: Transfer, start: float) -> int:
+        """How many ways ``t``'s link is split when it starts: itself and the collectives of
+        other groups still in flight on it (fair sharing of the link's bandwidth)."""
+        if not self.concurrent or not t.link:
+            return 1
+        flight = [(end, g) for end, g in self.flight.get(t.link, []) if end > start]
+        self.flight[t.link] = flight
+        return 1 + sum(1 for _, g in flight if g != t.group)
 
     def drain_until(self, job: int | None) -> None:
         """Run queued collectives in readiness order until ``job`` has run (``None``: all)."""
         while self.queue and (job is None or job not in self.end):
-            ready, popped = heapq.heappop(self.queue)
-            start = max(self.comm_clock, ready)
-            end = max(start + self.transfers[popped].time, self.floor.get(popped, 0.0))
+            ready, _, popped = heapq.heappop(self.queue)
+            t = self.transfers[popped]
+            stream = (t.link, t.group) if self.concurrent else ("", ())
+            start = max(self.comm_clocks.get(stream, 0.0), ready)
+            end = max(start + t.time * self.sharing(t, start), self.floor.get(popped, 0.0))
             self.start[popped] = start
-            self.comm_clock = self.end[popped] = end
+            self.comm_clocks[stream] = self.end[popped] = end
+            if self.concurrent:
+                self.flight.setdefault(t.link, []).append((end, t.group))
             if self.transfers[popped].pin:
-                self.release(self.transfers[popped].value, self.comm_clock)
+                self.release(self.transfers[popped].value, end)
         if job is not None and job not in self.end:
             raise RuntimeError(f"collective {job} can never run: its producer never finished")
 
@@ -273,6 +317,18 @@ class _Streams:
         if value not in self.ready and value in self.pin_job:
             self.drain_until(self.pin_job[value])
         return self.ready[value], 0.0
+
+
+def stored_view(value: Value) -> bool:
+    """``value`` is a graph input, or a view of one (``transpose`` of a weight, a ``reshape``):
+    its bytes exist from the step's start, so a collective on it may be prefetched (FSDP
+    gathers the stored parameter; the view is taken of the gathered buffer)."""
+    op = value.producer
+    while op is not None:
+        if op.kind not in VIEW_KINDS or len(op.operands) != 1:
+            return False
+        op = op.operands[0].producer
+    return True
 
 
 def _gates(graph: Graph, window: int | None) -> list[int]:
@@ -312,7 +368,7 @@ def simulate_graph(
     exposed: dict[str, float] = {}
     for i, op in enumerate(graph.ops):
         for job in streams.gated.pop(i, []):
-            heapq.heappush(streams.queue, (streams.compute_clock, job))
+            streams.push(streams.compute_clock, job)
         waits = [streams.operand_ready(i, v, op_times[i]) for v in op.operands]
         start = max([streams.compute_clock] + [w[0] for w in waits])
         end = max([start + op_times[i]] + [w[1] for w in waits])
@@ -328,7 +384,7 @@ def simulate_graph(
     streams.drain_until(None)
     if timeline is not None:
         timeline += [("comm", j, streams.start[j], streams.end[j]) for j in sorted(streams.end)]
-    step = max(streams.compute_clock, streams.comm_clock)
+    step = max([streams.compute_clock, *streams.comm_clocks.values()])
     if step > streams.compute_clock:
         exposed["tail"] = step - streams.compute_clock
     compute = float(sum(op_times))
@@ -360,6 +416,7 @@ def simulate(
     as for ``simulate_graph``, with a ``"comm"`` entry's index that of ``plan.reshards``."""
     graph = plan.graph
     times = plan_op_times(plan)
+    cluster = get_cluster(plan.mesh.cluster)
     by_name = {v.name: v for v in graph.values()}
     position = {op: i for i, op in enumerate(graph.ops)}
     axes = options.tp_overlap_axes if options is not None else ()
@@ -375,6 +432,8 @@ def simulate(
                 )
             continue
         t = _transfer(r.consumer, by_name[r.value], r.time, graph, position)
+        group = tuple(sorted({a for c in r.collectives for a in c.axes}))
+        t = replace(t, link=reshard_link(r.collectives, plan.mesh, cluster), group=group)
         transfers[n] = _pipelined(t, r, graph, plan.mesh, axes) if axes else t
     if timeline is None:
         return simulate_graph(graph, times, list(transfers.values()), options)
@@ -467,7 +526,7 @@ def _op_time(op: Op, operands, results, mesh, cluster: Cluster, fused: OpFusion 
     counts = [s.shard_count(mesh) for s in operands], [s.shard_count(mesh) for s in results]
     on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
     nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip, attrs=op.attrs, split=split)
-    launches = fused is None or fused.launches
+    launches = engine_launches(op.kind, fused is None or fused.launches, cluster)
     halo = halo_time(op, operands, mesh, cluster)  # a spatially split convolution
     return halo + compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster, launches=launches)
 

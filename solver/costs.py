@@ -10,9 +10,10 @@ from functools import partial
 import numpy as np
 
 from ..costmodel import compute_time
-from ..costmodel.cluster import Cluster
+from ..costmodel.cluster import Cluster, get_cluster
 from ..costmodel.context_parallel import attention_work_factor
 from ..costmodel.conv import conv_work_factor, halo_time
+from ..costmodel.engine import launches as engine_launches
 from ..costmodel.fusion import Fusion, OpFusion, fusion, unfused_penalty
 from ..costmodel.reshard import ReshardPricer
 from ..ir import (
@@ -299,9 +300,8 @@ def op_cost(
     )
     dtype = (outs or ins)[0].dtype
     halo = halo_time(op, strategy.operands, mesh, cluster)  # a spatially split convolution
-    return halo + compute_time(
-        flops, nbytes, dtype, cluster, launches=fused is None or fused.launches
-    )
+    launches = engine_launches(op.kind, fused is None or fused.launches, get_cluster(cluster))
+    return halo + compute_time(flops, nbytes, dtype, cluster, launches=launches)
 
 
 def _local_bytes(type_: TensorType, sharding: Sharding, mesh: Mesh) -> int:

@@ -103,3 +103,31 @@ def test_calibration_cli_fits_a_file(tmp_path, capsys):
     assert main(["calibrate", str(path), "--out", str(out)]) == 0
     assert load_calibration(out).memory_efficiency == pytest.approx(0.5)
     assert '"memory_efficiency": 0.5' in capsys.readouterr().out
+
+
+def test_calibration_fit_reads_the_attention_backward_slowdown():
+    """A causal >= 4K forward+backward run whose backward takes 3x its forward for 2.5x the
+    FLOPs runs its backward 1.2x slower per FLOP; apply carries it onto the cluster."""
+    h100 = get_cluster("h100-sxm")
+    f = 1e12
+    fwd = f / (0.5 * h100.peak("bf16"))
+    row = {"batch": 1, "heads": 32, "seq": 8192, "head_dim": 128, "causal": True,
+           "fwd_flops": f, "fwd_seconds": fwd, "fwd_bwd_flops": 3.5 * f,
+           "fwd_bwd_seconds": 4 * fwd}  # fmt: skip
+    cal = fit({"cluster": "h100-sxm", "attention_train": [row]})
+    assert cal.attention_backward_slowdown == pytest.approx(1.2)
+    assert cal.attention_backward_time(1.0) == pytest.approx(3.0)
+    assert apply(cal, h100).attention_backward_slowdown == pytest.approx(1.2)
+    with pytest.raises(ClusterConfigError, match="attention_backward_slowdown"):
+        Calibration("t", attention_backward_slowdown=0.5)
+
+
+def test_calibration_overlap_penalty_is_the_collectives_sm_share():
+    """Compute under a hidden collective runs on the SMs NCCL leaves: 16 of 132 on Hopper."""
+    cal = DEFAULTS["h100-sxm"]
+    assert cal.comm_sm_share == pytest.approx(16 / 132)
+    # 1 s of compute on 116 of 132 SMs takes 132/116 s: 16/116 s more
+    assert cal.overlap_penalty(1.0) == pytest.approx(16 / 116)
+    assert Calibration("t").overlap_penalty(1.0) == 0.0
+    with pytest.raises(ClusterConfigError, match="comm_sm_share"):
+        Calibration("t", comm_sm_share=1.0)

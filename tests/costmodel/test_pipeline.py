@@ -84,3 +84,19 @@ def test_pipeline_rejects_bad_arguments():
         schedule_pipeline([1.0] * 4, [1.0] * 4, 6, "interleaved", chunks=2)
     with pytest.raises(ValueError, match="backward has"):
         schedule_pipeline([1.0] * 2, [1.0], 2)
+
+
+def test_pipeline_blocking_p2p_holds_the_sender():
+    """2022 Megatron-LM waits for each send: two stages of GPipe pay t after every forward of
+    stage 0 and every backward of stage 1, (m+1)(f+b) + 2mt, against (m+1)(f+b) + 2t async."""
+    m, t = 6, 0.25
+    args = ([1.0] * 2, [2.0] * 2, m, "gpipe")
+    assert schedule_pipeline(*args, p2p=t, blocking_p2p=True).step_time == pytest.approx(
+        (m + 1) * 3.0 + 2 * m * t
+    )
+    assert schedule_pipeline(*args, p2p=t).step_time == pytest.approx((m + 1) * 3.0 + 2 * t)
+    # one stage sends nothing; interleaving sends more often, so blocking costs it more
+    assert schedule_pipeline([1.0], [2.0], m, "1f1b", p2p=t, blocking_p2p=True).step_time == 18.0
+    plain = schedule_pipeline([1.0] * 4, [2.0] * 4, 8, "interleaved", 2, p2p=0.1)
+    held = schedule_pipeline([1.0] * 4, [2.0] * 4, 8, "interleaved", 2, p2p=0.1, blocking_p2p=True)
+    assert held.step_time > plain.step_time

@@ -4,6 +4,8 @@ from __future__ import annotations
 
 import pytest
 from shardplan.costmodel import get_cluster
+from shardplan.costmodel.collective import Collective
+from shardplan.costmodel.comm_streams import link_rank, reshard_link
 from shardplan.costmodel.simulate import (
     GRADIENT_EXPOSURE,
     PREFETCH_EXPOSURE,
@@ -18,6 +20,7 @@ from shardplan.costmodel.simulate import (
     shared_reshards,
     simulate,
     simulate_graph,
+    stored_view,
     weight_edges,
 )
 from shardplan.ir import Graph, Mesh, Origin, Role, Sharding, TensorType
@@ -291,3 +294,73 @@ def test_simulate_shared_transfer_releases_every_reader():
     result = simulate_graph(g, times, transfers)
     assert result.comm_time == pytest.approx(2.5)
     assert result.step_time == pytest.approx(len(g.ops) + 2.5)
+
+
+def test_simulate_collectives_on_different_links_run_concurrently():
+    """Issue 41: an FSDP gather over the NICs and a tensor-parallel collective on NVLink are two
+    NCCL communicators: they overlap. On one link (or with ``concurrent_links=False``) they
+    take turns. Two gradient reductions of ``c`` ending the step: c vs 2c exposed."""
+    g = deep_linear(layers=2)
+    times = [0.0 if op.kind == "sub" else 1.0 for op in g.ops]
+    c = 5.0
+    consumers = [g.ops.index(_op(g, f"w{k}_new")) for k in range(2)]
+    on = [Transfer(g.value(f"g_w{k}"), consumers[k], c, link=link)
+          for k, link in enumerate(("inter-node", "intra-node"))]  # fmt: skip
+    shared = [Transfer(t.value, t.consumer, c, link="inter-node") for t in on]
+    compute = sum(times)
+    timeline: list[tuple[str, int, float, float]] = []
+    concurrent = simulate_graph(g, times, on, timeline=timeline)
+    turns = simulate_graph(g, times, shared)
+    one_stream = simulate_graph(g, times, on, SimulationOptions(concurrent_links=False))
+    # g_w1 is produced before g_w0, which ends the backward: on two links the reductions
+    # overlap, so only g_w0's shows; on one link g_w0's waits for g_w1's to finish
+    producer = _op(g, "g_w1")
+    first = next(end for kind, i, _, end in timeline if kind == "compute" and g.ops[i] is producer)
+    assert first < compute
+    assert concurrent.step_time == pytest.approx(compute + c)
+    assert turns.step_time == pytest.approx(first + 2 * c)
+    assert one_stream.step_time == pytest.approx(turns.step_time)
+
+
+def test_simulate_prefetches_a_gather_of_a_parameter_view():
+    """A gather of a weight's transpose moves the stored parameter: it is prefetched like a
+    gather of the parameter itself (the transpose is a view of the gathered buffer)."""
+    g = deep_linear(layers=1)
+    w = g.value("w0")
+    h1 = _op(g, "h1")
+    view = g.add_op("transpose", [w], [w.type], attrs={"permutation": (1, 0)},
+                    origin=Origin(module="layers.0"), names=["w0_t"]).result  # fmt: skip
+    assert stored_view(view)
+    assert stored_view(w)
+    assert not stored_view(h1.result)
+
+
+def test_reshard_link_is_the_outermost_level_crossed():
+    """8 GPUs a node: ``tp`` (minor, 8) stays on NVLink, ``dp`` crosses the NICs; a reshard
+    with both rides the NICs; a local slice rides nothing."""
+    mesh = Mesh({"dp": 4, "tp": 8}, cluster="h100-sxm")
+    h100 = get_cluster("h100-sxm")
+    tp, dp = Collective("all-gather", ("tp",), 1 << 20), Collective("all-gather", ("dp",), 1 << 20)
+    assert reshard_link([tp], mesh, h100) == "intra-node"
+    assert reshard_link([dp], mesh, h100) == "inter-node"
+    assert reshard_link([tp, dp], mesh, h100) == "inter-node"
+    assert reshard_link([], mesh, h100) == ""
+    assert link_rank("inter-island-2") > link_rank("inter-island") > link_rank("inter-node")
+
+
+def test_simulate_two_groups_on_one_link_split_its_bandwidth():
+    """Two communicators on the NICs: the second collective, starting while the first is in
+    flight, gets half the link (2c); the same group queues behind it instead (first + 2c)."""
+    g = deep_linear(layers=2)
+    times = [0.0 if op.kind == "sub" else 1.0 for op in g.ops]
+    c = 5.0
+    consumers = [g.ops.index(_op(g, f"w{k}_new")) for k in range(2)]
+    groups = [("dp",), ("ep",)]
+    split = [Transfer(g.value(f"g_w{k}"), consumers[k], c, link="inter-node", group=groups[k])
+             for k in range(2)]  # fmt: skip
+    timeline: list[tuple[str, int, float, float]] = []
+    result = simulate_graph(g, times, split, timeline=timeline)
+    ends = {i: (a, b) for kind, i, a, b in timeline if kind == "comm"}
+    assert ends[1][1] - ends[1][0] == pytest.approx(c)  # g_w1 starts alone
+    assert ends[0][1] - ends[0][0] == pytest.approx(2 * c)  # g_w0 shares the link with it
+    assert result.step_time == pytest.approx(sum(times) + 2 * c)

@@ -117,6 +117,10 @@ def test_causal_imbalance_is_the_last_chunks_share() -> None:
     assert attention_work_factor(op, q_split, mesh, fa2) == pytest.approx(0.70 / 0.35 * 7 / 4)
     calibrated = apply(default_calibration("h100-sxm"), "h100-sxm")
     assert calibrated.attention_efficiency == 0.35
+    # the measured H100 backward kernel runs 1.25x slower per FLOP than the forward
+    slow = replace(fa2, attention_backward_slowdown=1.25)
+    assert attention_work_factor(op, q_split, mesh, slow) == pytest.approx(2 * 7 / 4 * 1.25)
+    assert calibrated.attention_backward_slowdown == 1.25
 
 
 def query_split_axes(plan: sp.Plan, kind: str) -> set[str]:
