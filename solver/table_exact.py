@@ -11,9 +11,8 @@ from __future__ import annotations
 from itertools import combinations
 from math import comb
 
-from ortools.sat.python import cp_model
-from shardplan.costmodel.dense_part import DenseCost
-from shardplan.costmodel.embedding import OptionCost, World, fixed_latency
+from ..costmodel.dense_part import DenseCost
+from ..costmodel.embedding import OptionCost, World, fixed_latency
 
 from .table_assign import Loads
 from .table_plan import TableChoice
@@ -56,6 +55,8 @@ def solve_exact(
     time_limit: float = 5.0,
 ) -> tuple[list[TableChoice], Loads, DenseCost, float, str]:
     """The optimal placement (module docstring); raises ``_NoSolution`` when nothing fits."""
+    from ortools.sat.python import cp_model  # lazily: it pulls in pandas (test_lazy_cpsat)
+
     model = cp_model.CpModel()
     W = world.size
     time_terms: list[list] = [[] for _ in range(W)]
