@@ -70,6 +70,15 @@ class ParallelStrategy:
     """Expert parallelism: mesh axes the expert dim (dim 0 of 3-D ``experts`` weights) is split
     over. The batch stays split over the data axes, so when ``ep`` is (part of) them the tokens
     reach their experts by all-to-all (GShard); ``tp`` then splits each expert's hidden dim."""
+    replicate: tuple[str, ...] = ()
+    """Data axes sharded parameters stay replicated over (HSDP's replicate dim, torchtitan's
+    ``data_parallel_replicate_degree``): they split the batch but shard nothing."""
+    recompute_every: int = 1
+    """Recompute only every n-th layer (torchtitan's ``selective_ac_option=n``: full
+    recomputation of layers n, 2n, ... counted from 1); 1: every layer."""
+    schedule: str = "1f1b"
+    """Pipeline schedule for ``pp > 1``: ``"1f1b"`` or ``"gpipe"`` (``chunks > 1`` is
+    interleaved 1F1B)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ep, (str, list)):
@@ -89,7 +98,7 @@ class ParallelStrategy:
             )
         if self.tp is not None and not isinstance(self.tp, str):
             raise StrategyError(f"{self.name}: tp takes a mesh axis name, not {self.tp!r}")
-        for field_name in ("pp", "microbatches", "chunks"):
+        for field_name in ("pp", "microbatches", "chunks", "recompute_every"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise StrategyError(
@@ -147,7 +156,7 @@ class ParallelStrategy:
     def shard_axes(self, mesh: Mesh) -> tuple[str, ...]:
         """Axes sharded parameters and states are split over: the data axes, then ``cp``."""
         cp = (self.cp,) if self.cp and mesh.axis_size(self.cp) > 1 else ()
-        return self.data_axes(mesh) + cp
+        return tuple(a for a in self.data_axes(mesh) if a not in self.replicate) + cp
 
     def pins(self, graph: Graph, mesh: Mesh) -> dict[str, Sharding]:
         """Value name -> layout for every graph input."""
@@ -235,7 +244,13 @@ class ParallelStrategy:
     def recompute_decisions(self, graph: Graph) -> dict[str, str | None]:
         from .passes.liveness import liveness
 
-        return dict.fromkeys(liveness(graph).layers, self.recompute)
+        layers = liveness(graph).layers
+        if self.recompute_every == 1:
+            return dict.fromkeys(layers, self.recompute)
+        return {
+            name: self.recompute if (i + 1) % self.recompute_every == 0 else None
+            for i, name in enumerate(layers)
+        }
 
 
 def _output_dim(v: Value, skip: int | None = None) -> int | None:
