@@ -20,7 +20,12 @@ from .ir import (
 )
 from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
 from .solver.plan import Plan, load_plan
+from .titan_config import TitanConfig, TitanConfigError, evaluate_torchtitan
+from .titan_emit import TitanEmission, to_torchtitan
+from .titan_search import TitanSearch, search_torchtitan
 from .whatif import WhatIf, whatif
+
+Plan.to_torchtitan = to_torchtitan  # type: ignore[attr-defined]
 
 __version__ = "0.1.0"
 __all__ = [
@@ -38,12 +43,19 @@ __all__ = [
     "Sharding",
     "ShardplanError",
     "TensorType",
+    "TitanConfig",
+    "TitanConfigError",
+    "TitanEmission",
+    "TitanSearch",
     "UnsupportedOpWarning",
     "WhatIf",
     "annotate",
     "evaluate",
+    "evaluate_torchtitan",
     "load_plan",
     "plan",
+    "search_torchtitan",
     "strategies",
+    "to_torchtitan",
     "whatif",
 ]  # fmt: skip

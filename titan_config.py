@@ -18,7 +18,7 @@ import dataclasses
 from dataclasses import dataclass
 
 from .ir import Mesh, ShardplanError
-from .strategies import ParallelStrategy
+from .strategies import ParallelStrategy, torchtitan
 
 AC_MODES = ("none", "selective", "full")
 SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
@@ -60,7 +60,8 @@ class TitanConfig:
     microbatch_size: int = 1
     layers_per_stage: int | None = None
     mixed_precision_param: str = "bfloat16"
-    flavor: str = "debugmodel"
+    flavor: str | None = None
+    """torchtitan's ``model.flavor`` (``debugmodel``, ``8B``, ``70B``...); None leaves it out."""
 
     def __post_init__(self) -> None:
         for name in ("dp_replicate", "dp_shard", "cp", "tp", "pp", "local_batch_size",
@@ -140,8 +141,9 @@ class TitanConfig:
         ac: dict[str, object] = {"mode": self.ac_mode}
         if self.ac_mode == "selective":
             ac["selective_ac_option"] = self.selective_ac_option
+        model = {"model": {"name": "llama3", "flavor": self.flavor}} if self.flavor else {}
         return {
-            "model": {"name": "llama3", "flavor": self.flavor},
+            **model,
             "training": {
                 "local_batch_size": self.local_batch_size,
                 "seq_len": self.seq_len,
@@ -197,27 +199,11 @@ class TitanConfig:
 
     def strategy(self) -> ParallelStrategy:
         """torchtitan's fixed plan as a ``ParallelStrategy`` on ``mesh()`` (module docstring)."""
-        data = tuple(a for a in ("dp_replicate", "dp_shard") if getattr(self, a) > 1)
-        recompute = {"none": None, "full": "full", "selective": "selective"}[self.ac_mode]
-        every = 1
-        if self.ac_mode == "selective" and self.selective_ac_option != "op":
-            recompute, every = "full", max(1, int(self.selective_ac_option))
-        fsdp = self.dp_shard * self.cp > 1
-        return ParallelStrategy(
-            "torchtitan[" + self.label() + "]",
-            tp="tp" if self.tp > 1 else None,
-            dp=data,
-            shard_params=fsdp,
-            sequence_parallel=self.tp > 1,
-            recompute=recompute,
-            recompute_every=every,
-            pp=self.pp,
-            microbatches=self.microbatches if self.pp > 1 else 1,
-            cp="cp" if self.cp > 1 else None,
-            chunks=self.stages_per_rank if self.pp > 1 else 1,
-            schedule=SCHEDULES[self.pipeline_schedule] if self.pp > 1 else "1f1b",
-            replicate=("dp_replicate",) if fsdp and self.dp_replicate > 1 else (),
-        )
+        return torchtitan(
+            self.dp_replicate, self.dp_shard, self.cp, self.tp, self.pp, self.ac_mode,
+            self.selective_ac_option, SCHEDULES[self.pipeline_schedule], self.microbatches,
+            name="torchtitan[" + self.label() + "]",
+        )  # fmt: skip
 
     def check(self, world_size: int, n_layers: int, n_heads: int, n_kv_heads: int) -> None:
         """torchtitan's checks that need no torch (``ParallelDims``, the TP/CP sequence
@@ -305,3 +291,33 @@ def _fields_from(values: dict[str, str]) -> dict[str, object]:
         raise TitanConfigError("data_parallel_shard_degree -1: give the degree (shardplan does "
                                "not know the world size from the overrides alone)")  # fmt: skip
     return out
+
+
+def evaluate_torchtitan(
+    graph: object,
+    config: TitanConfig | list[str] | str,
+    cluster: str = "h100-sxm",
+    memory_limit: float | None = None,
+    time_limit: float = 30.0,
+):  # type: ignore[no-untyped-def]
+    """Price a torchtitan configuration (a ``TitanConfig`` or its override list) on a captured
+    step with ``sp.evaluate``: "what will these flags cost". The graph's batch must be the
+    configuration's global batch (``local_batch_size`` x dp_replicate x dp_shard)."""
+    from .evaluate import evaluate
+    from .ir import Graph, Role
+
+    if not isinstance(config, TitanConfig):
+        config = TitanConfig.from_overrides(config)
+    if isinstance(graph, Graph):
+        tokens = [v for v in graph.inputs if v.role is Role.INPUT and v.type.rank == 2]
+        if tokens and tokens[0].type.shape != (config.global_batch_size, config.seq_len):
+            raise TitanConfigError(
+                f"the graph's tokens are {list(tokens[0].type.shape)} but the configuration "
+                f"runs a global batch of {config.global_batch_size} x {config.seq_len} "
+                f"(local_batch_size {config.local_batch_size} x {config.data_parallel} data-"
+                "parallel ranks); capture the step at that batch or change local_batch_size"
+            )
+    return evaluate(
+        graph, mesh=config.mesh(cluster), strategy=config.strategy(),
+        memory_limit=memory_limit, time_limit=time_limit,
+    )  # fmt: skip
