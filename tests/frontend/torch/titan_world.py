@@ -29,6 +29,17 @@ def point_torchtitan_at_cpu() -> None:
     parallel_dims.device_type = "cpu"
 
 
+def sum_reductions_for_gloo(model) -> None:  # type: ignore[no-untyped-def]
+    """torchtitan turns FSDP's gradient division off (``gradient_divide_factor=1``), which
+    FSDP2 reduces with ``PREMUL_SUM``, an op gloo lacks; FSDP2's public switch makes it a
+    plain sum with the (unit) scaling done apart. Same gradients, CPU-runnable."""
+    from torch.distributed.fsdp import FSDPModule
+
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.set_force_sum_reduction_for_comms(True)
+
+
 def tiny_args(spec: dict):  # type: ignore[no-untyped-def]
     from torchtitan.models.llama3 import TransformerModelArgs, llama3_args
 
@@ -62,9 +73,11 @@ def _gloo_rank(rank: int, spec: dict, port: int, out: str) -> None:
     point_torchtitan_at_cpu()
     torch.manual_seed(0)
     model = Transformer(tiny_args(spec))
-    model.init_weights()
+    with torch.no_grad():
+        model.init_weights()
     tokens = torch.tensor(spec["tokens"])
     tt.parallelize(config, model, config.world_size)
+    sum_reductions_for_gloo(model)
     dp_rank = rank // (config.world_size // config.data_parallel)  # tp is the inner axis
     mine = tokens.chunk(config.data_parallel)[dp_rank]
     with loss_parallel():
@@ -85,6 +98,8 @@ def gloo(spec: dict) -> dict:
     import socket
 
     import torch.multiprocessing as mp
+    import torchtitan.models.llama3  # noqa: F401  (imported once, before the fork)
+    from shardplan.frontend.torch import torchtitan  # noqa: F401
     from shardplan.titan_config import TitanConfig
 
     world = TitanConfig.from_overrides(spec["overrides"]).world_size
@@ -93,7 +108,10 @@ def gloo(spec: dict) -> dict:
         port = s.getsockname()[1]
     with tempfile.TemporaryDirectory() as tmp:
         out = os.path.join(tmp, "loss.pt")
-        mp.spawn(_gloo_rank, args=(spec, port, out), nprocs=world, join=True)
+        # fork: the children share the parent's imports (torch, torchtitan: seconds each to
+        # import again); CPU only, so no CUDA state is forked.
+        mp.start_processes(_gloo_rank, args=(spec, port, out), nprocs=world, join=True,
+                           start_method="fork")  # fmt: skip
         return torch.load(out)
 
 
