@@ -20,8 +20,8 @@ from .ir import (
 )
 from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
 from .solver.plan import Plan, load_plan
-from .titan_config import TitanConfig, TitanConfigError, evaluate_torchtitan
-from .titan_emit import TitanEmission, to_torchtitan
+from .titan_config import TitanConfig, TitanConfigError
+from .titan_emit import TitanEmission, evaluate_torchtitan, to_torchtitan
 from .titan_search import TitanSearch, search_torchtitan
 from .whatif import WhatIf, whatif
 

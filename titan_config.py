@@ -68,7 +68,9 @@ class TitanConfig:
                      "seq_len", "microbatch_size"):  # fmt: skip
             value = getattr(self, name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
-                raise TitanConfigError(f"torchtitan {name} must be a positive integer, not {value!r}")
+                raise TitanConfigError(
+                    f"torchtitan {name} must be a positive integer, not {value!r}"
+                )
         if self.ac_mode not in AC_MODES:
             raise TitanConfigError(
                 f"activation_checkpoint.mode {self.ac_mode!r}: use one of {AC_MODES}"
@@ -219,12 +221,20 @@ class TitanConfig:
                 f"tp({self.tp}) * pp({self.pp}) = {self.world_size} != world size {world_size}"
             )
         if n_heads % self.tp or n_kv_heads % self.tp:
-            out.append(f"tp {self.tp} must divide the heads ({n_heads}) and KV heads ({n_kv_heads})")
+            out.append(
+                f"tp {self.tp} must divide the heads ({n_heads}) and KV heads ({n_kv_heads})"
+            )
         divisor = self.tp * 2 * self.cp
         if self.seq_len % divisor:
             out.append(f"seq_len {self.seq_len} must be divisible by tp * 2 * cp = {divisor}")
-        if self.dp_replicate > 1 and self.dp_shard * self.cp == 1 and self.dp_replicate != world_size:
-            out.append("DDP (dp_replicate without dp_shard) cannot combine with tp/pp in torchtitan")
+        if (
+            self.dp_replicate > 1
+            and self.dp_shard * self.cp == 1
+            and self.dp_replicate != world_size
+        ):
+            out.append(
+                "DDP (dp_replicate without dp_shard) cannot combine with tp/pp in torchtitan"
+            )
         out += self._pipeline_problems(n_layers)
         return out
 
@@ -275,8 +285,7 @@ def _fields_from(values: dict[str, str]) -> dict[str, object]:
     unknown = sorted(set(values) - set(_KEYS) - _IGNORED)
     if unknown:
         raise TitanConfigError(
-            f"torchtitan overrides shardplan does not price: {unknown}; it reads "
-            f"{sorted(_KEYS)}"
+            f"torchtitan overrides shardplan does not price: {unknown}; it reads {sorted(_KEYS)}"
         )
     out: dict[str, object] = {}
     for key, text in values.items():
@@ -291,33 +300,3 @@ def _fields_from(values: dict[str, str]) -> dict[str, object]:
         raise TitanConfigError("data_parallel_shard_degree -1: give the degree (shardplan does "
                                "not know the world size from the overrides alone)")  # fmt: skip
     return out
-
-
-def evaluate_torchtitan(
-    graph: object,
-    config: TitanConfig | list[str] | str,
-    cluster: str = "h100-sxm",
-    memory_limit: float | None = None,
-    time_limit: float = 30.0,
-):  # type: ignore[no-untyped-def]
-    """Price a torchtitan configuration (a ``TitanConfig`` or its override list) on a captured
-    step with ``sp.evaluate``: "what will these flags cost". The graph's batch must be the
-    configuration's global batch (``local_batch_size`` x dp_replicate x dp_shard)."""
-    from .evaluate import evaluate
-    from .ir import Graph, Role
-
-    if not isinstance(config, TitanConfig):
-        config = TitanConfig.from_overrides(config)
-    if isinstance(graph, Graph):
-        tokens = [v for v in graph.inputs if v.role is Role.INPUT and v.type.rank == 2]
-        if tokens and tokens[0].type.shape != (config.global_batch_size, config.seq_len):
-            raise TitanConfigError(
-                f"the graph's tokens are {list(tokens[0].type.shape)} but the configuration "
-                f"runs a global batch of {config.global_batch_size} x {config.seq_len} "
-                f"(local_batch_size {config.local_batch_size} x {config.data_parallel} data-"
-                "parallel ranks); capture the step at that batch or change local_batch_size"
-            )
-    return evaluate(
-        graph, mesh=config.mesh(cluster), strategy=config.strategy(),
-        memory_limit=memory_limit, time_limit=time_limit,
-    )  # fmt: skip

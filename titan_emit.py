@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 from .ir import Role
 from .solver.plan import Plan
 from .strategies import tensor_parallel_dim
-from .titan_config import TitanConfig
+from .titan_config import TitanConfig, TitanConfigError
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 TOLERANCE = 0.05
@@ -118,8 +118,10 @@ def nearest_config(plan: Plan, flavor: str | None = None) -> tuple[TitanConfig, 
     for axis, role in roles.items():
         degrees[role] *= mesh.axis_size(axis)
     differences = []
-    if degrees["dp_replicate"] > 1 and degrees["dp_shard"] * degrees["cp"] == 1 and (
-        degrees["tp"] > 1 or plan.pipeline is not None
+    if (
+        degrees["dp_replicate"] > 1
+        and degrees["dp_shard"] * degrees["cp"] == 1
+        and (degrees["tp"] > 1 or plan.pipeline is not None)
     ):
         differences.append("replicated data parallel with tp/pp: torchtitan's DDP is 1-D, "
                            "emitted as FSDP over those axes")  # fmt: skip
@@ -178,8 +180,10 @@ def _pipeline(plan: Plan, local_batch: int, differences: list[str]) -> tuple[int
         return 1, "1F1B", 1
     schedule = SCHEDULE_NAMES.get(pipe.schedule, "1F1B")
     if pipe.schedule == "interleaved" and pipe.chunks != 2:
-        differences.append(f"interleaved with {pipe.chunks} chunks per device: torchtitan's "
-                           "default is 2 (pipeline_parallel_layers_per_stage sets others)")  # fmt: skip
+        differences.append(
+            f"interleaved with {pipe.chunks} chunks per device: torchtitan's default is 2 "
+            "(pipeline_parallel_layers_per_stage sets others)"
+        )
     micro = max(1, local_batch // pipe.microbatches)
     sizes = {len(s.layers) for s in pipe.stages}
     if len(sizes) > 1:
@@ -204,3 +208,33 @@ def to_torchtitan(
         emission.titan_step = evaluation.step_time
         emission.titan_fits = evaluation.fits
     return emission
+
+
+def evaluate_torchtitan(
+    graph: object,
+    config: TitanConfig | list[str] | str,
+    cluster: str = "h100-sxm",
+    memory_limit: float | None = None,
+    time_limit: float = 30.0,
+):  # type: ignore[no-untyped-def]
+    """Price a torchtitan configuration (a ``TitanConfig`` or its override list) on a captured
+    step with ``sp.evaluate``: "what will these flags cost". The graph's batch must be the
+    configuration's global batch (``local_batch_size`` x dp_replicate x dp_shard)."""
+    from .evaluate import evaluate
+    from .ir import Graph, Role
+
+    if not isinstance(config, TitanConfig):
+        config = TitanConfig.from_overrides(config)
+    if isinstance(graph, Graph):
+        tokens = [v for v in graph.inputs if v.role is Role.INPUT and v.type.rank == 2]
+        if tokens and tokens[0].type.shape != (config.global_batch_size, config.seq_len):
+            raise TitanConfigError(
+                f"the graph's tokens are {list(tokens[0].type.shape)} but the configuration "
+                f"runs a global batch of {config.global_batch_size} x {config.seq_len} "
+                f"(local_batch_size {config.local_batch_size} x {config.data_parallel} data-"
+                "parallel ranks); capture the step at that batch or change local_batch_size"
+            )
+    return evaluate(
+        graph, mesh=config.mesh(cluster), strategy=config.strategy(),
+        memory_limit=memory_limit, time_limit=time_limit,
+    )  # fmt: skip

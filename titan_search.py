@@ -50,7 +50,7 @@ class StepProfile:
     """Parameters per layer (elements)."""
     params: int
     saved: dict[str, int]
-    """AC mode -> activation bytes one layer keeps for backward (``none``, ``selective``, ``full``)."""
+    """AC mode (``none``, ``selective``, ``full``) -> activation bytes one layer keeps."""
     other_saved: int
     """Activation bytes outside the layers kept for backward (the logits)."""
     batch: int
@@ -263,7 +263,9 @@ def _memory(prof: StepProfile, config: TitanConfig) -> float:
     if mode == "selective" and config.selective_ac_option != "op":
         every = int(config.selective_ac_option)
         per_layer = prof.saved["none"] * (every - 1) / every
-    boundary = _local_tokens(prof, config) * prof.hidden * prof.activation_bytes * config.data_parallel
+    boundary = (
+        _local_tokens(prof, config) * prof.hidden * prof.activation_bytes * config.data_parallel
+    )
     split = config.data_parallel * config.cp * config.tp
     layers = prof.layers / config.pp
     acts = layers * (per_layer + boundary) / split
@@ -306,8 +308,14 @@ class TitanSearch:
         return "\n".join(lines)
 
 
-def configurations(prof: StepProfile, world: int, n_heads: int, n_kv_heads: int,
-                   devices_per_node: int = 8, flavor: str = "debugmodel") -> list[TitanConfig]:  # fmt: skip
+def configurations(
+    prof: StepProfile,
+    world: int,
+    n_heads: int,
+    n_kv_heads: int,
+    devices_per_node: int = 8,
+    flavor: str | None = None,
+) -> list[TitanConfig]:
     """Every configuration torchtitan accepts for this model and global batch on ``world``."""
     out = []
     for tp, cp, pp, rep in itertools.product(*[_divisors(world)] * 4):
@@ -346,7 +354,7 @@ def search_torchtitan(
     n_kv_heads: int,
     cluster: str = "h100-sxm",
     memory_limit: float | None = None,
-    flavor: str = "debugmodel",
+    flavor: str | None = None,
 ) -> TitanSearch:
     """Rank every torchtitan configuration for ``graph`` on ``world_size`` devices (module
     docstring); fitting ones first, each group by modelled step."""

@@ -112,8 +112,10 @@ def check(config: TitanConfig, world_size: int) -> Any:
 
 def _check_stages(job: Any, dims: Any, layers: int) -> None:
     """The stage split torchtitan's ``pipeline_llm`` makes (its own generator)."""
-    from torchtitan.distributed.pipeline_parallel import generate_llm_fqn_per_model_part
-    from torchtitan.distributed.pipeline_parallel import get_schedule_class
+    from torchtitan.distributed.pipeline_parallel import (
+        generate_llm_fqn_per_model_part,
+        get_schedule_class,
+    )
 
     schedule = get_schedule_class(job.parallelism.pipeline_parallel_schedule)
     single = schedule.__name__ in ("ScheduleGPipe", "Schedule1F1B")
@@ -168,7 +170,9 @@ def _axes_of(mesh_dim_name: str, size: int) -> list[str]:
 
 def _fqn(name: str) -> str:
     """Strip the wrappers activation checkpointing adds to parameter names."""
-    return name.replace("._checkpoint_wrapped_module", "").replace("_checkpoint_wrapped_module.", "")
+    return name.replace("._checkpoint_wrapped_module", "").replace(
+        "_checkpoint_wrapped_module.", ""
+    )
 
 
 def planned_placements(graph: Graph, config: TitanConfig) -> dict[str, Sharding]:
@@ -178,7 +182,12 @@ def planned_placements(graph: Graph, config: TitanConfig) -> dict[str, Sharding]
     pins = strategy.pins(graph, config.mesh())
     out = {}
     for v in graph.inputs:
-        if v.name in pins and v.origin.path and "#" not in v.origin.path and v.role.name == "PARAMETER":
+        if (
+            v.name in pins
+            and v.origin.path
+            and "#" not in v.origin.path
+            and v.role.name == "PARAMETER"
+        ):
             dims = []
             for d in pins[v.name].dims:
                 axes = {"fsdp" if a in ("dp_shard", "cp") else a for a in d}

@@ -13,7 +13,8 @@ import pytest
 import shardplan as sp
 import torch
 from shardplan.frontend.torch import torchtitan as tt
-from shardplan.titan_config import TitanConfig, TitanConfigError, evaluate_torchtitan
+from shardplan.titan_config import TitanConfig, TitanConfigError
+from shardplan.titan_emit import evaluate_torchtitan
 from shardplan.titan_search import search_torchtitan
 
 pytestmark = pytest.mark.torch
@@ -125,7 +126,8 @@ def test_evaluate_torchtitan_prices_an_override_list(debug_step) -> None:
     by_flags = evaluate_torchtitan(debug_step, config.overrides())
     direct = sp.evaluate(debug_step, mesh=config.mesh(), strategy=config.strategy())
     assert by_flags.step_time == pytest.approx(direct.step_time)
-    assert by_flags.plan.recompute and set(by_flags.plan.recompute.values()) == {"full"}
+    assert by_flags.plan.recompute
+    assert set(by_flags.plan.recompute.values()) == {"full"}
     with pytest.raises(TitanConfigError, match="global batch of 16"):
         evaluate_torchtitan(debug_step, config.replace(local_batch_size=4))
 
@@ -140,7 +142,9 @@ def test_to_torchtitan_reports_both_steps_and_round_trips(debug_step) -> None:
     assert emission.config == config
     assert emission.gap == pytest.approx(0.0, abs=1e-6)
     text = emission.report()
-    assert "plan " in text and "torchtitan " in text and "--parallelism.tensor_parallel_degree 2" in text
+    assert "plan " in text
+    assert "torchtitan " in text
+    assert "--parallelism.tensor_parallel_degree 2" in text
 
 
 def test_search_ranks_the_space_and_its_best_prices_close(debug_step) -> None:
@@ -157,3 +161,22 @@ def test_search_ranks_the_space_and_its_best_prices_close(debug_step) -> None:
     best = search.best.config
     exact = sp.evaluate(debug_step, mesh=best.mesh(), strategy=best.strategy())
     assert abs(search.best.step_time / exact.step_time - 1) < 0.25
+
+
+@pytest.mark.slow
+def test_cli_emits_a_torchtitan_command(capsys) -> None:  # type: ignore[no-untyped-def]
+    """``shardplan plan ... --emit torchtitan``: the report with both steps, the overrides that
+    torchtitan's ConfigManager accepts, and a torchrun line."""
+    from shardplan.cli import main
+
+    target = str(Path(__file__).resolve().parents[3] / "examples" / "torchtitan_llama.py")
+    argv = ["plan", f"{target}:make", "--mesh", "dp=2,tp=2", "--emit", "torchtitan",
+            "--flavor", "debugmodel", "-q"]  # fmt: skip
+    assert main(argv) == 0
+    out = capsys.readouterr().out
+    overrides = next(x for x in out.splitlines() if x.startswith("overrides")).split()[1:]
+    config = TitanConfig.from_overrides(overrides)
+    assert config.world_size == 4
+    tt.check(config, 4)
+    assert "modelled step  plan" in out
+    assert "torchrun --nnodes 1 --nproc_per_node 4 -m torchtitan.train" in out

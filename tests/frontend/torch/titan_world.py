@@ -98,7 +98,7 @@ def gloo(spec: dict) -> dict:
     import socket
 
     import torch.multiprocessing as mp
-    import torchtitan.models.llama3  # noqa: F401  (imported once, before the fork)
+    import torchtitan.models.llama3
     from shardplan.frontend.torch import torchtitan  # noqa: F401
     from shardplan.titan_config import TitanConfig
 
