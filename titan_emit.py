@@ -14,12 +14,13 @@ layout off its TP plan, ZeRO-1 without FSDP, recomputation of some layers only) 
 
 from __future__ import annotations
 
+import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
 from .ir import Role
 from .solver.plan import Plan
-from .strategies import tensor_parallel_dim
+from .strategies import ParallelStrategy, tensor_parallel_dim
 from .titan_config import TitanConfig, TitanConfigError
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
@@ -191,6 +192,27 @@ def _pipeline(plan: Plan, local_batch: int, differences: list[str]) -> tuple[int
     return len(pipe.stages), schedule, micro
 
 
+def _layout_differences(plan: Plan, config: TitanConfig) -> list[str]:
+    """Parameters the plan stores over other axes than torchtitan's plan would (compared dim
+    by dim in torchtitan's axis names: each plan axis renamed to its role)."""
+    roles = axis_roles(plan)
+    pins = config.strategy().pins(plan.graph, config.mesh(plan.mesh.cluster))
+    differ = []
+    params = [v for v in plan.graph.inputs if v.role is Role.PARAMETER]
+    for v in params:
+        if v.name not in plan.shardings or v.name not in pins:
+            continue
+        ours = [{roles[a] for a in d if a in roles} for d in plan.shardings[v.name].dims]
+        theirs = [set(d) for d in pins[v.name].dims]
+        if ours != theirs:
+            differ.append(v.origin.path or v.name)
+    if not differ:
+        return []
+    shown = ", ".join(differ[:3]) + (", ..." if len(differ) > 3 else "")
+    return [f"{len(differ)} of {len(params)} parameters are stored split otherwise than "
+            f"torchtitan's TP/FSDP plan splits them ({shown})"]  # fmt: skip
+
+
 def to_torchtitan(
     plan: Plan, flavor: str | None = None, price: bool = True, time_limit: float = 30.0
 ) -> TitanEmission:
@@ -199,6 +221,7 @@ def to_torchtitan(
     from .evaluate import evaluate
 
     config, differences = nearest_config(plan, flavor)
+    differences += _layout_differences(plan, config)
     emission = TitanEmission(config, plan.step_time, None, True, differences)
     if price:
         evaluation = evaluate(
@@ -207,7 +230,37 @@ def to_torchtitan(
         )  # fmt: skip
         emission.titan_step = evaluation.step_time
         emission.titan_fits = evaluation.fits
+        if abs(emission.gap) > TOLERANCE and any("recomputation" in d for d in differences):
+            emission.differences.append(_recompute_share(plan, config, time_limit))
     return emission
+
+
+def _recompute_share(plan: Plan, config: TitanConfig, time_limit: float) -> str:
+    """How much of the gap the per-layer recomputation explains: torchtitan's degrees priced
+    again with the plan's own recompute decisions (which torchtitan cannot express)."""
+    from .evaluate import evaluate
+
+    strategy = _PlanRecompute(**_fields(config.strategy()), decisions=dict(plan.recompute))
+    step = evaluate(
+        plan.graph, mesh=config.mesh(plan.mesh.cluster), strategy=strategy, time_limit=time_limit
+    ).step_time
+    return (f"with the plan's per-layer recomputation torchtitan's degrees model "
+            f"{step * 1e3:.1f} ms ({step / plan.step_time - 1:+.1%}); the rest of the gap is "
+            "the plan's op-level layouts inside the layers")  # fmt: skip
+
+
+def _fields(strategy: ParallelStrategy) -> dict:
+    return {f.name: getattr(strategy, f.name) for f in dataclasses.fields(strategy)}
+
+
+@dataclass(frozen=True)
+class _PlanRecompute(ParallelStrategy):
+    """A strategy whose layers recompute as a plan chose, layer by layer."""
+
+    decisions: dict = field(default_factory=dict)
+
+    def recompute_decisions(self, graph):  # type: ignore[no-untyped-def]
+        return {k: (None if v in (None, "none") else v) for k, v in self.decisions.items()}
 
 
 def evaluate_torchtitan(
