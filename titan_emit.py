@@ -19,6 +19,7 @@ from collections import Counter
 from dataclasses import dataclass, field
 
 from .ir import Role
+from .ir.axes import base_axis
 from .solver.plan import Plan
 from .strategies import ParallelStrategy, tensor_parallel_dim
 from .titan_config import TitanConfig, TitanConfigError
@@ -83,11 +84,11 @@ def axis_roles(plan: Plan) -> dict[str, str]:
         if v.role is Role.PARAMETER:
             dim = tensor_parallel_dim(v)
             if dim is not None and v.type.rank == 2:
-                tp.update(layout.dims[dim])
+                tp.update(base_axis(a) for a in layout.dims[dim])
         if v.role is Role.PARAMETER or v.name in states:
-            sharded.update(a for d in layout.dims for a in d)
+            sharded.update(base_axis(a) for d in layout.dims for a in d)
         if v.role is Role.INPUT and v.type.rank == 2 and v.type.dtype.startswith("i"):
-            cp.update(layout.dims[1])
+            cp.update(base_axis(a) for a in layout.dims[1])
     roles = {}
     for axis in mesh.axis_names:
         if mesh.axis_size(axis) == 1:
@@ -202,7 +203,10 @@ def _layout_differences(plan: Plan, config: TitanConfig) -> list[str]:
     for v in params:
         if v.name not in plan.shardings or v.name not in pins:
             continue
-        ours = [{roles[a] for a in d if a in roles} for d in plan.shardings[v.name].dims]
+        ours = [
+            {roles[base_axis(a)] for a in d if base_axis(a) in roles}
+            for d in plan.shardings[v.name].dims
+        ]
         theirs = [set(d) for d in pins[v.name].dims]
         if ours != theirs:
             differ.append(v.origin.path or v.name)

@@ -30,11 +30,11 @@ from .passes.liveness import Phase, liveness
 from .passes.repeated_layers import layer_key
 from .titan_config import SCHEDULES, TitanConfig
 
-MEMORY_HEADROOM = 0.05
+MEMORY_HEADROOM = 0.10
 """Fraction of the memory limit the closed form keeps free: its memory is coarse (Llama-3-8B on
-64 devices: 73.2 GiB closed form where ``sp.evaluate``'s solve needed the whole 74.5 GiB and
-traded layouts for it, 59.0 vs 60.3 GiB with selective AC), so a configuration that only just
-fits is not ranked first on a price it cannot get."""
+64 devices without AC: 73.2 and 69.7 GiB closed form where ``sp.evaluate``'s solve needed the
+whole 74.5 GiB and traded layouts for it, 20-30% slower; 59.0 vs 60.3 GiB with selective AC),
+so a configuration that only just fits is not ranked first on a price it cannot get."""
 AC_CHOICES = (("none", "op"), ("selective", "op"), ("selective", "2"), ("full", "op"))
 
 
