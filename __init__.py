@@ -24,7 +24,12 @@ from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
 from .recsys import plan_tables, torchrec_plan
 from .solver.plan import Plan, load_plan
 from .solver.table_plan import TablePlan
+from .titan_config import TitanConfig, TitanConfigError
+from .titan_emit import TitanEmission, evaluate_torchtitan, to_torchtitan
+from .titan_search import TitanSearch, search_torchtitan
 from .whatif import WhatIf, whatif
+
+Plan.to_torchtitan = to_torchtitan  # type: ignore[attr-defined]
 
 __version__ = "0.1.0"
 __all__ = [
@@ -45,14 +50,21 @@ __all__ = [
     "TablePlan",
     "TableSpec",
     "TensorType",
+    "TitanConfig",
+    "TitanConfigError",
+    "TitanEmission",
+    "TitanSearch",
     "UnsupportedOpWarning",
     "WhatIf",
     "annotate",
     "evaluate",
+    "evaluate_torchtitan",
     "load_plan",
     "plan",
     "plan_tables",
+    "search_torchtitan",
     "strategies",
+    "to_torchtitan",
     "torchrec_plan",
     "whatif",
 ]  # fmt: skip

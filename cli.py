@@ -208,6 +208,14 @@ def build_parser() -> argparse.ArgumentParser:
         "when the fastest step leaves devices repeating the same work",
     )  # fmt: skip
     plan.add_argument(
+        "--emit", choices=("plan", "torchtitan"), default="plan",
+        help="plan: print the plan (default); torchtitan: print the nearest torchtitan "
+        "configuration (overrides and a torchrun line), priced beside the plan",
+    )  # fmt: skip
+    plan.add_argument(
+        "--flavor", help="with --emit torchtitan: torchtitan's model.flavor (debugmodel, 8B, 70B)"
+    )
+    plan.add_argument(
         "--quiet", "-q", action="store_true", help="no progress lines on stderr (by default each "
         "planning phase prints one, with the seconds since the start)",
     )  # fmt: skip
@@ -454,7 +462,19 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         print(f"saved {args.out} ({time.perf_counter() - start:.1f} s to plan)", file=sys.stderr)
     if args.print_ir:
         sys.stdout.write(propagated_ir(plan.graph) + "\n")
+    if args.emit == "torchtitan":
+        return _print_torchtitan(plan, args.flavor)
     _print_plan(plan, args.full)
+    return 0
+
+
+def _print_torchtitan(plan: Any, flavor: str | None) -> int:
+    """The plan's torchtitan configuration, both modelled steps, and the launch line."""
+    from .titan_emit import to_torchtitan
+
+    emission = to_torchtitan(plan, flavor=flavor)
+    print(emission.report())
+    print("command        " + emission.config.command())
     return 0
 
 

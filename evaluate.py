@@ -184,7 +184,7 @@ def _solve(
         if strategy.pp > 1:
             return plan_pipeline(
                 graph, mesh, strategy.pipeline_axis, memory_limit=limit,
-                schedule="interleaved" if strategy.chunks > 1 else "1f1b",
+                schedule="interleaved" if strategy.chunks > 1 else strategy.schedule,
                 chunks=strategy.chunks, microbatches=strategy.microbatches, time_limit=time_limit,
                 tp_overlap_axes=(strategy.tp,) if strategy.tp_comm_overlap and strategy.tp else (),
                 stage_bounds=uniform_stage_bounds(graph, strategy.pp), micro_sizes=False,

@@ -70,6 +70,18 @@ class ParallelStrategy:
     """Expert parallelism: mesh axes the expert dim (dim 0 of 3-D ``experts`` weights) is split
     over. The batch stays split over the data axes, so when ``ep`` is (part of) them the tokens
     reach their experts by all-to-all (GShard); ``tp`` then splits each expert's hidden dim."""
+    replicate: tuple[str, ...] = ()
+    """Data axes sharded parameters stay replicated over (HSDP's replicate dim, torchtitan's
+    ``data_parallel_replicate_degree``): they split the batch but shard nothing."""
+    recompute_every: int = 1
+    """Recompute only every n-th layer (torchtitan's ``selective_ac_option=n``: full
+    recomputation of layers n, 2n, ... counted from 1); 1: every layer."""
+    fsdp_dim0: bool = False
+    """Sharded parameters split dim 0 over the shard axes, after (minor to) a TP split of
+    that dim: FSDP2's layout (torchtitan), instead of the largest free dim."""
+    schedule: str = "1f1b"
+    """Pipeline schedule for ``pp > 1``: ``"1f1b"`` or ``"gpipe"`` (``chunks > 1`` is
+    interleaved 1F1B)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ep, (str, list)):
@@ -89,7 +101,7 @@ class ParallelStrategy:
             )
         if self.tp is not None and not isinstance(self.tp, str):
             raise StrategyError(f"{self.name}: tp takes a mesh axis name, not {self.tp!r}")
-        for field_name in ("pp", "microbatches", "chunks"):
+        for field_name in ("pp", "microbatches", "chunks", "recompute_every"):
             value = getattr(self, field_name)
             if not isinstance(value, int) or isinstance(value, bool) or value < 1:
                 raise StrategyError(
@@ -147,7 +159,7 @@ class ParallelStrategy:
     def shard_axes(self, mesh: Mesh) -> tuple[str, ...]:
         """Axes sharded parameters and states are split over: the data axes, then ``cp``."""
         cp = (self.cp,) if self.cp and mesh.axis_size(self.cp) > 1 else ()
-        return self.data_axes(mesh) + cp
+        return tuple(a for a in self.data_axes(mesh) if a not in self.replicate) + cp
 
     def pins(self, graph: Graph, mesh: Mesh) -> dict[str, Sharding]:
         """Value name -> layout for every graph input."""
@@ -204,6 +216,11 @@ class ParallelStrategy:
         if ep and is_expert_weight(v) and v.type.shape[0] % mesh.group_size(ep) == 0:
             dims[0] = ep
             dp = tuple(a for a in dp if a not in ep)  # what is left to shard it over
+        if shard and dp and self.fsdp_dim0 and v.type.rank:
+            split = mesh.group_size(dims[0]) * mesh.group_size(dp)
+            if v.type.shape[0] % split == 0:
+                dims[0] = (*dims[0], *dp)
+                return Sharding(tuple(dims))
         if shard and dp:
             size = mesh.group_size(dp)
             free = [d for d in range(v.type.rank) if not dims[d]]
@@ -235,7 +252,19 @@ class ParallelStrategy:
     def recompute_decisions(self, graph: Graph) -> dict[str, str | None]:
         from .passes.liveness import liveness
 
-        return dict.fromkeys(liveness(graph).layers, self.recompute)
+        layers = liveness(graph).layers
+        if self.recompute_every == 1:
+            return dict.fromkeys(layers, self.recompute)
+        return {
+            name: self.recompute if (i + 1) % self.recompute_every == 0 else None
+            for i, name in enumerate(layers)
+        }
+
+
+def tensor_parallel_dim(v: Value) -> int | None:
+    """The dim Megatron TP splits of a parameter (column: output features, row: input
+    features, embedding/LM head: vocab), or None for a parameter TP leaves whole."""
+    return ParallelStrategy("probe", tp="tp")._tp_dim(v)
 
 
 def _output_dim(v: Value, skip: int | None = None) -> int | None:
@@ -397,6 +426,51 @@ def tp_fsdp(
     """2-D: Megatron TP on ``tp`` and FSDP over the data axes (and ``cp``, the context axis)."""
     name = "tp-fsdp" + (f"-cp[{cp}]" if cp else "") + _suffix(recompute)
     return ParallelStrategy(name, tp=tp, dp=dp, shard_params=True, recompute=recompute, cp=cp)
+
+
+def torchtitan(
+    dp_replicate: int = 1,
+    dp_shard: int = 1,
+    cp: int = 1,
+    tp: int = 1,
+    pp: int = 1,
+    ac_mode: str = "none",
+    selective_ac_option: str = "op",
+    schedule: str = "1f1b",
+    microbatches: int = 1,
+    name: str | None = None,
+) -> ParallelStrategy:
+    """torchtitan's ``parallelize_llama`` plan on the mesh it builds (axes ``pp, dp_replicate,
+    dp_shard, cp, tp``, size-1 ones left out; ``TitanConfig.mesh()``): Megatron TP with
+    sequence parallelism on ``tp``, FSDP2 (dim 0) over ``dp_shard x cp``, HSDP replicas over
+    ``dp_replicate``, and one activation-checkpoint mode (``selective_ac_option`` "op", or n:
+    full recomputation of every n-th layer). ``titan_config.TitanConfig`` reads and writes the
+    command-line overrides of the same configuration."""
+    if ac_mode not in ("none", "selective", "full"):
+        raise StrategyError(f"torchtitan ac_mode {ac_mode!r}: 'none', 'selective' or 'full'")
+    data = tuple(a for a, n in (("dp_replicate", dp_replicate), ("dp_shard", dp_shard)) if n > 1)
+    recompute = None if ac_mode == "none" else ac_mode
+    every = 1
+    if ac_mode == "selective" and selective_ac_option != "op":
+        recompute, every = "full", int(selective_ac_option)
+    fsdp = dp_shard * cp > 1
+    return ParallelStrategy(
+        name or f"torchtitan[r{dp_replicate} s{dp_shard} cp{cp} tp{tp} pp{pp} ac={ac_mode}]",
+        tp="tp" if tp > 1 else None,
+        dp=data,
+        shard_params=fsdp,
+        sequence_parallel=tp > 1,
+        recompute=recompute,
+        recompute_every=every,
+        pp=pp,
+        microbatches=microbatches if pp > 1 else 1,
+        cp="cp" if cp > 1 else None,
+        chunks=2 if pp > 1 and schedule == "interleaved" else 1,
+        schedule=schedule if schedule != "interleaved" else "1f1b",
+        replicate=("dp_replicate",) if fsdp and dp_replicate > 1 else (),
+        fsdp_dim0=True,
+        tp_size=tp if tp > 1 else None,
+    )
 
 
 def expert_parallel(

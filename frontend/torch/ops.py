@@ -11,7 +11,7 @@ from collections.abc import Callable
 
 from torch import fx
 
-from ...ir import TensorType, Value
+from ...ir import ShardingRule, TensorType, Value
 from ...ir.registry import register_rule, replicated_rule
 from .lower import Lowered, Lowering
 
@@ -19,6 +19,20 @@ Row = Callable[[Lowering, fx.Node], Lowered]
 
 # Index writes (backward of advanced indexing): data-dependent, so nothing may be split.
 register_rule("scatter", lambda ins, outs, attrs: replicated_rule(ins, outs), flops="none")
+
+
+def _complex_view_rule(ins, outs, attrs):  # type: ignore[no-untyped-def]
+    """``view_as_complex`` ``[*d, 2] -> [*d]`` and ``view_as_real`` ``[*d] -> [*d, 2]``
+    (torchtitan's rotary embedding): the leading dims map one to one, the (real, imaginary)
+    pair is one factor that is never split."""
+    x, out = ins[0], outs[0]
+    lead = "abcdefghijklmnopqrstuvwxy"[: min(x.rank, out.rank)]
+    pair = "z" if x.rank != out.rank else ""
+    spec = f"{lead}{pair if x.rank > out.rank else ''}->{lead}{pair if out.rank > x.rank else ''}"
+    return ShardingRule.from_spec(spec, [x.shape], [out.shape], need_replication=pair)
+
+
+register_rule("complex_view", _complex_view_rule, flops="none", linear=True)
 
 
 def _single(low: Lowering, kind: str, operands: list[Value], node: fx.Node, **attrs) -> Value:  # type: ignore[no-untyped-def]
@@ -394,6 +408,8 @@ def _table() -> dict[str, Row]:
     table["native_dropout"] = lambda low, node: _multi(low, "dropout", low.tensors(node.args), node)
     table["_to_copy"] = table["to"] = cast
     table["copy"] = copy_into
+    table["view_as_complex"] = table["view_as_real"] = elementwise("complex_view")
+    table["_conj"] = table["conj_physical"] = elementwise("copy")  # conj: elementwise, linear
     for aten_name in VIEWS:
         table[aten_name] = reshape
     table.update(t=transpose, transpose=transpose, permute=permute, expand=expand, repeat=repeat)
