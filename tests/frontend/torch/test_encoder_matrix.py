@@ -241,11 +241,6 @@ def _cell(family: str, mesh: str, kind: str) -> tuple[Family, sp.Plan]:
     return _family(family), _PLANS[key]
 
 
-_SHIFT = (
-    "follow_plan's loss differs when the decoder inputs are shifted from the labels inside "
-    "forward (new_zeros, a slice copy_, a select fill_, masked_fill_): BART on (8,) free 4.1663 "
-    "against 4.1289; the same model given decoder_input_ids explicitly matches exactly"
-)
 _MASK_PARTIAL = (
     "apply: DTensor cannot redistribute the position-embedding lookup's Partial(sum) to its "
     "MaskPartial (torch 2.13 _redistribute: 'from one partial type ... is unsupported')"
@@ -264,18 +259,12 @@ APPLY_GAPS_XFAIL: dict[tuple[str, str, str], str] = {
 """Cells whose applied plan does not run or differs (strict xfails), as measured."""
 FOLLOW_GAPS: dict[tuple[str, str, str], str] = {
     ("t5", "8", "megatron"): _T5_TP8,
-    ("bart", "8", "free"): _SHIFT,
-    ("t5", "2x4", "free"): _SHIFT,
-    ("bart", "2x4", "fsdp"): _SHIFT,
-    ("bart", "2x2x2", "megatron"): _SHIFT,
     ("t5", "2x2x2", "fsdp"): _VIEW,
 }
 """Cells whose followed plan differs from the plain model (strict xfails), as measured.
-The label shift: the follower runs ``shifted[:, 1:] = labels[:, :-1]`` (a ``copy_`` into a
-view) out of place at the planned layout, so the write never reaches ``shifted`` (the decoder
-read ``[2, 0, 0, ...]``). Keeping writes into a view in place fixes these cells, but then the
-write runs at the view's layout and the follower gathers its source: Falcon's and Llama's
-follow cells issued an all-gather the plan does not have (measured; not merged)."""
+The label shift (``shifted[:, 1:] = labels[:, :-1]``, a ``copy_`` into a view of ``new_zeros``)
+is captured as a write of the base and replayed so (``frontend/torch/view_writes.py``): the
+BART and T5 cells it broke (BART on (8,) free read 4.1663 against 4.1289) match."""
 
 
 def _marked(gaps: dict[tuple[str, str, str], str]) -> list:
