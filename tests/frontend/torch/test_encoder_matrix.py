@@ -145,7 +145,7 @@ def _family(name: str) -> Family:
         reference = copy.deepcopy(model)
         loss = reference(**inputs).loss
         loss.backward()
-        grads = {n: p.grad.detach() for n, p in reference.named_parameters()}
+        grads = {n: p.grad.detach() for n, p in reference.named_parameters() if p.requires_grad}
         _CAPTURED[name] = Family(model, inputs, graph, context, loss.detach(), grads)
     return _CAPTURED[name]
 
@@ -212,7 +212,9 @@ def _step(plan: sp.Plan, family: Family, follow: bool) -> tuple[torch.Tensor, di
         with replay:
             loss = sharded(**family.inputs).loss
             loss.backward()
-        grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
+        grads = {
+            n: simulate.rank0(p.grad) for n, p in sharded.named_parameters() if p.requires_grad
+        }
     return simulate.rank0(loss), grads
 
 
