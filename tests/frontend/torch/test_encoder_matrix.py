@@ -11,7 +11,8 @@ twice: ``plan.apply`` alone and under ``follow_plan``; both give the plain model
 every parameter gradient (rtol 1e-4). Every cell shards something (asserted).
 
 Families: BERT (``BertForMaskedLM``), RoBERTa (``RobertaForSequenceClassification``), T5
-(``T5ForConditionalGeneration``), BART (``BartForConditionalGeneration``). Meshes (8,), (2, 4),
+(``T5ForConditionalGeneration``), BART (``BartForConditionalGeneration``), ALBERT
+(``AlbertForMaskedLM``), Marian (``MarianMTModel``). Meshes (8,), (2, 4),
 (2, 2, 2); kinds: the free plan (``sp.plan``), FSDP and Megatron (``sp.strategies``, priced on
 one shared capture per family as ``sp.evaluate`` does).
 """
@@ -90,9 +91,37 @@ def _bart() -> torch.nn.Module:
     return BartForConditionalGeneration(config)
 
 
+def _albert() -> torch.nn.Module:
+    from transformers import AlbertConfig, AlbertForMaskedLM
+
+    config = AlbertConfig(
+        vocab_size=VOCAB, embedding_size=16, hidden_size=HIDDEN, num_hidden_layers=1,
+        num_attention_heads=HEADS, intermediate_size=2 * HIDDEN, hidden_dropout_prob=0.0,
+        attention_probs_dropout_prob=0.0, classifier_dropout_prob=0.0, max_position_embeddings=32,
+    )  # fmt: skip
+    return AlbertForMaskedLM(config)
+
+
+def _marian() -> torch.nn.Module:
+    from transformers import MarianConfig, MarianMTModel
+
+    config = MarianConfig(
+        vocab_size=VOCAB, d_model=HIDDEN, encoder_layers=1, decoder_layers=1,
+        encoder_attention_heads=HEADS, decoder_attention_heads=HEADS,
+        encoder_ffn_dim=2 * HIDDEN, decoder_ffn_dim=2 * HIDDEN, max_position_embeddings=32,
+        dropout=0.0, attention_dropout=0.0, activation_dropout=0.0, pad_token_id=0,
+        decoder_start_token_id=0,
+    )  # fmt: skip
+    return MarianMTModel(config)
+
+
 FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
-    "bert": _bert, "roberta": _roberta, "t5": _t5, "bart": _bart,
+    "bert": _bert, "roberta": _roberta, "t5": _t5, "bart": _bart, "albert": _albert,
+    "marian": _marian,
 }  # fmt: skip
+"""ALBERT (factorised embeddings, one shared layer) and Marian (sinusoidal positions that
+take no gradient, ``shift_tokens_right``) joined later: measured on (2, 4) Megatron and FSDP
+(apply and follow_plan match); Marian FSDP (2, 4) is a CI cell."""
 MESHES = {"8": {"dp": 8}, "2x4": {"dp": 2, "tp": 4}, "2x2x2": {"dp": 2, "fsdp": 2, "tp": 2}}
 KINDS = ("free", "fsdp", "megatron")
 ALL_CELLS = [(family, mesh, kind) for mesh in MESHES for family in FAMILIES for kind in KINDS]
@@ -101,16 +130,17 @@ ROTATED = [
     for j, mesh in enumerate(MESHES)
     for i, family in enumerate(FAMILIES)
 ]
-"""Every family on every mesh once, the kinds rotated (each kind 4 times): the 12 cells
-measured (the other 24 of ``ALL_CELLS`` were not run to the end)."""
+"""Every family on every mesh once, the kinds rotated (each kind 6 times)."""
 CI_CELLS = [
     ("bert", "8", "free"), ("roberta", "8", "fsdp"), ("t5", "2x4", "free"),
     ("bart", "2x4", "fsdp"), ("bert", "2x2x2", "megatron"), ("roberta", "2x2x2", "free"),
+    ("marian", "2x4", "fsdp"),
 ]  # fmt: skip
-"""Six of ``ROTATED``: each family, mesh and kind at least once. A cell costs about 50 s on
+"""Seven of the cells: each of the first four families, mesh and kind at least once, and
+Marian FSDP (2, 4). A cell costs about 50 s on
 the loaded 2-core machine (two steps of a 1-layer model on 8 simulated ranks, most of it
-``follow_plan``'s), so CI runs these (about 5 minutes loaded); ``SHARDPLAN_ENCODER_MATRIX=rotated``
-runs the 12 (about 10 minutes), ``=all`` the 36."""
+``follow_plan``'s), so CI runs these (about 6 minutes loaded); ``SHARDPLAN_ENCODER_MATRIX=rotated``
+runs the 18, ``=all`` the 54."""
 CELLS = {"all": ALL_CELLS, "rotated": ROTATED}.get(
     os.environ.get("SHARDPLAN_ENCODER_MATRIX", ""), CI_CELLS
 )
