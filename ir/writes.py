@@ -2,10 +2,7 @@
 
 ``dynamic_update_slice(operand, update, *starts) -> out``: ``out`` is ``operand`` with the
 block ``update`` written at ``starts``. XLA emits it for ``lax.dynamic_update_slice`` (a KV
-cache's slots); the torch capture lowers a write into a slice or ``select`` view of a tensor
-that is read again (Hugging Face's ``shifted[:, 1:] = labels[:, :-1]``) to it, so the base's
-later readers see the write. Torch attributes: ``dim``, ``start``, ``end``, ``step`` of the view
-(XLA's starts are operands).
+cache's slots). Start indices are operands.
 
 Dims the update covers whole pass through operand, update and result. A dim it covers in part
 needs replication (which rows a device holds would change with the write); the update's own

@@ -1,6 +1,6 @@
 """Factor rules for XLA ops the core registry does not cover: general gather and scatter-add,
 built from their dimension numbers (kept as op attributes); ``dynamic_update_slice`` is the
-core's (``ir/writes.py``: the torch capture emits it too).
+core's (``ir/writes.py``).
 
 Following Shardy's registry: batch dims shared by operand, indices and result pass through;
 indexed (gathered / scattered) operand dims need replication; index dims of a scatter-add that

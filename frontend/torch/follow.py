@@ -168,10 +168,10 @@ class PlanFollower(TorchDispatchMode):
                 self.fill_layout.setdefault(s.operands[0] or "", s.results[0] or "")
         self.empty = {v.name for v in plan.graph.values() if tuple(v.type.shape) == (0,)}
         """Values that are a legacy ``torch.tensor([])`` (a ``cat`` operand eager ``cat`` skips)."""
-        self.written = view_writes.written_views(self.steps, plan.graph.ops)
+        self.written = view_writes.written_views(self.steps)
         """Views some traced write reaches the base of (``view_writes``)."""
         self.bases: WeakIdKeyDictionary = WeakIdKeyDictionary()
-        """Run-time view (of a name in ``written``) -> the run-time tensor it views."""
+        """Run-time view (of a name in ``written``) -> (the tensor it views, its window)."""
         self.layout_copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
         """Run-time ``new_empty_strided`` target -> the gradient ``AccumulateGrad`` copies in."""
         self.cursor = 0
@@ -234,7 +234,7 @@ class PlanFollower(TorchDispatchMode):
             if name is not None:
                 self.names[t] = name
         if step.target in view_writes.VIEW_TARGETS and step.results[0] in self.written:
-            self.bases[out] = args[0]  # a write into this view must reach that base
+            self.bases[out] = (args[0], view_writes.window(step.target, args))  # writes reach it
 
     def _layout_copy(self, func: Any, target: str, args: tuple, kwargs: dict) -> Any:
         """``AccumulateGrad`` giving a gradient its parameter's strides (the trace has neither

@@ -19,7 +19,6 @@ from torch import fx
 
 from ...ir import Graph, Origin, Role, TensorType, UnsupportedOpWarning, Value
 from ...ir.registry import replicated_rule
-from . import view_writes
 
 _DTYPES = {
     torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",
@@ -219,7 +218,6 @@ def lower_node(low: Lowering, node: fx.Node) -> None:
         low.env[node] = fn(low, node)
     if inplace and isinstance(node.args[0], fx.Node):  # later readers see the mutated value
         low.env[node.args[0]] = low.env[node]
-        view_writes.record(low, node.args[0])  # and the base of a written slice too
 
 
 def _marked(low: Lowering, value: Value, tag: str) -> Value:

@@ -7,21 +7,20 @@ Hugging Face's label shift (``shift_tokens_right``, T5's ``_shift_right``) write
     shifted[:, 0] = start                      # select(shifted) -> fill_ into it
     shifted.masked_fill_(shifted == -100, pad)  # reads the base: both writes must be there
 
-The trace has no functional form of these writes (``make_fx`` records the ``copy_`` into the
-slice). The capture (``record``) lowers the in-place call as usual - its result is the view's
-new value - and then writes that value back into the base: ``dynamic_update_slice(base,
-update)`` with the view's ``dim``/``start``/``end``/``step`` (``ir/writes.py``; a ``select`` is
-a one-wide slice, its update reshaped to keep the dim), each view of a chain in turn. The base's
-later readers read the write's result, so the plan lays the base out knowing it holds the
-labels (a batch split), not a free constant.
+The follower (``follow.py``) may run an in-place call out of place at its planned layout (the
+target takes the result: ``assign``); into a view, the write then never reached the base (the
+decoder read zeros: BART on (8,) free 4.1663 against 4.1289). So the follower remembers, for
+each ``slice``/``select`` result that a traced in-place call writes into, the run-time base and
+the view's window; after the write it writes the view's new value into the base at the base's
+own layout (``write_back``; the view's value is moved there first: for the label shift a
+gather of the labels the plan does not price - the IR sees the base as a constant). Only
+slice and select views are written back: a write into a reshape (Falcon's ``mlp_output +=
+attention_output`` into a linear's ``_unsafe_view``) leaves a base nothing reads again.
 
-The follower (``follow.py``) runs the in-place call as it runs any (in place, or out of place
-at the planned layouts), then performs each ``dynamic_update_slice`` of that call at its planned
-operand and result layouts (``write_back``): the run-time base takes the result, and its name
-becomes the written value's, so the next readers match the trace. No collective is issued that
-the plan does not price. Only slice and select views are written back: a write into a reshape
-(Falcon's ``mlp_output += attention_output`` into a linear's ``_unsafe_view``) leaves a base
-nothing reads again.
+Lowering the write into the IR as ``dynamic_update_slice`` of the base (``ir/writes.py``) was
+tried: it made the plan split the shifted labels with the batch, and ``plan.apply`` of T5 with
+row-split relative-bias tables on (2, 4) then failed in backward ("view size is not
+compatible"; test_t5_apply), so the IR keeps the base a constant for now.
 """
 
 from __future__ import annotations
@@ -29,87 +28,59 @@ from __future__ import annotations
 from typing import TYPE_CHECKING, Any
 
 import torch
-from torch import fx
-from torch.distributed.tensor import DTensor, Partial, Shard
-
-from ...ir import TensorType, Value
+from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 if TYPE_CHECKING:
     from .capture import AtenStep
-    from .lower import Lowering
 
-KIND = "dynamic_update_slice"
 VIEW_TARGETS = ("aten.slice.Tensor", "aten.select.int")
 """Run-time view calls whose base a write into the view must reach."""
-_SLICE, _SELECT = torch.ops.aten.slice.Tensor, torch.ops.aten.select.int
 
 
-def _window(view: fx.Node, size: int) -> tuple[int, int, int]:
-    """``(start, end, step)`` of a slice/select node on a base dim of ``size``."""
-    args = list(view.args) + [None] * 5
-    if view.target is _SELECT:
-        start = int(args[2]) % size
-        return start, start + 1, 1
-    step = int(args[4] if args[4] is not None else view.kwargs.get("step", 1))
-    begin, stop, _ = slice(args[2], args[3], step).indices(size)
-    return begin, max(begin, stop), step
+def window(target: str, args: tuple) -> tuple[int, int, int, int]:
+    """``(dim, start, end, step)`` of a run-time ``slice``/``select`` call on ``args[0]``."""
+    base = args[0]
+    rest = list(args[1:]) + [None] * 4
+    dim = int(rest[0] if rest[0] is not None else 0) % base.dim()
+    size = base.shape[dim]
+    if target == "aten.select.int":
+        start = int(rest[1]) % size
+        return dim, start, start + 1, 1
+    step = int(rest[3] if rest[3] is not None else 1)
+    begin, stop, _ = slice(rest[1], rest[2], step).indices(size)
+    return dim, begin, max(begin, stop), step
 
 
-def record(low: Lowering, view: Any) -> None:
-    """After an in-place call into ``view`` (its new value in ``low.env[view]``): write the
-    value back into the base of each slice/select view up the chain (module docstring)."""
-    while isinstance(view, fx.Node) and view.target in (_SLICE, _SELECT):
-        base = view.args[0]
-        value, old = low.env.get(view), low.env.get(base) if isinstance(base, fx.Node) else None
-        if not (isinstance(value, Value) and isinstance(old, Value)):
-            return
-        dim = int(view.args[1]) % old.type.rank
-        start, end, step = _window(view, old.type.shape[dim])
-        if value.type.rank < old.type.rank:  # a select: keep the dim, one wide
-            shape = list(old.type.shape)
-            shape[dim] = 1
-            value = low.emit("reshape", [value], [TensorType(tuple(shape), value.type.dtype)])[0]
-        attrs = {"dim": dim, "start": start, "end": end, "step": step}
-        low.env[base] = low.emit(KIND, [old, value], [old.type], attrs)[0]
-        view = base
-
-
-def written_views(steps: list[AtenStep], ops: list) -> set[str]:
-    """IR names of views some traced write reaches the base of (their bases are kept)."""
-    names: set[str] = set()
-    for s in steps:
-        writes = [ops[i] for i in s.ops if ops[i].kind == KIND]
-        if writes and s.operands and s.operands[0]:
-            names.add(s.operands[0])
-            names.update(op.operands[0].name for op in writes[:-1])  # views up the chain
-    return names
+def written_views(steps: list[AtenStep]) -> set[str]:
+    """IR names of slice/select results that a later traced in-place call writes into."""
+    views = {s.results[0] for s in steps if s.target in VIEW_TARGETS and s.results}
+    return {
+        s.operands[0]
+        for s in steps
+        if s.operands and s.operands[0] in views and _in_place(s.target)
+    }
 
 
 def write_back(follower: Any, step: AtenStep, view: torch.Tensor) -> None:
-    """Run the ``dynamic_update_slice`` ops of an in-place ``step`` into ``view``: each base
-    (``follower.bases``) takes the written value at the planned layouts, and its new name."""
-    plan = follower.plan
-    for index in step.ops:
-        op = plan.graph.ops[index]
-        if op.kind != KIND:
-            continue
-        base = follower.bases.get(view)
-        if base is None:
-            follower.deviations.append(f"{step.target}: the base of a written view is unknown")
-            return
-        dim, start, end, stride = (int(op.attrs[k]) for k in ("dim", "start", "end", "step"))
-        want = [
-            follower._placements(plan.operand_shardings.get((index, j)), op.operands[j].name)
-            for j in (0, 1)
-        ]
+    """After an in-place ``step`` into ``view``: each base up the chain (``follower.bases``)
+    takes the view's new value, at the base's own layout."""
+    while (entry := follower.bases.get(view)) is not None:
+        base, (dim, start, end, stride) = entry
         update = view.unsqueeze(dim) if view.dim() < base.dim() else view
-        whole = follower._to(base, want[0], step)
-        update = follower._to(update, want[1], step)
-        new = _scatter(whole, update, (dim, start, end, stride))
-        new = follower._to(new, follower._placements(None, op.results[0].name), step)
-        _take(base, new)
-        follower.names[base] = op.results[0].name
+        whole = base if isinstance(base, DTensor) else follower._to(base, _replicated(view), step)
+        update = follower._to(update, tuple(whole.placements), step)
+        _take(base, _scatter(whole, update, (dim, start, end, stride)))
         view = base
+
+
+def _replicated(like: torch.Tensor) -> tuple:
+    mesh = like.device_mesh if isinstance(like, DTensor) else None
+    return (Replicate(),) * (mesh.ndim if mesh is not None else 1)
+
+
+def _in_place(target: str) -> bool:
+    name = target.split(".")[1] if target.count(".") >= 1 else target
+    return name.endswith("_") and not name.endswith("__")
 
 
 def _scatter(base: DTensor, update: DTensor, window: tuple[int, int, int, int]) -> DTensor:
