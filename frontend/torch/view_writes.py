@@ -1,4 +1,4 @@
-"""Writes into a slice of a tensor: captured as a write of the base, replayed so it reaches it.
+"""Writes into a slice of a tensor under ``follow_plan``: replayed so they reach the base.
 
 Hugging Face's label shift (``shift_tokens_right``, T5's ``_shift_right``) writes into views::
 
