@@ -120,8 +120,8 @@ FAMILIES: dict[str, Callable[[], torch.nn.Module]] = {
     "marian": _marian,
 }  # fmt: skip
 """ALBERT (factorised embeddings, one shared layer) and Marian (sinusoidal positions that
-take no gradient, ``shift_tokens_right``) joined later: measured on (2, 4) Megatron and FSDP
-(apply and follow_plan match); Marian FSDP (2, 4) is a CI cell."""
+take no gradient, ``shift_tokens_right``) joined later: ALBERT Megatron (2, 4) and Marian FSDP
+(2, 4) measured (apply and follow_plan match); Marian FSDP (2, 4) is a CI cell."""
 MESHES = {"8": {"dp": 8}, "2x4": {"dp": 2, "tp": 4}, "2x2x2": {"dp": 2, "fsdp": 2, "tp": 2}}
 KINDS = ("free", "fsdp", "megatron")
 ALL_CELLS = [(family, mesh, kind) for mesh in MESHES for family in FAMILIES for kind in KINDS]
@@ -286,8 +286,8 @@ FOLLOW_GAPS: dict[tuple[str, str, str], str] = {
 }
 """Cells whose followed plan differs from the plain model (strict xfails), as measured.
 The label shift (``shifted[:, 1:] = labels[:, :-1]``, a ``copy_`` into a view of ``new_zeros``)
-is captured as a write of the base and replayed so (``frontend/torch/view_writes.py``): the
-BART and T5 cells it broke (BART on (8,) free read 4.1663 against 4.1289) match."""
+is written back into its base by the follower (``frontend/torch/view_writes.py``): the BART
+and T5 cells it broke (BART on (8,) free read 4.1663 against 4.1289) match."""
 
 
 def _marked(gaps: dict[tuple[str, str, str], str]) -> list:
