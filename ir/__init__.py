@@ -4,6 +4,7 @@ from . import conv as _conv  # noqa: F401  (registers the convolution and poolin
 from . import moe as _moe  # noqa: F401  (registers the mixture-of-experts rules)
 from . import regions as _regions  # noqa: F401  (registers the shard_map region rule)
 from . import window as _window  # noqa: F401  (registers the pooling window rules)
+from . import writes as _writes  # noqa: F401  (registers the slice-write rule)
 from .errors import (
     FrontendError,
     InfeasiblePlanError,

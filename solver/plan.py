@@ -10,7 +10,8 @@ from ..ir import Graph, Mesh, Role, Sharding, ShardplanError
 
 PLAN_FORMAT_VERSION = 2
 """2: the full mesh (pipeline axis included), the pipeline, exposed communication, recomputation,
-the memory budget and the mesh-search table. Version 1 files still load (without those)."""
+the memory budget and the mesh-search table. Version 1 files still load (without those).
+The idle-devices finding (``idle``) is an optional key of version 2: files without it load."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -138,7 +139,7 @@ class Plan:
     idle: object | None = None
     """``solver.idle.IdleDevices``: devices the free plan leaves repeating the same work, why
     (modelled), and the data-parallel alternative's step (``sp.plan(..., prefer=...)``);
-    None when every device does its own share. Never serialised."""
+    None when every device does its own share. Saved with the plan (an optional key)."""
     assignments: dict[int, tuple] = field(default_factory=dict)
     """Op index -> its chosen strategy's factor -> mesh axes pairs (``Strategy.assignment``):
     what each op splits, which its layouts alone do not always say (a result's layout is

@@ -49,7 +49,23 @@ def plan_to_json(plan: Plan) -> str:
         "memory_limit": None if plan.memory_limit is None else _float(plan.memory_limit),
         "candidates": [_candidate(c) for c in plan.candidates],
     }
+    if plan.idle is not None:  # optional: files without it load with ``idle`` None
+        document["idle"] = _idle(plan.idle)
     return _dump(document) + "\n"
+
+
+def _idle(idle: Any) -> dict[str, Any]:
+    """``solver.idle.IdleDevices``: what the free plan leaves idle, and why (modelled)."""
+
+    def steps(t: Any) -> dict[str, Any]:
+        return {"step": _float(t.step), "compute": _float(t.compute), "exposed": _float(t.exposed)}
+
+    return {
+        "axes": list(idle.axes), "repeats": idle.repeats, "work": _float(idle.work),
+        "whole": idle.whole, "split_axes": list(idle.split_axes), "strategy": idle.strategy,
+        "free": steps(idle.free), "split": steps(idle.split),
+        "kernel_floor": _float(idle.kernel_floor), "chosen": idle.chosen,
+    }  # fmt: skip
 
 
 def _costs(plan: Plan) -> dict[str, Any]:
@@ -245,7 +261,29 @@ def plan_from_json(data: Mapping[str, Any] | str) -> Plan:
             _read_candidate(_Reader(c, f"candidates[{i}]"))
             for i, c in enumerate(top.get("candidates", list, []))
         ],
+        idle=_read_idle(_Reader(top.data["idle"], "idle")) if "idle" in top.data else None,
     )
+
+
+def _read_idle(r: _Reader):
+    from .idle import IdleDevices, StepTimes
+
+    def names(key: str) -> tuple[str, ...]:
+        values = r.get(key, list)
+        if not all(isinstance(v, str) for v in values):
+            raise _bad(f"{r.where}.{key}", f"expected mesh axis names, got {values!r:.60}")
+        return tuple(values)
+
+    def steps(key: str) -> StepTimes:
+        t = _Reader(r.get(key, dict), f"{r.where}.{key}")
+        return StepTimes(t.number("step"), t.number("compute"), t.number("exposed"))
+
+    return IdleDevices(
+        axes=names("axes"), repeats=r.get("repeats", int), work=r.number("work"),
+        whole=r.get("whole", bool), split_axes=names("split_axes"),
+        strategy=r.get("strategy", str), free=steps("free"), split=steps("split"),
+        kernel_floor=r.number("kernel_floor"), chosen=r.get("chosen", str),
+    )  # fmt: skip
 
 
 def _check_header(top: _Reader) -> None:

@@ -16,7 +16,7 @@ import numpy as np
 from ...ir import Graph, Origin, TensorType, Value, op_info, register_rule
 from ...ir.registry import elementwise, reduce, rowwise
 from .conv import WINDOW_PRIMITIVES, lower_conv, lower_window
-from .rules import dynamic_update_slice_rule, gather_rule, reverse_rule, scatter_add_rule
+from .rules import gather_rule, reverse_rule, scatter_add_rule
 
 _DTYPES = {
     "float64": "f64", "float32": "f32", "bfloat16": "bf16", "float16": "f16",
@@ -65,7 +65,6 @@ for _kind in ("cumprod", "cummax", "cummin", "cumlogsumexp"):
         register_rule(_kind, rowwise)
 register_rule("xla_gather", gather_rule, flops="none")
 register_rule("xla_scatter_add", scatter_add_rule)
-register_rule("dynamic_update_slice", dynamic_update_slice_rule, flops="none")
 register_rule("reverse", reverse_rule, flops="none", linear=True)
 
 

@@ -1,5 +1,6 @@
-"""Factor rules for XLA ops the core registry does not cover: general gather, scatter-add and
-dynamic_update_slice, built from their dimension numbers (kept as op attributes).
+"""Factor rules for XLA ops the core registry does not cover: general gather and scatter-add,
+built from their dimension numbers (kept as op attributes); ``dynamic_update_slice`` is the
+core's (``ir/writes.py``).
 
 Following Shardy's registry: batch dims shared by operand, indices and result pass through;
 indexed (gathered / scattered) operand dims need replication; index dims of a scatter-add that
@@ -106,20 +107,6 @@ def scatter_add_rule(
             op_f.append(fs.new(size, not whole))
             upd_f[pos] = op_f[-1] if whole else fs.new(updates.shape[pos], True)
     return fs.rule([op_f, idx_f, upd_f], [list(op_f)])
-
-
-def dynamic_update_slice_rule(
-    ins: Sequence[TensorType], outs: Sequence[TensorType], attrs: Mapping[str, object]
-) -> ShardingRule:
-    """Dims the update covers whole pass through; partially updated dims need replication."""
-    operand, update = ins[0], ins[1]
-    fs = _Factors()
-    op_f, upd_f = [], []
-    for size, upd_size in zip(operand.shape, update.shape, strict=True):
-        whole = size == upd_size
-        op_f.append(fs.new(size, not whole))
-        upd_f.append(op_f[-1] if whole else fs.new(upd_size, True))
-    return fs.rule([op_f, upd_f] + [[] for _ in ins[2:]], [list(op_f)])
 
 
 def reverse_rule(

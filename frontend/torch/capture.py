@@ -237,11 +237,27 @@ def _capture(model, call, mode, spec, name, context_len=None) -> tuple[Graph, To
     context.module_kinds = {path: _kind(m) for path, m in model.named_modules()}
     context.pins = dtensor_parameter_pins(model)
     _lower(traced, graph, context)
+    if mode not in ("prefill", "decode"):
+        _check_read(model, call, graph, context)
     context.input_binding = ", ".join(
         f"{slot}={graph.value(value).type}"
         for slot, value in zip(context.input_slots, context.input_values, strict=True)
     )
     return graph, context
+
+
+def _check_read(model: nn.Module, call: _Call, graph: Graph, context: TorchContext) -> None:
+    """Refuse an example keyword that ``**kwargs`` swallowed and the step never reads."""
+    from .inputs import check_read
+
+    values = dict(zip(context.input_slots, context.input_values, strict=True))
+    returned = {v.name for v in graph.outputs}
+
+    def read(path: str) -> bool:
+        name = values.get(path)
+        return name is not None and (bool(graph.value(name).uses) or name in returned)
+
+    check_read(model, call.args, call.kwargs, read)
 
 
 def _stamped_context(context: TorchContext, stamped: StampedGraph) -> TorchContext:

@@ -52,6 +52,7 @@ from . import (  # modules: emit imports this one too
     losses,
     nn_local,
     reshard,
+    view_writes,
     views,
 )
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
@@ -66,8 +67,12 @@ _CLONE = "aten.clone.default"
 _COPY = "aten.copy_.default"
 _IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
 _NEW_EMPTY_STRIDED = "aten.new_empty_strided.default"
-_FILLS_LIKE = ("aten.ones_like.default", "aten.zeros_like.default", "aten.full_like.default")
-"""Fills shaped like an operand; the IR makes them constants (no operand to follow)."""
+_FILLS_LIKE = (
+    "aten.ones_like.default", "aten.zeros_like.default", "aten.full_like.default",
+    "aten.new_zeros.default", "aten.new_ones.default", "aten.new_full.default",
+)  # fmt: skip
+"""Fills shaped like an operand (or sized by the call: ``labels.new_zeros(shape)``); the IR
+makes them constants (no operand to follow)."""
 _REPLAYED = ("aten", "shardplan")
 """Op namespaces the trace records and the follower replays (``shardplan``: the MoE ops)."""
 _LOOKAHEAD = 64
@@ -165,6 +170,10 @@ class PlanFollower(TorchDispatchMode):
                 self.fill_layout.setdefault(s.operands[0] or "", s.results[0] or "")
         self.empty = {v.name for v in plan.graph.values() if tuple(v.type.shape) == (0,)}
         """Values that are a legacy ``torch.tensor([])`` (a ``cat`` operand eager ``cat`` skips)."""
+        self.written = view_writes.written_views(self.steps)
+        """Views some traced write reaches the base of (``view_writes``)."""
+        self.bases: WeakIdKeyDictionary = WeakIdKeyDictionary()
+        """Run-time view (of a name in ``written``) -> (the tensor it views, its window)."""
         self.layout_copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
         """Run-time ``new_empty_strided`` target -> the gradient ``AccumulateGrad`` copies in."""
         self.cursor = 0
@@ -219,10 +228,16 @@ class PlanFollower(TorchDispatchMode):
             return out
         step = conv_local.aligned(self.plan, step, args)
         out = self._run(step, func, args, kwargs)
+        self._name(step, out, args)
+        return out
+
+    def _name(self, step: AtenStep, out: Any, args: tuple) -> None:
+        """Remember the IR values a replayed call's results hold (and a written view's base)."""
         for t, name in zip(leaves(out, torch.Tensor), step.results, strict=False):
             if name is not None:
                 self.names[t] = name
-        return out
+        if step.target in view_writes.VIEW_TARGETS and step.results[0] in self.written:
+            self.bases[out] = (args[0], view_writes.window(step.target, args))  # writes reach it
 
     def _layout_copy(self, func: Any, target: str, args: tuple, kwargs: dict) -> Any:
         """``AccumulateGrad`` giving a gradient its parameter's strides (the trace has neither
@@ -344,8 +359,10 @@ class PlanFollower(TorchDispatchMode):
         ]
         if inplace and torch.Tag.inplace_view in func.tags and isinstance(args[0], DTensor):
             return self._in_place_view(step, func, args, kwargs)
-        if inplace and self._relayout(step, args[0]):
-            return self._run_out_of_place(step, func, (args, kwargs), tensors, moved)
+        if inplace and torch.Tag.inplace_view not in func.tags and self._relayout(step, args[0]):
+            out = self._run_out_of_place(step, func, (args, kwargs), tensors, moved)
+            view_writes.write_back(self, step, tensors[0])
+            return out
         args, kwargs = self._arguments(step, _replace((args, kwargs), iter(moved)))
         if step.target in _EMPTY and step.results[0] in self.fill_layout:
             return self._empty_at(func(*args, **kwargs), self.fill_layout[step.results[0]])
@@ -355,7 +372,10 @@ class PlanFollower(TorchDispatchMode):
             out = func(*args, **kwargs)
             if step.target.startswith("aten.arange") and self.order is not None:
                 out = self._positions(out)
-        return out if inplace else self._results(step, out)
+        if inplace:
+            view_writes.write_back(self, step, tensors[0])
+            return out
+        return self._results(step, out)
 
     def _run_local(self, step: AtenStep, func: Any, args: tuple, kwargs: dict, moved: list) -> Any:
         """A call the follower runs itself (not through DTensor's dispatch); None: not one."""
@@ -413,7 +433,7 @@ class PlanFollower(TorchDispatchMode):
             out = self._results(step, torch.ops.aten.clone.default(moved[1]))
         else:
             out = self._results(step, _out_of_place(func)(*args, **kwargs))
-        _assign(tensors[0], out)
+        view_writes.assign(tensors[0], out)
         return tensors[0]
 
     def _in_place_view(self, step: AtenStep, func: Any, args: tuple, kwargs: dict) -> DTensor:
@@ -424,7 +444,7 @@ class PlanFollower(TorchDispatchMode):
         target = args[0]
         want = self._want(step, 0)
         if not same_layout(tuple(target.placements), want):
-            _assign(target, self._to(target, want, step))
+            view_writes.assign(target, self._to(target, want, step))
         out = self._results(step, _out_of_place_view(func)(target, *args[1:], **kwargs))
         _assign_view(target, out, func, args[1:], kwargs)
         return target
@@ -432,7 +452,7 @@ class PlanFollower(TorchDispatchMode):
     def _relayout(self, step: AtenStep, target: torch.Tensor) -> bool:
         """An in-place call whose planned result layout is not its target's: DTensor keeps
         an in-place target's placements, so the call runs out of place at the planned layouts
-        and the target takes the result (``_assign``). HF Falcon's ``mlp_output +=
+        and the target takes the result (``view_writes.assign``). HF Falcon's ``mlp_output +=
         attention_output`` adds a pending sum the plan reduce-scatters first."""
         name = step.results[0] if step.results else None
         if step.target == _COPY and not (
@@ -716,18 +736,6 @@ def _out_of_place(func: Any) -> Any:
     return getattr(packet, func._overloadname)
 
 
-def _assign(target: DTensor, value: DTensor) -> None:
-    """Make ``target`` hold ``value`` (same global shape) at ``value``'s placements.
-
-    Private: DTensor has no public way to change a tensor's placements in place, and an
-    in-place call must leave its result in the very tensor object it was given (autograd
-    returns that object; the model may keep other references to it). The wrapper keeps its
-    global shape and autograd identity; its local shard and spec are replaced.
-    """
-    target._local_tensor = value._local_tensor
-    target._spec = value._spec
-
-
 def _out_of_place_view(func: Any) -> Any:
     """``aten.transpose.int`` for ``aten.transpose_.default``: the overload of the out-of-place
     view taking the same arguments."""
@@ -745,10 +753,10 @@ def _assign_view(target: DTensor, value: DTensor, func: Any, args: tuple, kwargs
     computed out of place: its local shard and spec become ``value``'s, and ``func`` runs on
     the wrapper's own sizes and strides only.
 
-    Private, as ``_assign``: below Python dispatch (``_DisableTorchDispatch``) the view is
+    Private, as ``view_writes.assign``: below Python dispatch (``_DisableTorchDispatch``) the view is
     metadata-only on the wrapper (no data is read); there is no public way to change a
     DTensor's shape in place, and an in-place view must return its very target."""
-    _assign(target, value)
+    view_writes.assign(target, value)
     with torch._C._DisableTorchDispatch():
         func(target, *args, **kwargs)
 

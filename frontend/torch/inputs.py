@@ -174,6 +174,32 @@ def _check_binding(
         raise ArgumentError(f"{where}: {exc}; give it as an example input") from None
 
 
+def check_read(model: nn.Module, args: tuple, kwargs: Mapping[str, Any], read: Callable) -> None:
+    """A keyword that no ``forward`` parameter names, taken by its ``**kwargs``, whose tensors
+    the traced step never reads (``read(path)`` is False for each): an error naming it.
+
+    Hugging Face models take ``**kwargs`` and pass them on to attention and the loss, which
+    read only the names they know; an unknown (misspelt) keyword is dropped on the way
+    without a word, so the plan would price a step without it and ``apply`` would split a
+    tensor nothing uses. Non-tensor keywords (``output_attentions=True``) are not checked."""
+    signature = forward_signature(model)
+    if signature is None or not takes_any_keyword(signature):
+        return
+    args, kwargs = _fold_keyword_dict(signature, tuple(args), dict(kwargs))
+    names = named_parameters(signature)
+    star = next(p.name for p in signature.parameters.values()
+                if p.kind is inspect.Parameter.VAR_KEYWORD)  # fmt: skip
+    for key, value in kwargs.items():
+        tensors = tree_tensors(value, key)
+        if key in names or not tensors or any(read(path) for path, _ in tensors):
+            continue
+        raise ArgumentError(
+            f"example input {key!r} goes to {type(model).__name__}.forward's **{star} (no "
+            f"parameter names it), and the model never reads it; leave it out or name a "
+            f"parameter forward takes: {', '.join(names)}"
+        )
+
+
 def _short(signature: inspect.Signature) -> str:
     text = str(signature)
     return text if len(text) <= 80 else text[:76] + "...)"
@@ -366,6 +392,7 @@ __all__ = [
     "bind",
     "capture_hint",
     "check_loss_inputs",
+    "check_read",
     "example_tensor",
     "forward_signature",
     "map_tensors",

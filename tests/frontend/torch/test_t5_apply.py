@@ -3,7 +3,8 @@
 Covers issue 37.1 and 37.2 together: both ``relative_attention_bias`` tables split along their
 rows over ``{dp, tp}`` and looked up with computed bucket ids (the position bias reaches
 attention as a broadcast mask: ``local.py``'s gradient; ``lookup.py``'s masked lookup), and
-the label shift's ``fill_`` (``fallback.py``) and slice writes (``follow.py``).
+the label shift's ``fill_`` (``fallback.py``) and slice writes (``view_writes.py``), under
+``plan.apply`` alone and under ``follow_plan``.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ def test_t5_labels_row_split_bias_tables_match_plain_model() -> None:
     loss.backward()
     simulate.simulated_world(mesh.size)
     device_mesh = init_device_mesh("cpu", (2, 4), mesh_dim_names=("dp", "tp"))
-    for follow in (False,):  # follow_plan with labels: the label-shift gap (test_encoder_matrix)
+    for follow in (False, True):
         with simulate.local_ranks(mesh.size):
             sharded = plan.apply(copy.deepcopy(model), device_mesh)
             for fqn in tables:
