@@ -56,7 +56,7 @@ def test_demo_prints_one_screen_with_every_part(demo):
     assert re.search(
         r"^step time +[\d.]+ ms modelled \(compute [\d.]+ ms, communication", text, re.M
     )
-    assert re.search(r"^collectives +all-gather ×\d+", text, re.M)
+    assert re.search(r"^collectives +(all-gather|reduce-scatter) ×\d+", text, re.M)
     assert re.search(r"^memory/device +[\d.]+ GiB peak \(activations [\d.]+ GiB", text, re.M)
     assert re.search(r"^strategy +batch over dp×tp, .*recompute none", text, re.M)
     assert "model.layers.0-15.self_attn.q_proj.weight ×16" in text

@@ -18,18 +18,13 @@ from __future__ import annotations
 
 import argparse
 import json
-import sys
 import time
 import warnings
 from pathlib import Path
 
-# Python puts this script's folder first on sys.path, where this file would shadow the
-# torchtitan package it benchmarks: drop it (nothing else is imported from bench/).
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != Path(__file__).resolve().parent]
-
-import shardplan as sp  # noqa: E402
-from shardplan.frontend.torch import torchtitan as tt  # noqa: E402
-from shardplan.records import WallClock, add_record_argument, save_record  # noqa: E402
+import shardplan as sp
+from shardplan.frontend.torch import torchtitan as tt
+from shardplan.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = "h100-sxm"
