@@ -75,10 +75,15 @@ class TableStrategy(ParallelStrategy):
         for v in whole_index_inputs(graph):
             pins[v.name] = Sharding.replicated(v.type.rank)
         data = self.data_axes(mesh)
-        for op in graph.ops:  # a data-parallel table: each device pools its own bags
+        for op in graph.ops:  # each lookup runs as its table's kind says, not only its storage
             module = op.operands[0].origin.path.rpartition(".")[0] if op.operands else ""
-            if op.kind == "embedding_bag" and chosen.get(module, ("",))[0] == "data_parallel":
+            kind = chosen.get(module, ("",))[0]
+            if op.kind != "embedding_bag" or not kind:
+                continue
+            if kind == "data_parallel":  # each device pools its own bags
                 pins[op.results[0].name] = _on_bags(op.results[0], data, mesh)
+            else:
+                pins[op.results[0].name] = _pooled(pins[op.operands[0].name], kind)
         return pins
 
     def _assign(self, tables: dict) -> dict[str, tuple[str, tuple[str, ...] | None]]:
@@ -123,6 +128,15 @@ class TableStrategy(ParallelStrategy):
         dims: list[tuple[str, ...]] = [(), ()]
         dims[dim] = tuple(split)
         return Sharding(tuple(dims))
+
+
+def _pooled(table: Sharding, kind: str) -> Sharding:
+    """A lookup's pooled ``[bags, dim]`` result for a table at ``table``: row-wise, a pending
+    sum over the rows' axes (each device pools the ids it owns); column-wise, the columns split."""
+    rows, columns = table.dims
+    if kind == "row_wise":
+        return Sharding(((), ()), partial=frozenset(rows))
+    return Sharding(((), tuple(columns)))
 
 
 def _on_bags(out: Value, axes: tuple[str, ...], mesh: Mesh) -> Sharding:
