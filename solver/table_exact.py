@@ -13,7 +13,6 @@ from math import comb
 
 from ..costmodel.dense_part import DenseCost
 from ..costmodel.embedding import OptionCost, World, fixed_latency
-
 from .table_assign import Loads
 from .table_plan import TableChoice
 from .tables import COLLECTIVES, Budget, TableClass, _kib, _NoSolution, _ns

@@ -753,8 +753,8 @@ def _assign_view(target: DTensor, value: DTensor, func: Any, args: tuple, kwargs
     computed out of place: its local shard and spec become ``value``'s, and ``func`` runs on
     the wrapper's own sizes and strides only.
 
-    Private, as ``view_writes.assign``: below Python dispatch (``_DisableTorchDispatch``) the view is
-    metadata-only on the wrapper (no data is read); there is no public way to change a
+    Private, as ``view_writes.assign``: below Python dispatch (``_DisableTorchDispatch``)
+    the view is metadata-only on the wrapper (no data is read); there is no public way to change a
     DTensor's shape in place, and an in-place view must return its very target."""
     view_writes.assign(target, value)
     with torch._C._DisableTorchDispatch():
