@@ -58,7 +58,7 @@ def test_demo_prints_one_screen_with_every_part(demo):
     )
     assert re.search(r"^collectives +(all-gather|reduce-scatter) ×\d+", text, re.M)
     assert re.search(r"^memory/device +[\d.]+ GiB peak \(activations [\d.]+ GiB", text, re.M)
-    assert re.search(r"^strategy +batch over dp×tp, .*recompute none", text, re.M)
+    assert re.search(r"^strategy +batch over dp×tp, [^\n]*\n?[^\n]*recompute none", text, re.M)
     assert "model.layers.0-15.self_attn.q_proj.weight ×16" in text
     assert "model.layers.0-15.mlp.down_proj.weight ×16" in text
     assert "model.layers.1." not in text  # alike layers are shown once
