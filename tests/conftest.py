@@ -2,7 +2,14 @@
 
 from __future__ import annotations
 
+import sys
+from pathlib import Path
+
 import pytest
+
+TESTS = str(Path(__file__).resolve().parent)  # test helpers (plan_digests.py)
+if TESTS not in sys.path:
+    sys.path.insert(0, TESTS)
 
 
 def pytest_addoption(parser: pytest.Parser) -> None:

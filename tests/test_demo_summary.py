@@ -13,6 +13,7 @@ import sys
 from pathlib import Path
 
 import pytest
+from plan_digests import check_text
 
 ROOT = Path(__file__).resolve().parents[1]
 SCREEN = 40
@@ -91,3 +92,10 @@ def test_show_prints_the_summary_and_full_every_table(demo):
     for part in ("Inputs", "Ops (communicating", "Reshards", "Parameter layouts"):
         assert part in full
     assert "model.layers.15.mlp.down_proj.weight  f32[2048,8192]" in full  # every layer's picture
+
+
+@pytest.mark.slow
+def test_demo_plan_is_the_recorded_one(demo):
+    """The demo's saved plan, byte for byte (its digest; see tests/plan_digests.py)."""
+    _, out = demo
+    check_text(__file__, "demo", out.read_text())

@@ -25,6 +25,7 @@ import jax_mlp
 import numpy as np
 import pytest
 import shardplan as sp
+from plan_digests import check_plan
 from shardplan.frontend.jax.capture import capture
 from shardplan.frontend.jax.emit import make_jax_mesh
 from shardplan.frontend.jax.hlo import check_plan_collectives
@@ -96,6 +97,7 @@ def _plan_cell(model: str, mesh_name: str, kind: str):
     limit = PLAN_TIME_LIMIT[len(MESHES[mesh_name])]
     plan = sp.plan(step, *args, mesh=mesh, pins=pins, time_limit=limit)
     seconds = time.perf_counter() - start
+    check_plan(__file__, f"{model}-{mesh_name}-{kind}", plan)
     return step, args, plan, plan.jit(step, make_jax_mesh(plan)), seconds
 
 

@@ -26,6 +26,7 @@ from dataclasses import dataclass
 import pytest
 import shardplan as sp
 import torch
+from plan_digests import check_plan
 from shardplan.frontend.torch import simulate
 from shardplan.frontend.torch.capture import TorchContext, capture
 from shardplan.frontend.torch.follow import follow_plan
@@ -224,6 +225,7 @@ def _cell(family: str, mesh: str, kind: str) -> Cell:
     if key not in _CELLS:
         captured = _family(family)
         plan = _plan(captured, _mesh_for(mesh, kind), kind)
+        check_plan(__file__, "-".join(key), plan)
         loss, grads, _, _ = _step(plan, captured, follow=False)
         _check_numerics(captured, loss, grads)
         loss, grads, observed, deviations = _step(plan, captured, follow=True)

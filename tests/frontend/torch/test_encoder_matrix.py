@@ -28,6 +28,7 @@ from dataclasses import dataclass
 import pytest
 import shardplan as sp
 import torch
+from plan_digests import check_plan
 from shardplan.frontend.torch import simulate
 from shardplan.frontend.torch.capture import TorchContext, capture
 from shardplan.frontend.torch.follow import follow_plan
@@ -264,6 +265,7 @@ def _cell(family: str, mesh: str, kind: str) -> tuple[Family, sp.Plan]:
     if key not in _PLANS:
         plan = _plan(_family(family), _mesh_for(mesh, kind), kind)
         assert _sharded(plan), f"the {kind} plan of {family} on {mesh} shards nothing"
+        check_plan(__file__, "-".join(key), plan)
         _PLANS[key] = plan
     return _family(family), _PLANS[key]
 

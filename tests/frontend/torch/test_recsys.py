@@ -22,6 +22,7 @@ from collections import Counter
 import pytest
 import shardplan as sp
 import torch
+from plan_digests import check_plan
 from shardplan.frontend.torch import simulate
 from shardplan.frontend.torch.capture import capture
 from shardplan.frontend.torch.follow import follow_plan
@@ -143,6 +144,7 @@ def _plan(captured: Captured, mesh_name: str, kind: str) -> sp.Plan:
         for v, sharding, pinned in saved:
             v.sharding, v.pinned = sharding, pinned
     plan.frontend_context = captured.context
+    check_plan(__file__, f"{mesh_name}-{kind}", plan)
     return plan
 
 

@@ -32,6 +32,7 @@ from dataclasses import dataclass
 import pytest
 import shardplan as sp
 import torch
+from plan_digests import check_plan
 from shardplan.frontend.torch import simulate
 from shardplan.frontend.torch.capture import TorchContext, capture
 from shardplan.frontend.torch.follow import follow_plan
@@ -182,6 +183,7 @@ def _cell_plan(family: str, mesh: str, kind: str) -> sp.Plan:
     key = (family, mesh, kind)
     if key not in _PLANS:
         _PLANS[key] = _plan(_family(family), sp.Mesh(MESHES[mesh], cluster="cpu-test"), kind)
+        check_plan(__file__, "-".join(key), _PLANS[key])
     return _PLANS[key]
 
 
