@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 import shardplan as sp
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver.lp import solve_relaxation
 from shardplan.solver.memory import build_memory_model
 from shardplan.solver.recompute import cheapest_fit
