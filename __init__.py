@@ -3,11 +3,13 @@
 ``import shardplan`` needs neither torch nor jax; only ``shardplan.frontend`` imports them, lazily.
 """
 
-from . import strategies
-from .api import annotate, plan
+from .api.evaluate import Evaluation, evaluate
+from .api.plan import annotate, plan
+from .api.recsys import plan_tables, torchrec_plan
+from .api.torchtitan import TitanEmission, evaluate_torchtitan, to_torchtitan
+from .api.whatif import WhatIf, whatif
 from .costmodel.dense_part import DenseSpec
 from .costmodel.embedding import TableSpec
-from .evaluate import Evaluation, evaluate
 from .ir import (
     Graph,
     InfeasiblePlanError,
@@ -21,13 +23,11 @@ from .ir import (
     UnsupportedOpWarning,
 )
 from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
-from .recsys import plan_tables, torchrec_plan
+from .solver import strategies
 from .solver.plan import Plan, load_plan
 from .solver.table_plan import TablePlan
-from .titan_config import TitanConfig, TitanConfigError
-from .titan_emit import TitanEmission, evaluate_torchtitan, to_torchtitan
-from .titan_search import TitanSearch, search_torchtitan
-from .whatif import WhatIf, whatif
+from .solver.titan_config import TitanConfig, TitanConfigError
+from .solver.titan_search import TitanSearch, search_torchtitan
 
 Plan.to_torchtitan = to_torchtitan  # type: ignore[attr-defined]
 

@@ -23,10 +23,11 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from . import progress, validate
+from .api.checks import check_cluster
 from .cli_inputs import keyword_inputs, parse_input
-from .ir import Graph, Mesh, Pin, Sharding, ShardplanError
+from .ir import Graph, Mesh, Pin, Sharding, ShardplanError, checks
 from .ir.printer import print_graph
+from .solver import plan_files, progress
 
 
 class CliError(ShardplanError):
@@ -75,9 +76,9 @@ def parse_mesh(text: str) -> dict[str, int]:
 
 
 def parse_size(text: str) -> int:
-    """Bytes from ``40GB`` (10^9), ``512MiB`` (2^20), ``24e9`` or ``1.5TB`` (``validate``)."""
+    """Bytes from ``40GB`` (10^9), ``512MiB`` (2^20), ``24e9`` or ``1.5TB`` (``ir.checks``)."""
     try:
-        size = validate.parse_size(text)
+        size = checks.parse_size(text)
     except ShardplanError as exc:
         raise argparse.ArgumentTypeError(str(exc)) from None
     if size <= 0:
@@ -129,7 +130,7 @@ def _clusters_epilog() -> str:
     from .costmodel.cluster import known_clusters
 
     return (
-        f"clusters: {', '.join(known_clusters())} (default {validate.DEFAULT_CLUSTER}), or a "
+        f"clusters: {', '.join(known_clusters())} (default {checks.DEFAULT_CLUSTER}), or a "
         ".toml/.json cluster file. --debug anywhere on the line shows tracebacks."
     )
 
@@ -172,8 +173,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     plan.add_argument(
         "--cluster",
-        default=validate.DEFAULT_CLUSTER,
-        help=f"catalogue name (below) or a .toml/.json file (default {validate.DEFAULT_CLUSTER})",
+        default=checks.DEFAULT_CLUSTER,
+        help=f"catalogue name (below) or a .toml/.json file (default {checks.DEFAULT_CLUSTER})",
     )
     plan.add_argument(
         "--memory-limit", type=parse_size, help="bytes per device: 40GB, 512MiB (default: the "
@@ -270,7 +271,7 @@ def _add_bench_commands(commands: Any) -> None:
 
 
 def cmd_bench(args: argparse.Namespace) -> int:
-    from .records import compare_records, load_record
+    from .api.records import compare_records, load_record
 
     a, b = load_record(args.a), load_record(args.b)
     print(f"a: {args.a}\nb: {args.b}")
@@ -293,8 +294,8 @@ def _add_costmodel_commands(commands: Any) -> None:
         "--mesh", type=parse_mesh, action=_Once, required=True, help="axes, major first: dp=2,tp=4"
     )
     what.add_argument(
-        "--cluster", default=validate.DEFAULT_CLUSTER,
-        help=f"catalogue name (below) or a .toml/.json file (default {validate.DEFAULT_CLUSTER})",
+        "--cluster", default=checks.DEFAULT_CLUSTER,
+        help=f"catalogue name (below) or a .toml/.json file (default {checks.DEFAULT_CLUSTER})",
     )  # fmt: skip
     what.add_argument(
         "--vary", action="append", required=True, metavar="PARAM=X,Y",
@@ -310,16 +311,16 @@ def cmd_calibrate(args: argparse.Namespace) -> int:
     from .costmodel.calibration import fit
 
     if args.out is not None:
-        validate.check_output_path(args.out)
+        plan_files.check_output_path(args.out)
     calibration = fit(args.measurements, args.cluster)
     sys.stdout.write(calibration.to_json())
     if args.out is not None:
-        validate.atomic_write_text(args.out, calibration.to_json())
+        plan_files.atomic_write_text(args.out, calibration.to_json())
     return 0
 
 
 def cmd_whatif(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .whatif import whatif
+    from .api.whatif import whatif
 
     vary = {}
     for item in args.vary:
@@ -346,7 +347,7 @@ def _resolve_cluster(parser: argparse.ArgumentParser, name: str) -> str:
     if Path(name).suffix in (".toml", ".json") and Path(name).exists():
         return load_cluster(name).name
     try:
-        return validate.check_cluster(name)
+        return check_cluster(name)
     except ShardplanError as exc:
         parser.error(f"argument --cluster: {_message(exc)}")
         raise  # parser.error exits; this line is for type checkers
@@ -432,10 +433,10 @@ def _print_plan(plan: Any, full: bool = False) -> None:
 
 
 def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
-    from .api import plan as make_plan
+    from .api.plan import plan as make_plan
 
     if args.out is not None:
-        validate.check_output_path(args.out)  # before minutes of planning, not after
+        plan_files.check_output_path(args.out)  # before minutes of planning, not after
     mesh = Mesh(args.mesh, cluster=_resolve_cluster(parser, args.cluster))
     start = time.perf_counter()
     with progress.planning(verbose=not args.quiet):
@@ -458,7 +459,7 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
         except Exception as exc:  # the user's model raised while it was captured
             raise UserCodeError(f"planning {args.target} failed: {_one_line(exc)}") from exc
     if args.out is not None:  # saved first: a reader closing the pipe (| head) stops the print
-        validate.atomic_write_text(args.out, plan.to_json())
+        plan_files.atomic_write_text(args.out, plan.to_json())
         print(f"saved {args.out} ({time.perf_counter() - start:.1f} s to plan)", file=sys.stderr)
     if args.print_ir:
         sys.stdout.write(propagated_ir(plan.graph) + "\n")
@@ -470,7 +471,7 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
 
 def _print_torchtitan(plan: Any, flavor: str | None) -> int:
     """The plan's torchtitan configuration, both modelled steps, and the launch line."""
-    from .titan_emit import to_torchtitan
+    from .api.torchtitan import to_torchtitan
 
     emission = to_torchtitan(plan, flavor=flavor)
     print(emission.report())
@@ -481,7 +482,7 @@ def _print_torchtitan(plan: Any, flavor: str | None) -> int:
 def cmd_show(args: argparse.Namespace) -> int:
     from .solver.serialize import plan_from_json
 
-    plan = plan_from_json(validate.read_plan_text(args.plan_file))
+    plan = plan_from_json(plan_files.read_plan_text(args.plan_file))
     if getattr(args, "name", None):
         print(plan.explain(args.name))
     else:
@@ -493,8 +494,8 @@ def cmd_report(args: argparse.Namespace) -> int:
     from .solver.html_report import write_html
     from .solver.serialize import plan_from_json
 
-    validate.check_output_path(args.out)
-    plan = plan_from_json(validate.read_plan_text(args.plan_file))
+    plan_files.check_output_path(args.out)
+    plan = plan_from_json(plan_files.read_plan_text(args.plan_file))
     write_html(plan, args.out)
     print(f"wrote {args.out}", file=sys.stderr)
     return 0

@@ -21,10 +21,10 @@ import json
 import statistics
 from pathlib import Path
 
+from shardplan.api.records import WallClock, add_record_argument, save_record
 from shardplan.costmodel.calibration import DEFAULTS, apply, fit, gpu_seconds
 from shardplan.costmodel.cluster import get_cluster
 from shardplan.costmodel.compute import compute_time
-from shardplan.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RAW = ROOT / "data" / "calibration" / "h100-sxm-measured-raw.json"

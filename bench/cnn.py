@@ -32,7 +32,7 @@ import os
 import subprocess
 import sys
 
-from shardplan.records import WallClock, add_record_argument, save_record
+from shardplan.api.records import WallClock, add_record_argument, save_record
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 

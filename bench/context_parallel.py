@@ -17,7 +17,7 @@ import time
 import warnings
 from pathlib import Path
 
-from shardplan.records import WallClock, add_record_argument, save_record
+from shardplan.api.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 CASES = (("long", 1, 131072), ("batch", 64, 8192))
@@ -26,7 +26,7 @@ CASES = (("long", 1, 131072), ("batch", 64, 8192))
 def model_and_args(source: str, batch: int, seq: int, layers: int):  # type: ignore[no-untyped-def]
     """The Llama-3-8B training step: captured from HF on meta, or built in the IR."""
     if source == "ir":
-        from shardplan.models import LLAMA3_8B, training_step
+        from shardplan.ir.models import LLAMA3_8B, training_step
 
         return training_step(LLAMA3_8B, batch=batch, layers=layers, seq=seq), ()
     import torch

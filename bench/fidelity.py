@@ -43,7 +43,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from shardplan.records import WallClock, add_record_argument, save_record
+from shardplan.api.records import WallClock, add_record_argument, save_record
 from transformer_cost import Config, Model, estimate
 
 A100, H100 = "a100-80gb", "h100-sxm"
@@ -356,11 +356,11 @@ def _captured_report(results: list[dict]) -> list[str]:
 
 
 def ir_layer_check(rows: list[Row]) -> str:
-    """Per-layer training FLOPs of the IR (``shardplan.models`` builder, two layers minus one)
+    """Per-layer training FLOPs of the IR (``shardplan.ir.models`` builder, two layers minus one)
     against the analytic ``6 N_layer T + 12 s h T`` the time model uses: the shapes the
     benchmark prices are the shapes a captured graph has."""
     from shardplan.ir import op_flops
-    from shardplan.models import TransformerConfig, training_step
+    from shardplan.ir.models import TransformerConfig, training_step
 
     def contraction_flops(graph) -> float:
         kinds = ("dot", "einsum", "matmul", "attention", "attention_backward")

@@ -1,7 +1,7 @@
 """A published run predicted by ``sp.evaluate`` on the IR builder's model (no framework).
 
 ``bench/fidelity.py --builder`` uses this for the Llama 3 405B rows (reference sheet §2.3):
-the whole training step built by ``shardplan.models.training_step`` at the row's shapes and
+the whole training step built by ``shardplan.ir.models.training_step`` at the row's shapes and
 global batch (every layer, embedding, logits head, loss, AdamW; causal attention), priced by
 ``sp.evaluate`` under the row's ``sp.strategies.megatron(...)`` on its ``{"pp", "dp", "tp"}``
 mesh, plus ``"cp"`` for the 128K row (``megatron(cp="cp")``: the sequence and attention's
@@ -53,7 +53,7 @@ def strategy(c: Config):
 def builder_prediction(m: Model, c: Config, cluster: str) -> BuilderPrediction:
     """``sp.evaluate`` of the builder's whole training step under the row's configuration."""
     import shardplan as sp
-    from shardplan.models import TransformerConfig, training_step
+    from shardplan.ir.models import TransformerConfig, training_step
 
     start = time.perf_counter()
     arch = "llama" if m.gated_mlp else "gpt"

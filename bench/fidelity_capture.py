@@ -22,11 +22,11 @@ import warnings
 from dataclasses import dataclass
 from functools import cache
 
+from shardplan.api.evaluate import model_flops
 from shardplan.costmodel import get_cluster
 from shardplan.costmodel.calibration import apply, default_calibration
 from shardplan.costmodel.cluster import register_cluster
 from shardplan.costmodel.simulate import Phase, op_phases, plan_op_times
-from shardplan.evaluate import model_flops
 from transformer_cost import Config, Model
 
 

@@ -19,7 +19,7 @@ import sys
 import warnings
 from pathlib import Path
 
-from shardplan.records import WallClock, add_record_argument, save_record
+from shardplan.api.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 STEPS = ROOT / "data" / "calibration" / "h100-sxm-steps.json"

@@ -20,7 +20,7 @@ import statistics
 import sys
 from pathlib import Path
 
-from shardplan.records import validate_record
+from shardplan.api.records import validate_record
 
 
 def _training(r: dict) -> dict:

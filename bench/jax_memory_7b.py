@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import jax_gpt  # noqa: E402
 import shardplan as sp  # noqa: E402
+from shardplan.api.records import WallClock, add_record_argument, save_record  # noqa: E402
 from shardplan.frontend.jax.capture import capture  # noqa: E402
-from shardplan.records import WallClock, add_record_argument, save_record  # noqa: E402
 
 LLAMA_7B = dict(vocab=32000, d_model=4096, n_heads=32, d_ff=11008, seq=4096, batch=8)
 

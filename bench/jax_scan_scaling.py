@@ -19,8 +19,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import jax_gpt  # noqa: E402
 import shardplan as sp  # noqa: E402
+from shardplan.api.records import WallClock, add_record_argument, save_record  # noqa: E402
 from shardplan.frontend.jax.capture import capture  # noqa: E402
-from shardplan.records import WallClock, add_record_argument, save_record  # noqa: E402
 
 
 def measure(layers: int, mesh: sp.Mesh, time_limit: float, repeat: int) -> dict[str, float]:

@@ -51,7 +51,7 @@ from pathlib import Path
 
 import torch
 import torch.distributed as dist
-from shardplan.records import WallClock, add_record_argument, save_record
+from shardplan.api.records import WallClock, add_record_argument, save_record
 
 GPU_GEMMS = [
     (512, 512, 512), (1024, 1024, 1024), (2048, 2048, 2048), (4096, 4096, 4096),

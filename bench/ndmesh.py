@@ -33,8 +33,8 @@ sys.path.insert(0, str(ROOT / "examples"))
 
 import shardplan as sp  # noqa: E402
 from shardplan import strategies  # noqa: E402
+from shardplan.api.records import WallClock, add_record_argument, save_record  # noqa: E402
 from shardplan.ir import Graph, Mesh, Role, Sharding  # noqa: E402
-from shardplan.records import WallClock, add_record_argument, save_record  # noqa: E402
 
 
 def _row(name: str, mesh: str, plan, wall: float, cpu: float, **extra) -> dict:  # type: ignore[no-untyped-def]
@@ -136,7 +136,7 @@ def llama_70b_256() -> dict:
     load ~6; before, back to back: 66.1 CPU s, 162.7 s; earlier 123 CPU s), 18774.3 ms, 16
     micro-batches; one cap solved, the second cut off by its op-time bound (docs/design.md
     "Pipelines")."""
-    from shardplan.models import LLAMA3_70B, training_step
+    from shardplan.ir.models import LLAMA3_70B, training_step
 
     graph = training_step(LLAMA3_70B, batch=16, seq=131072)
     mesh = Mesh({"pp": 4, "dp": 2, "cp": 4, "tp": 8}, cluster="h100-sxm")

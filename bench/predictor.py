@@ -30,7 +30,8 @@ import math
 import time
 from pathlib import Path
 
-from shardplan.predictor import (
+from shardplan.api.records import WallClock, add_record_argument, save_record
+from shardplan.solver.predictor import (
     HOLD_OUT,
     MODEL_FILE,
     Config,
@@ -45,7 +46,6 @@ from shardplan.predictor import (
     search_rows,
     training_grid,
 )
-from shardplan.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "bench" / "results" / "predictor.json"

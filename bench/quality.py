@@ -2,10 +2,10 @@
 
     .venv/bin/python bench/quality.py [--quick] [--out bench/results]
 
-Per cell (model x mesh x cluster x global batch): each baseline of ``shardplan.strategies``
+Per cell (model x mesh x cluster x global batch): each baseline of ``sp.strategies``
 evaluated with ``sp.evaluate`` (step time, peak memory or OOM), the planner's plan, and the
 ratio planner / best feasible baseline. Writes ``quality.json`` and ``quality.png`` and prints a
-table. Models are built by ``shardplan.models`` with 2 layers (full per-layer shapes); the
+table. Models are built by ``shardplan.ir.models`` with 2 layers (full per-layer shapes); the
 memory budget is the device's HBM scaled by the fraction of the full model's parameters the
 2-layer graph holds, so memory pressure is that of the full model (approximately: the
 embedding share differs).
@@ -20,9 +20,10 @@ from dataclasses import replace
 from pathlib import Path
 
 import shardplan as sp
-from shardplan import models, strategies
+from shardplan import strategies
+from shardplan.api.records import WallClock, add_record_argument, save_record
 from shardplan.costmodel import get_cluster
-from shardplan.records import WallClock, add_record_argument, save_record
+from shardplan.ir import models
 from shardplan.solver.planner import plan_graph
 
 LAYERS = 2

@@ -2,7 +2,7 @@
 
 Each configuration runs in its own subprocess so its peak resident memory is its own. For each
 one: how the graph is obtained (``ir``: the framework-free training-step builder in
-``shardplan.models``; ``torch``: make_fx capture of a HF ``LlamaForCausalLM`` on the meta
+``shardplan.ir.models``; ``torch``: make_fx capture of a HF ``LlamaForCausalLM`` on the meta
 device), then the planner's phases (``plan.timings``) and the total wall time.
 
     .venv/bin/python bench/scale.py                 # table + bench/results/scale.json
@@ -51,7 +51,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from shardplan.records import WallClock, add_record_argument, save_record
+from shardplan.api.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 LLAMA3_8B = dict(dim=4096, heads=32, kv_heads=8, ffn=14336, vocab=128256, seq=8192)
@@ -66,7 +66,7 @@ dp = axes.get("dp", axes.get("x", 1)) if "dp" in axes else 1
 batch = per_dp * max(dp, 1)
 start = time.perf_counter()
 if source == "ir":
-    from shardplan.models import LLAMA3_8B, training_step
+    from shardplan.ir.models import LLAMA3_8B, training_step
     model = training_step(LLAMA3_8B, batch=batch, layers=layers)
     args = ()
 else:
@@ -97,7 +97,7 @@ name = sys.argv[1]
 import torch
 from transformers import LlamaConfig, LlamaForCausalLM
 import shardplan as sp
-from shardplan.evaluate import best_baseline
+from shardplan.api.evaluate import best_baseline
 from shardplan.solver.summary import memory_trade, strategy_words
 shapes = {
     "70b-bf16": (dict(hidden_size=8192, intermediate_size=28672, num_hidden_layers=80,

@@ -19,7 +19,7 @@ import datetime
 import json
 from pathlib import Path
 
-from shardplan.records import WallClock, add_record_argument, save_record
+from shardplan.api.records import WallClock, add_record_argument, save_record
 
 DECODE = [(1, 4096), (16, 4096), (64, 4096), (64, 1024), (8, 32768)]  # (batch, context)
 PREFILL = [(1, 2048), (1, 8192), (8, 2048)]  # (batch, prompt)

@@ -43,8 +43,8 @@ from pathlib import Path
 
 import shardplan as sp
 import torch
+from shardplan.api.records import WallClock, add_record_argument, save_record
 from shardplan.costmodel.engine import ENGINES, with_engine
-from shardplan.records import WallClock, add_record_argument, save_record
 
 MEASURED = Path(__file__).resolve().parents[1] / "data" / "calibration" / "h100-sxm-serving.json"
 PROMPT, OUTPUT = 128, 20

@@ -16,7 +16,7 @@ import datetime
 import json
 from pathlib import Path
 
-from shardplan.records import WallClock, add_record_argument, save_record
+from shardplan.api.records import WallClock, add_record_argument, save_record
 
 CASES = {
     # name: (family, config kwargs, batch, seq)

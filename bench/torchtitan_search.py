@@ -23,8 +23,8 @@ import warnings
 from pathlib import Path
 
 import shardplan as sp
+from shardplan.api.records import WallClock, add_record_argument, save_record
 from shardplan.frontend.torch import torchtitan as tt
-from shardplan.records import WallClock, add_record_argument, save_record
 
 ROOT = Path(__file__).resolve().parents[1]
 CLUSTER = "h100-sxm"

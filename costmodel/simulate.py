@@ -32,7 +32,7 @@ import math
 import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from shardplan.costmodel.context_parallel import attention_work_factor
 from shardplan.costmodel.conv import conv_work_factor, halo_time
@@ -46,8 +46,16 @@ from .engine import launches as engine_launches
 from .fusion import OpFusion, fusion, unfused_penalty
 from .per_graph import PerGraph
 
-if TYPE_CHECKING:
-    from shardplan.solver.plan import Plan
+
+class Plan(Protocol):
+    """What the simulator reads of a ``shardplan.solver.plan.Plan``: the cost model sits below
+    the solver, so it names the fields it needs instead of importing the solver."""
+
+    graph: Graph
+    mesh: Any
+    shardings: Any
+    operand_shardings: Any
+    reshards: Any
 
 
 class Phase(enum.Enum):

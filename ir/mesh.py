@@ -41,7 +41,7 @@ class Mesh:
         axes: Mapping[str, int] | Iterable[tuple[str, int]],
         cluster: str | None = None,
     ) -> None:
-        from ..validate import DEFAULT_CLUSTER, mesh_axes
+        from .checks import DEFAULT_CLUSTER, mesh_axes
 
         if cluster is not None and (not isinstance(cluster, str) or not cluster):
             raise ShardingError(

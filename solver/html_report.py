@@ -346,7 +346,7 @@ def plan_html(plan: Plan) -> str:
 
 def write_html(plan: Plan, path: str | Path) -> Path:
     """Write ``plan_html(plan)`` to ``path`` atomically (a failed write keeps the old file)."""
-    from ..validate import atomic_write_text, check_output_path
+    from .plan_files import atomic_write_text, check_output_path
 
     check_output_path(Path(path))
     atomic_write_text(path, plan_html(plan))

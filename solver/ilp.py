@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING
 
 import numpy as np
 
-from .. import progress
+from . import progress
 from .dominance import prune_dominated
 from .eliminate import eliminate_chains
 from .lagrange import memory_lower_bound

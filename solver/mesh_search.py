@@ -10,7 +10,7 @@ crosses the islands and ``dp/r x tp`` fills one island, so the planner may shard
 an island only (HSDP: ZeRO inside, replicas across) where one flat ``dp`` axis would shard it
 over the DCN too. Each candidate lists the axes that cross islands.
 
-With ``top_k`` the learned predictor (``shardplan/predictor.py``) ranks the shapes first and
+With ``top_k`` the learned predictor (``shardplan/solver/predictor.py``) ranks the shapes first and
 only the ``top_k`` best are planned (more when some of them are rejected, until ``top_k`` give
 plans, and every shape the predictor scores within 1% of the k-th planned one: shapes it
 cannot tell apart share the k-th place); the others stay in the table as skipped, with their
@@ -153,7 +153,7 @@ def _ranked(
     top_k: int,
 ) -> tuple[list[dict[str, int]], dict[tuple, float]]:
     """``shapes`` best first by the default predictor, and each one's predicted seconds."""
-    from ..predictor import default_predictor
+    from .predictor import default_predictor
 
     if top_k < 1:
         raise ShardplanError(f"mesh_top_k={top_k}: plan at least one shape (or leave it out)")

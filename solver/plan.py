@@ -210,7 +210,7 @@ class Plan:
         return plan_to_json(self)
 
     def save(self, path: str | Path) -> None:
-        from ..validate import atomic_write_text
+        from .plan_files import atomic_write_text
 
         atomic_write_text(path, self.to_json())  # a failed write keeps the previous file
 
@@ -258,7 +258,7 @@ class Plan:
 
 
 def load_plan(path: str | Path) -> Plan:
-    from ..validate import read_plan_text
+    from .plan_files import read_plan_text
     from .serialize import plan_from_json
 
     return plan_from_json(read_plan_text(path))

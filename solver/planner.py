@@ -12,7 +12,6 @@ from functools import partial
 
 import numpy as np
 
-from .. import progress
 from ..costmodel import get_cluster, reshard, reshard_time
 from ..costmodel.cluster import Cluster
 from ..costmodel.fusion import unfused_penalty
@@ -20,6 +19,7 @@ from ..costmodel.simulate import shared_reshards, simulate, weight_edges
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
 from ..passes.merge_followers import follower_pairs
 from ..passes.repeated_layers import find_repeated_layers
+from . import progress
 from .axis_search import AXIS_SEARCH_FROM, axis_search, live_axes
 from .batch import cap_batch_split, micro_rules
 from .cap_bound import CapCannotWin, op_time_bound

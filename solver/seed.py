@@ -59,7 +59,7 @@ def price_baselines(
     """``(name, plan)`` of the fastest fitting hand-written strategy (``strategies.for_graph``)
     priced on ``problem`` (unshrunk, unmodified), or None when none fits or none is a layout
     of this space. ``shrink(problem)`` shares layers and merges followers in place."""
-    from ..strategies import for_graph
+    from .strategies import for_graph
 
     graph, mesh = space.graph, space.mesh
     base = problem.copy()

@@ -29,11 +29,11 @@ def update_golden(request: pytest.FixtureRequest) -> bool:
 
 @pytest.fixture(scope="session")
 def tiny_llama_plan():
-    """A 2-layer Llama-shaped training step (``shardplan.models``) planned on dp=2 x tp=4 H100s:
+    """A 2-layer Llama-shaped training step (``shardplan.ir.models``) planned on dp=2 x tp=4 H100s:
     alike layers, ZeRO-style update, hundreds of reshards. Shared by the report tests (HTML,
     explain) because planning it takes 5-20 s on the loaded 2-core box."""
     import shardplan as sp
-    from shardplan.models import TransformerConfig, training_step
+    from shardplan.ir.models import TransformerConfig, training_step
 
     config = TransformerConfig("tiny", 2, 256, 4, 1024, 512, 128)
     return sp.plan(
@@ -43,11 +43,11 @@ def tiny_llama_plan():
 
 @pytest.fixture(scope="session")
 def shrunk_step():
-    """``build(config, mesh, limit)`` -> ``(space, cluster, problem)``: a ``shardplan.models``
+    """``build(config, mesh, limit)`` -> ``(space, cluster, problem)``: a ``shardplan.ir.models``
     training step (batch 8) on ``mesh``, priced under ``limit`` and shrunk as the planner does
     (layers shared, followers merged): the set-up of the memory-bound solver tests."""
     from shardplan.costmodel import get_cluster
-    from shardplan.models import training_step
+    from shardplan.ir.models import training_step
     from shardplan.solver.costs import build_problem, build_space
     from shardplan.solver.planner import shrink
 

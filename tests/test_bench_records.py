@@ -9,8 +9,8 @@ import sys
 from pathlib import Path
 
 import pytest
+from shardplan.api.records import SCHEMA_VERSION, load_record, load_schema, validate_record
 from shardplan.cli import main
-from shardplan.records import SCHEMA_VERSION, load_record, load_schema, validate_record
 
 ROOT = Path(__file__).resolve().parents[1]
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import pytest
 import shardplan as sp
 import shardplan.costmodel.simulate as simulate_module
+from shardplan.api.evaluate import model_flops
 from shardplan.costmodel import get_cluster, group_link
-from shardplan.evaluate import model_flops
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver.planner import plan_graph
 from shardplan.solver.serialize import plan_from_json
 

@@ -12,7 +12,7 @@ import warnings
 import pytest
 import shardplan as sp
 from shardplan.ir import Role
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver.idle import work_repeats
 from shardplan.solver.summary import batch_axes, idle_axes
 
@@ -122,7 +122,7 @@ def test_idle_check_propagates_on_the_users_mesh_after_an_axis_search() -> None:
     """On a 3-axis mesh the axis search's last solve may leave its merged mesh (``dp_fsdp``)
     on the graph; the data-parallel alternative is propagated and solved on the user's mesh
     (HF RoBERTa on (2, 2, 2) raised "unknown mesh axis 'fsdp'" from propagation)."""
-    from shardplan.idle_devices import check_idle_devices
+    from shardplan.api.idle_devices import check_idle_devices
 
     mesh = sp.Mesh({"dp": 2, "fsdp": 2, "tp": 2}, cluster="h100-sxm")
     with warnings.catch_warnings():

@@ -49,7 +49,7 @@ def test_llama3_8b_on_three_axes_is_at_least_as_fast_as_hand_written(ndmesh) -> 
 def test_llama3_70b_128k_plans_on_256_devices_with_context_parallel(ndmesh) -> None:  # type: ignore[no-untyped-def]
     import shardplan as sp
     from shardplan.ir import Mesh
-    from shardplan.models import LLAMA3_70B, training_step
+    from shardplan.ir.models import LLAMA3_70B, training_step
 
     mesh = Mesh({"pp": 4, "dp": 2, "cp": 4, "tp": 8}, cluster="h100-sxm")
     plan = sp.plan(training_step(LLAMA3_70B, batch=16, seq=131072), mesh=mesh)

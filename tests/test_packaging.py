@@ -47,5 +47,5 @@ def test_wheel_builds_without_warnings_and_ships_the_predictor_model(tmp_path: P
     (wheel,) = dist.glob("shardplan-*.whl")
     names = set(zipfile.ZipFile(wheel).namelist())
     assert {"shardplan/data/predictor/model.json", "shardplan/record.schema.json"} <= names
-    assert "shardplan/predictor.py" in names
+    assert "shardplan/solver/predictor.py" in names
     assert not any(n.startswith(("shardplan/tests/", "shardplan/examples/")) for n in names)

@@ -14,7 +14,8 @@ from pathlib import Path
 import pytest
 import shardplan as sp
 from shardplan.ir import ShardplanError
-from shardplan.predictor import (
+from shardplan.solver.mesh_search import _tied
+from shardplan.solver.predictor import (
     MODEL_FILE,
     Config,
     Predictor,
@@ -25,7 +26,6 @@ from shardplan.predictor import (
     register_training_clusters,
     training_grid,
 )
-from shardplan.solver.mesh_search import _tied
 
 EXHAUSTIVE = MODEL_FILE.parent / "exhaustive.json"
 TOP_K = 3  # bench/predictor.py's
@@ -89,7 +89,7 @@ def test_features_are_role_free() -> None:
     get the same features (one node: ``dp=8`` and ``tp=8``), and shapes that differ in the
     links their axes cross do not (``dp=16`` over two nodes vs ``dp=2 x tp=8``)."""
     from shardplan.costmodel import get_cluster
-    from shardplan.predictor import GraphSummary, shape_features
+    from shardplan.solver.predictor import GraphSummary, shape_features
 
     summary = GraphSummary.of(training_grid()[0].graph())
     spec = get_cluster("h100-sxm")
@@ -184,8 +184,8 @@ def test_planner_imports_without_scikit_learn_and_top_k_says_what_to_install() -
 
         sys.meta_path.insert(0, Block())
         import shardplan as sp
-        from shardplan import predictor
-        from shardplan.models import GPT_125M, training_step
+        from shardplan.solver import predictor
+        from shardplan.ir.models import GPT_125M, training_step
         try:
             sp.plan(training_step(GPT_125M, 8, 1, 128), devices=8, mesh_top_k=2)
         except predictor.PredictorError as error:

@@ -1,6 +1,6 @@
 """The plans of ``bench/scale.py --quick``, byte for byte (digests; ``tests/plan_digests.py``).
 
-Same models and meshes as the bench: Llama-3-8B shapes built by ``shardplan.models`` (``ir``)
+Same models and meshes as the bench: Llama-3-8B shapes built by ``shardplan.ir.models`` (``ir``)
 and captured from HF ``LlamaForCausalLM`` on the meta device (``torch``), 1, 4 and 32 layers on
 dp=8 x tp=8 and dp=64 (the torch rows on dp=64 up to 4 layers, as the bench skips the rest), two
 sequences per data-parallel rank on h100-sxm.
@@ -26,7 +26,7 @@ ROWS = [
 
 def _model(source: str, layers: int, batch: int) -> tuple:
     if source == "ir":
-        from shardplan.models import LLAMA3_8B, training_step
+        from shardplan.ir.models import LLAMA3_8B, training_step
 
         return training_step(LLAMA3_8B, batch=batch, layers=layers), ()
     import torch

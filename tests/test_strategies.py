@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import shardplan as sp
 from shardplan.ir import Sharding
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 
 TINY = TransformerConfig("tiny", 2, 64, 4, 128, 256, 16)
 MESH = sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import shardplan as sp
-from shardplan.titan_config import TitanConfig, TitanConfigError
+from shardplan.solver.titan_config import TitanConfig, TitanConfigError
 
 
 def test_titan_config_overrides_round_trip() -> None:

@@ -12,10 +12,12 @@ import warnings
 
 import pytest
 import shardplan as sp
-from shardplan import ArgumentError, validate
+from shardplan import ArgumentError
+from shardplan.ir import checks
 from shardplan.ir.errors import ShardingError
 from shardplan.ir.graph import Graph, Origin, Role
 from shardplan.ir.types import TensorType
+from shardplan.solver import plan_files
 
 MESH = sp.Mesh({"dp": 2}, cluster="h100-sxm")
 
@@ -44,7 +46,7 @@ def test_memory_limit_accepts_the_cli_size_forms() -> None:
         assert plan.memory_limit == expected
     from shardplan.cli import parse_size
 
-    assert parse_size("512MiB") == validate.parse_size("512MiB") == 512 * 2**20
+    assert parse_size("512MiB") == checks.parse_size("512MiB") == 512 * 2**20
 
 
 @pytest.mark.parametrize("bad", [-5, 0, math.nan, math.inf, "forty", "40 furlongs", True, [1]])
@@ -114,7 +116,7 @@ def test_every_way_of_writing_a_mesh_plans_on_one_default_cluster() -> None:
     """Decision (issue 37): a dict ``mesh=``, an ``sp.Mesh`` without ``cluster=`` and
     ``devices=N`` all plan on ``h100-sxm`` (or on the call's ``cluster=``), silently, with the
     summary naming the cluster; the same graph models the same step time either way."""
-    assert sp.Mesh({"dp": 2}).cluster == validate.DEFAULT_CLUSTER == "h100-sxm"
+    assert sp.Mesh({"dp": 2}).cluster == checks.DEFAULT_CLUSTER == "h100-sxm"
     with warnings.catch_warnings():
         warnings.simplefilter("error")
         by_dict = sp.plan(tiny_graph(), mesh={"dp": 2, "tp": 2}, time_limit=5)
@@ -190,7 +192,7 @@ def test_evaluate_and_whatif_check_their_arguments() -> None:
         sp.evaluate(graph, mesh=MESH, strategy="dp")
     ev = sp.evaluate(graph, mesh={"dp": 2}, strategy=sp.strategies.dp(), memory_limit="1GB")
     assert ev.fits
-    from shardplan.whatif import whatif
+    from shardplan.api.whatif import whatif
 
     with pytest.raises(ArgumentError, match="did you mean 'link_bandwidth'"):
         whatif(graph, mesh=MESH, vary={"link_bandwith": [1, 2]})
@@ -215,20 +217,20 @@ def test_load_plan_reports_unreadable_files_in_one_line(tmp_path) -> None:
 # -- output files -----------------------------------------------------------------------------
 def test_output_path_checked_before_work(tmp_path) -> None:
     with pytest.raises(ArgumentError, match="no directory"):
-        validate.check_output_path(tmp_path / "missing" / "plan.json")
+        plan_files.check_output_path(tmp_path / "missing" / "plan.json")
     with pytest.raises(ArgumentError, match="is a directory"):
-        validate.check_output_path(tmp_path)
-    assert validate.check_output_path(tmp_path / "plan.json") == tmp_path / "plan.json"
+        plan_files.check_output_path(tmp_path)
+    assert plan_files.check_output_path(tmp_path / "plan.json") == tmp_path / "plan.json"
 
 
 def test_a_failed_atomic_write_keeps_the_previous_file(tmp_path) -> None:
     target = tmp_path / "plan.json"
     target.write_text("the previous good plan")
     with pytest.raises(UnicodeEncodeError):
-        validate.atomic_write_text(target, "ok so far \udc80 then a failure mid-write")
+        plan_files.atomic_write_text(target, "ok so far \udc80 then a failure mid-write")
     assert target.read_text() == "the previous good plan"
     assert [p.name for p in tmp_path.iterdir()] == ["plan.json"]  # no temp file left
-    validate.atomic_write_text(target, "new")
+    plan_files.atomic_write_text(target, "new")
     assert target.read_text() == "new"
 
 
@@ -268,7 +270,7 @@ def test_plan_save_is_atomic_and_loads_back(tmp_path, monkeypatch) -> None:
     def full_disk(src, dst) -> None:
         raise OSError(28, "full")
 
-    monkeypatch.setattr(validate.os, "replace", full_disk)
+    monkeypatch.setattr(plan_files.os, "replace", full_disk)
     with pytest.raises(OSError, match="full"):
         plan.save(path)
     assert sp.load_plan(path).shardings == plan.shardings

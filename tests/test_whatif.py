@@ -3,10 +3,10 @@
 from __future__ import annotations
 
 import pytest
+from shardplan.api.whatif import scale_cluster, whatif
 from shardplan.costmodel import get_cluster
 from shardplan.ir import Mesh
-from shardplan.models import LLAMA3_70B, training_step
-from shardplan.whatif import scale_cluster, whatif
+from shardplan.ir.models import LLAMA3_70B, training_step
 
 
 def test_whatif_llama70b_layer_table_and_png(tmp_path):

@@ -16,7 +16,7 @@ import torch
 import torch.nn.functional as F
 
 from ...ir import Graph, Sharding
-from ...titan_config import TitanConfig, TitanConfigError
+from ...solver.titan_config import TitanConfig, TitanConfigError
 
 
 def model_args(flavor: str) -> Any:

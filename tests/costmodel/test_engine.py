@@ -7,7 +7,7 @@ import shardplan as sp
 from shardplan.costmodel import get_cluster
 from shardplan.costmodel.cluster import ClusterConfigError
 from shardplan.costmodel.engine import GRAPH_KERNEL_FLOOR, launches, with_engine
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 
 TINY = TransformerConfig("tiny-engine", 2, 64, 2, 128, 256, 64)
 

@@ -6,6 +6,7 @@ import itertools
 from dataclasses import replace
 
 import pytest
+from shardplan.api.whatif import scale_cluster, whatif
 from shardplan.costmodel import (
     CLUSTERS,
     ClusterConfigError,
@@ -22,7 +23,6 @@ from shardplan.costmodel import (
 from shardplan.costmodel.collective import COLLECTIVE_KINDS
 from shardplan.ir import Graph, Mesh, Origin, Role, Sharding, TensorType
 from shardplan.solver.mesh_search import format_candidates, mesh_candidates, search_mesh
-from shardplan.whatif import scale_cluster, whatif
 
 GB = 1e9
 # cpu-test (4 devices/node, 100 GB/s + 1 us inside, 10 GB/s per NIC + 10 us across nodes) with

@@ -163,7 +163,8 @@ def test_printer_parser_round_trip_bool_tuples() -> None:
     text = round_trip(g)
     assert "output_mask = [false, true, true]" in text
     parsed = parse_graph(text).ops[0].attrs["output_mask"]
-    assert parsed == (False, True, True) and all(type(b) is bool for b in parsed)
+    assert parsed == (False, True, True)
+    assert all(type(b) is bool for b in parsed)
 
 
 def test_printer_parser_round_trip_result_meta_and_zero_results() -> None:

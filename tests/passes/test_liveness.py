@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.passes.liveness import Phase, liveness
 from shardplan.solver.memory import reduced_time_points
 

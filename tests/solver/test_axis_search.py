@@ -9,7 +9,7 @@ import shardplan as sp
 from shardplan.ir import Sharding
 from shardplan.passes.enumerate_strategies import layout_coords
 from shardplan.solver.axis_search import _to_merged
-from shardplan.strategies import ParallelStrategy
+from shardplan.solver.strategies import ParallelStrategy
 
 ROOT = Path(__file__).resolve().parents[2]
 OUTER = ["dp", "fsdp"]

@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import shardplan as sp
 from shardplan.ir import Role
-from shardplan.models import GPT_125M, LLAMA3_8B, training_step
+from shardplan.ir.models import GPT_125M, LLAMA3_8B, training_step
 from shardplan.solver.batch import batch_inputs, batch_marks, plan_batch_split
 from shardplan.solver.planner import plan_graph
 

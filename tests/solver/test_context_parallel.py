@@ -22,8 +22,8 @@ from shardplan.costmodel.context_parallel import (
 from shardplan.ir import Graph, Mesh, Sharding, parse_graph, print_graph
 from shardplan.ir.builder import GraphBuilder
 from shardplan.ir.errors import IRVerifyError
+from shardplan.ir.models import LLAMA3_8B, TransformerConfig, training_step
 from shardplan.ir.rules import ShardingRule
-from shardplan.models import LLAMA3_8B, TransformerConfig, training_step
 from shardplan.passes.enumerate_strategies import op_coords, op_strategies, op_strategies_near
 from shardplan.passes.propagate import propagate
 from shardplan.solver.brute_force import brute_force

@@ -10,7 +10,7 @@ import pytest
 import shardplan as sp
 from shardplan.cli import main
 from shardplan.ir import Sharding
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver.explain import Alternative, UnknownTensorError, _Pricer, _verdict
 
 ROOT = Path(__file__).resolve().parents[2]

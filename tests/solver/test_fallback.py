@@ -8,13 +8,13 @@ import importlib
 import pytest
 import shardplan as sp
 import shardplan.solver.planner as planner
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver.ilp import Solution
 from shardplan.solver.planner import FallbackWarning
 from shardplan.solver.serialize import plan_from_json, plan_to_json
 from shardplan.solver.summary import memory_trade
 
-evaluate = importlib.import_module("shardplan.evaluate")  # sp.evaluate is the function
+evaluate = importlib.import_module("shardplan.api.evaluate")  # sp.evaluate is the function
 TINY = TransformerConfig("tiny", 2, 256, 4, 1024, 512, 64)
 MESH = sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")
 LIMIT = 12 * 2**20  # replicated weights (dp, zero1, megatron without recompute) do not fit

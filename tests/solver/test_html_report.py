@@ -16,7 +16,7 @@ import pytest
 import shardplan as sp
 from shardplan.costmodel.simulate import shared_reshards, simulate
 from shardplan.ir import Role
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver.html_assets import AXIS_COLOURS, MEMORY_COLOURS
 
 ROOT = Path(__file__).resolve().parents[2]

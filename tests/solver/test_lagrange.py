@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 import shardplan as sp
-from shardplan.models import TransformerConfig
+from shardplan.ir.models import TransformerConfig
 from shardplan.solver.lagrange import memory_lower_bound
 from shardplan.solver.lp import solve_relaxation
 from shardplan.solver.memory import build_memory_model

@@ -6,7 +6,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import shardplan as sp
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 
 TINY = TransformerConfig("tiny", 2, 256, 4, 1024, 512, 64)
 MESH = sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")

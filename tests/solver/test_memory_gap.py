@@ -7,7 +7,7 @@ from __future__ import annotations
 import numpy as np
 import pytest
 import shardplan as sp
-from shardplan.models import TransformerConfig
+from shardplan.ir.models import TransformerConfig
 from shardplan.solver import ilp
 from shardplan.solver.lp import solve_relaxation
 from shardplan.solver.memory import build_memory_model

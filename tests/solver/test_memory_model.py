@@ -3,12 +3,12 @@
 from __future__ import annotations
 
 import shardplan as sp
-import shardplan.models
+import shardplan.ir.models
 from shardplan import strategies
-from shardplan.evaluate import evaluate
+from shardplan.api.evaluate import evaluate
 from shardplan.ir import Graph, Role, Sharding
 from shardplan.ir.builder import GraphBuilder
-from shardplan.models import adamw
+from shardplan.ir.models import adamw
 from shardplan.passes.liveness import Phase, liveness
 
 F32 = 4

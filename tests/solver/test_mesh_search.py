@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 import shardplan as sp
-from shardplan.models import GPT_125M, training_step
+from shardplan.ir.models import GPT_125M, training_step
 from shardplan.solver.mesh_search import format_candidates, mesh_candidates
 
 

@@ -7,7 +7,7 @@ from __future__ import annotations
 from functools import partial
 
 import shardplan as sp
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver import axis_search
 
 

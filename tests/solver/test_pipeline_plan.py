@@ -7,7 +7,7 @@ import functools
 import pytest
 import shardplan as sp
 from shardplan import strategies
-from shardplan.models import GPT_125M, TransformerConfig, training_step
+from shardplan.ir.models import GPT_125M, TransformerConfig, training_step
 from shardplan.solver.batch import plan_batch_split
 from shardplan.solver.pipeline import plan_pipeline
 from shardplan.solver.report import format_bytes

@@ -8,8 +8,8 @@ from __future__ import annotations
 
 import pytest
 import shardplan as sp
-from shardplan.evaluate import best_baseline
-from shardplan.models import TransformerConfig, training_step
+from shardplan.api.evaluate import best_baseline
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver import ilp
 from shardplan.solver.planner import plan_graph
 

@@ -8,7 +8,7 @@ import json
 
 import pytest
 import shardplan as sp
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver.serialize import plan_from_json, plan_to_json
 
 TINY = TransformerConfig("tiny", 4, 256, 4, 1024, 1024, 128, "gpt")

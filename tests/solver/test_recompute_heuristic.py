@@ -8,7 +8,7 @@ import itertools
 
 import pytest
 import shardplan as sp
-from shardplan.models import TransformerConfig, training_step
+from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver.lp import solve_relaxation
 from shardplan.solver.memory import build_memory_model
 from shardplan.solver.recompute import cheapest_fit
@@ -63,7 +63,7 @@ def test_a_proven_memory_bound_plan_skips_the_other_objective(monkeypatch) -> No
     objective's solve is proven within ``MEMORY_GAP`` (here 5%: the seed is 2.6% from its
     bound), so the overlap-weighted variant is neither prepared nor solved, and the plan fits
     and reports an honest gap."""
-    from shardplan import idle_devices
+    from shardplan.api import idle_devices
     from shardplan.solver import ilp, planner
 
     monkeypatch.setattr(ilp, "MEMORY_GAP", 0.05)

@@ -16,6 +16,7 @@ import numpy as np
 import pytest
 import shardplan as sp
 import torch
+from shardplan.api.whatif import whatif
 from shardplan.cli import main as cli_main
 from shardplan.cli_inputs import parse_input
 from shardplan.frontend.torch import simulate
@@ -23,7 +24,6 @@ from shardplan.frontend.torch.capture import capture
 from shardplan.frontend.torch.train import distribute_loss_inputs
 from shardplan.ir import FrontendError
 from shardplan.ir.errors import ArgumentError
-from shardplan.whatif import whatif
 from torch import nn
 from torch.distributed.device_mesh import init_device_mesh
 

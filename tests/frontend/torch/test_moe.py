@@ -149,7 +149,7 @@ def test_expert_parallel_baselines_pin_the_expert_dim(captured) -> None:  # type
 def test_plan_is_held_to_the_expert_parallel_baselines(captured) -> None:  # type: ignore[no-untyped-def]
     """The strategies ``sp.plan`` warm-starts from and must not be slower than (memory-bound
     seed, fallback) include the EP ones for a MoE graph, and only for one."""
-    from shardplan.models import TransformerConfig, training_step
+    from shardplan.ir.models import TransformerConfig, training_step
 
     graph, _ = captured
     mesh = sp.Mesh({"dp": 2, "ep": 4}, cluster="h100-sxm")

@@ -12,10 +12,10 @@ from pathlib import Path
 import pytest
 import shardplan as sp
 import torch
+from shardplan.api.torchtitan import evaluate_torchtitan
 from shardplan.frontend.torch import torchtitan as tt
-from shardplan.titan_config import TitanConfig, TitanConfigError
-from shardplan.titan_emit import evaluate_torchtitan
-from shardplan.titan_search import search_torchtitan
+from shardplan.solver.titan_config import TitanConfig, TitanConfigError
+from shardplan.solver.titan_search import search_torchtitan
 
 pytestmark = pytest.mark.torch
 

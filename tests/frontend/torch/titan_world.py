@@ -50,7 +50,7 @@ def tiny_args(spec: dict):  # type: ignore[no-untyped-def]
 
 def fake(spec: dict) -> dict:
     from shardplan.frontend.torch import torchtitan as tt
-    from shardplan.titan_config import TitanConfig
+    from shardplan.solver.titan_config import TitanConfig
     from torch.testing._internal.distributed.fake_pg import FakeStore  # private: the fake backend
 
     config = TitanConfig.from_overrides(spec["overrides"])
@@ -63,7 +63,7 @@ def fake(spec: dict) -> dict:
 
 def _gloo_rank(rank: int, spec: dict, port: int, out: str) -> None:
     from shardplan.frontend.torch import torchtitan as tt
-    from shardplan.titan_config import TitanConfig
+    from shardplan.solver.titan_config import TitanConfig
     from torch.distributed.tensor.parallel import loss_parallel
     from torchtitan.models.llama3 import Transformer
 
@@ -100,7 +100,7 @@ def gloo(spec: dict) -> dict:
     import torch.multiprocessing as mp
     import torchtitan.models.llama3
     from shardplan.frontend.torch import torchtitan  # noqa: F401
-    from shardplan.titan_config import TitanConfig
+    from shardplan.solver.titan_config import TitanConfig
 
     world = TitanConfig.from_overrides(spec["overrides"]).world_size
     with socket.socket() as s:

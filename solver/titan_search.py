@@ -22,12 +22,12 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from .costmodel import collective_time, get_cluster
-from .costmodel.compute import compute_time
-from .costmodel.pipeline import uniform_step_time
-from .ir import Graph, Role, op_bytes, op_flops
-from .passes.liveness import Phase, liveness
-from .passes.repeated_layers import layer_key
+from ..costmodel import collective_time, get_cluster
+from ..costmodel.compute import compute_time
+from ..costmodel.pipeline import uniform_step_time
+from ..ir import Graph, Role, op_bytes, op_flops
+from ..passes.liveness import Phase, liveness
+from ..passes.repeated_layers import layer_key
 from .titan_config import SCHEDULES, TitanConfig
 
 MEMORY_HEADROOM = 0.10
@@ -76,7 +76,7 @@ class StepProfile:
 
 def profile(graph: Graph, cluster: str = "h100-sxm") -> StepProfile:
     """One pass over the graph (class docstring)."""
-    from .costmodel.fusion import fusion
+    from ..costmodel.fusion import fusion
 
     live = liveness(graph)
     layer_of = {i: name for name, lay in live.layers.items() for i in lay.forward_ops}

@@ -4,7 +4,7 @@ For tests and benchmarks that need a realistic training step without torch or ja
 loss, a hand-written backward and a fused AdamW update, in mixed precision (fp32 master
 weights and moments as inputs, bf16 compute copies made by ``convert`` in each layer's forward,
 bf16 gradients). Names follow the HF checkpoints (``layers.3.mlp.gate_proj.weight`` for Llama,
-``h.3.mlp.c_fc.weight`` for GPT), so ``shardplan.strategies`` patterns and layer detection
+``h.3.mlp.c_fc.weight`` for GPT), so ``sp.strategies`` patterns and layer detection
 (``layers.<i>`` / ``h.<i>``) apply unchanged::
 
     graph = training_step(LLAMA3_8B, batch=8, layers=2)   # 2 of 32 layers, full per-layer shapes
@@ -18,10 +18,10 @@ from __future__ import annotations
 
 from dataclasses import dataclass, replace
 
-from .ir import Graph, Origin, Role, Value
-from .ir.builder import GraphBuilder
-from .ir.registry import elementwise
-from .ir.types import TensorType
+from . import Graph, Origin, Role, Value
+from .builder import GraphBuilder
+from .registry import elementwise
+from .types import TensorType
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,11 +14,11 @@ import math
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import progress
-from .costmodel import get_cluster
-from .ir import Graph, InfeasiblePlanError, Mesh, Role, op_flops
-from .solver.plan import Plan
-from .strategies import ParallelStrategy
+from ..costmodel import get_cluster
+from ..ir import Graph, InfeasiblePlanError, Mesh, Role, op_flops
+from ..solver import progress
+from ..solver.plan import Plan
+from ..solver.strategies import ParallelStrategy
 
 
 @dataclass(frozen=True, slots=True)
@@ -56,7 +56,7 @@ def evaluate(
     The returned ``Evaluation.plan`` keeps the capture context, so a torch module's plan can
     be applied (``plan.apply``) and a JAX function's jitted (``plan.jit``) like ``sp.plan``'s.
     """
-    from .validate import check_evaluate_call
+    from .checks import check_evaluate_call
 
     mesh, memory_limit, time_limit = check_evaluate_call(
         model_or_graph, mesh, strategy, memory_limit, time_limit, options
@@ -99,7 +99,7 @@ def best_baseline(
     priced as ``evaluate`` prices it, user ``pins`` kept; None if none fits.
 
     ``sp.plan``'s fallback when the solver finds no plan in time (``solver/planner.py``)."""
-    from .strategies import for_graph
+    from ..solver.strategies import for_graph
 
     limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
     best: tuple[str, Plan] | None = None
@@ -123,7 +123,7 @@ def best_baseline(
 def _simulate_tp_overlap(plan: Plan, axis: str) -> None:
     """Re-simulate the step with ``axis``'s all-gathers / reduce-scatters pipelined with their
     GEMMs (the strategy's ``tp_comm_overlap``); the layouts do not change."""
-    from .costmodel.simulate import SimulationOptions, simulate
+    from ..costmodel.simulate import SimulationOptions, simulate
 
     result = simulate(plan, SimulationOptions(tp_overlap_axes=(axis,)))
     plan.exposed_comm_time = result.exposed_comm_time
@@ -133,17 +133,10 @@ def _graph(
     model_or_graph: Any, example_args: tuple, options: dict, strategy: ParallelStrategy
 ) -> tuple[Graph, object | None]:
     """The graph and the frontend's capture context (None for an IR graph)."""
-    if isinstance(model_or_graph, Graph):
-        return model_or_graph, None
-    from .api import _is_torch_module
+    from ..frontend import capture, frontend_kind
 
-    if _is_torch_module(model_or_graph):
-        from .frontend.torch.capture import capture
-    else:
-        from .frontend.jax.capture import capture  # type: ignore[no-redef]
-
-        if strategy.pp > 1:
-            options.setdefault("unroll_scans", True)  # stages split the layers of a scan
+    if strategy.pp > 1 and frontend_kind(model_or_graph) == "jax":
+        options.setdefault("unroll_scans", True)  # stages split the layers of a scan
     return capture(model_or_graph, *example_args, **options)
 
 
@@ -167,8 +160,8 @@ def _solve(
     the space before micro-batch sizes: with them, the GPT-175B selective row's stages took
     layouts its configuration does not name and modelled 16.6% under the published time, where
     it models +3.8%; ``tests/test_fidelity_bench.py``)."""
-    from .solver.pipeline import plan_pipeline, uniform_stage_bounds
-    from .solver.planner import plan_graph
+    from ..solver.pipeline import plan_pipeline, uniform_stage_bounds
+    from ..solver.planner import plan_graph
 
     saved = [(v, v.sharding, v.pinned, v.priority, v.sharding_origin) for v in graph.values()]
     stage_mesh = Mesh(

@@ -12,9 +12,9 @@ from __future__ import annotations
 import math
 from dataclasses import replace
 
-from .ir import Graph, Mesh, Role, ShardplanError
-from .solver.idle import IdleDevices, StepTimes
-from .solver.plan import Plan
+from ..ir import Graph, Mesh, Role, ShardplanError
+from ..solver.idle import IdleDevices, StepTimes
+from ..solver.plan import Plan
 
 PREFERENCES = ("step", "throughput")
 """``sp.plan(prefer=...)``: ``"step"`` (default) returns the fastest modelled step;
@@ -43,9 +43,9 @@ def _times(plan: Plan) -> StepTimes:
 
 def _data_parallel(graph, mesh, axes, pins, memory_limit, semantics) -> tuple[str, Plan] | None:  # type: ignore[no-untyped-def]
     """The first of DP, FSDP over ``axes`` that fits (priced as ``sp.evaluate`` prices them)."""
-    from .costmodel.cluster import get_cluster
+    from ..costmodel.cluster import get_cluster
+    from ..solver.strategies import ParallelStrategy
     from .evaluate import _peak, _solve
-    from .strategies import ParallelStrategy
 
     limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
     for name, shard in (("dp", False), ("fsdp", True)):
@@ -68,7 +68,7 @@ def _batch_split_activations(graph: Graph, mesh: Mesh, inputs: dict, axes: tuple
     model's solve gather the batch at its first op and compute replicated (cheaper still).
     Propagation runs on ``mesh`` (the user's): after a 3-axis solve ``graph.mesh`` may be the
     axis search's last merged mesh (``dp_fsdp``), which the layouts found there do not name."""
-    from .passes.propagate import PropagateOptions, run_propagation
+    from ..passes.propagate import PropagateOptions, run_propagation
 
     saved = [(v, v.sharding, v.pinned, v.priority, v.sharding_origin) for v in graph.values()]
     by_name = {v.name: v for v in graph.inputs}
@@ -96,8 +96,8 @@ def check_idle_devices(  # type: ignore[no-untyped-def]
     """``free`` with ``free.idle`` set when it leaves devices repeating the same work and the
     batch could be split; with ``prefer="throughput"`` the data-parallel plan instead (its
     ``idle`` records both). ``free`` unchanged when nothing is idle or nothing can split."""
-    from .solver.idle import REPEAT_THRESHOLD, work_repeats
-    from .solver.summary import batch_axes, idle_axes
+    from ..solver.idle import REPEAT_THRESHOLD, work_repeats
+    from ..solver.summary import batch_axes, idle_axes
 
     if free.pipeline is not None or free.serving is not None:
         return free
@@ -129,6 +129,6 @@ def check_idle_devices(  # type: ignore[no-untyped-def]
 
 
 def _kernel_floor(mesh: Mesh) -> float:
-    from .costmodel.cluster import get_cluster
+    from ..costmodel.cluster import get_cluster
 
     return get_cluster(mesh.cluster).kernel_floor

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Sequence
 
-from .costmodel.dense_part import DENSE_MODES, DenseSpec
-from .costmodel.embedding import TableSpec, make_world
-from .ir.graph import Graph
-from .solver.table_plan import TablePlan
-from .solver.table_planner import plan_tables as _plan_tables
-from .solver.table_specs import tables_from_graph
+from ..costmodel.dense_part import DENSE_MODES, DenseSpec
+from ..costmodel.embedding import TableSpec, make_world
+from ..ir.graph import Graph
+from ..solver.table_plan import TablePlan
+from ..solver.table_planner import plan_tables as _plan_tables
+from ..solver.table_specs import tables_from_graph
 
 
 def plan_tables(
@@ -52,7 +52,7 @@ def plan_tables(
     if isinstance(tables, Graph):
         specs = tables_from_graph(tables)
     elif specs is None:
-        from .frontend.torch.torchrec_plan import tables_from_torchrec
+        from ..frontend.torch.torchrec_plan import tables_from_torchrec
 
         specs = tables_from_torchrec(tables, pooling_factors)
     resolved = make_world(world, cluster, batch_per_rank, optimizer)
@@ -67,6 +67,6 @@ def torchrec_plan(
     plan: TablePlan, module: object, module_path: str = "", device_type: str = "cuda"
 ) -> object:
     """The plan as TorchRec's ``ShardingPlan`` for ``module`` (an ``EmbeddingBagCollection``)."""
-    from .frontend.torch.torchrec_plan import to_torchrec
+    from ..frontend.torch.torchrec_plan import to_torchrec
 
     return to_torchrec(plan, module, module_path, device_type)

@@ -12,7 +12,7 @@ from dataclasses import dataclass, replace
 from pathlib import Path
 from typing import Any
 
-from .costmodel.cluster import (
+from ..costmodel.cluster import (
     Cluster,
     ClusterConfigError,
     IslandLevel,
@@ -20,8 +20,8 @@ from .costmodel.cluster import (
     get_cluster,
     register_cluster,
 )
-from .costmodel.simulate import simulate
-from .ir import Graph, Mesh, Sharding, ShardplanError
+from ..costmodel.simulate import simulate
+from ..ir import Graph, Mesh, Sharding, ShardplanError
 
 PARAMETERS = (
     "link_bandwidth", "intra_bandwidth", "inter_bandwidth", "dcn_bandwidth", "hbm_capacity",
@@ -163,7 +163,7 @@ def whatif(
     Returns:
       a ``WhatIf`` with ``.table()`` and ``.plot(path)``.
     """
-    from .validate import check_whatif_call
+    from .checks import check_whatif_call
 
     given = dict(mesh=mesh, vary=vary, strategy=strategy, repeat=repeat, time_limit=time_limit)
     checked = check_whatif_call(model_or_graph, given, options)
@@ -199,7 +199,7 @@ def _row(graph, mesh, cluster, parameter, factor, strategy, time_limit, repeat, 
 
 
 def _plan(graph: Graph, mesh: Mesh, strategy, time_limit: float):
-    from .solver.planner import plan_graph
+    from ..solver.planner import plan_graph
 
     return plan_graph(graph, mesh, pins=strategy, time_limit=time_limit)
 
@@ -209,17 +209,9 @@ def _layouts(plan) -> dict[str, Sharding]:
 
 
 def _graph(model_or_graph: Any, example_args: tuple, options: Mapping[str, Any]) -> Graph:
-    if isinstance(model_or_graph, Graph):
-        return model_or_graph
-    from .api import _is_torch_module
+    from ..frontend import capture
 
-    if _is_torch_module(model_or_graph):
-        from .frontend.torch.capture import capture
-
-        return capture(model_or_graph, *example_args, **options)[0]
-    from .frontend.jax.capture import capture as jax_capture
-
-    return jax_capture(model_or_graph, *example_args, **options)[0]
+    return capture(model_or_graph, *example_args, **options)[0]
 
 
 __all__ = ["PARAMETERS", "WhatIf", "WhatIfRow", "scale_cluster", "whatif"]

@@ -23,12 +23,12 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
-from .costmodel.cluster import Cluster, get_cluster
-from .costmodel.memory import gib
-from .ir import Graph, InfeasiblePlanError, Mesh, Role
-from .ir.errors import ArgumentError
-from .ir.registry import op_bytes, op_flops
-from .solver.plan import Plan
+from ..costmodel.cluster import Cluster, get_cluster
+from ..costmodel.memory import gib
+from ..ir import Graph, InfeasiblePlanError, Mesh, Role
+from ..ir.errors import ArgumentError
+from ..ir.registry import op_bytes, op_flops
+from .plan import Plan
 
 OBJECTIVES = ("latency", "throughput")
 

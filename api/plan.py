@@ -9,15 +9,12 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from typing import Any
 
-from . import progress
+from ..frontend import capture, capture_function, frontend_kind
+from ..ir import FrontendError, Graph, Mesh, Pin, Sharding
+from ..ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
+from ..solver import progress
+from ..solver.plan import Plan
 from .idle_devices import PREFERENCES
-from .ir import FrontendError, Graph, Mesh, Pin, Sharding
-from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
-from .solver.plan import Plan
-
-
-def _is_torch_module(obj: object) -> bool:
-    return any(c.__module__.startswith("torch.nn") for c in type(obj).__mro__)
 
 
 def _model_name(model: object) -> str:
@@ -91,7 +88,7 @@ def plan(
     Returns:
       the Plan (``print(plan)`` shows it).
     """
-    from .validate import check_plan_call
+    from .checks import check_plan_call
 
     given = dict(mesh=mesh, devices=devices, cluster=cluster, pipeline_axis=pipeline_axis,
                  microbatches=microbatches, schedule=schedule, pins=pins, verbose=verbose,
@@ -105,15 +102,16 @@ def plan(
         )
     serving = options.get("mode") in ("prefill", "decode")
     if serving or objective is not None or max_batch is not None:
-        from .serving import check_serving_args
+        from ..solver.serving import check_serving_args
 
         check_serving_args(objective, max_batch, options.get("mode"))
     with progress.planning(verbose), _old_objects_frozen():
-        if serving and _is_torch_module(model_or_fn):
+        kind = frontend_kind(model_or_fn)
+        if serving and kind == "torch":
             result = _plan_serving(
                 model_or_fn, example_args, checked, options, objective, max_batch
             )
-        elif serving and callable(model_or_fn) and not isinstance(model_or_fn, Graph):
+        elif serving and kind == "jax":
             result = _plan_serving_jax(
                 model_or_fn, example_args, checked, options, objective, max_batch
             )
@@ -166,7 +164,7 @@ def _plan(
 ) -> Plan:
     """``plan`` after its arguments were checked (``checked``: the normalised keywords);
     ``captured``: (graph, context, seconds) of a capture already made (serving plans)."""
-    from .solver.planner import plan_graph
+    from ..solver.planner import plan_graph
 
     progress.report("start", "planner loaded (%.1f s)", progress.elapsed())
     pipeline_axis, pins = checked["pipeline_axis"], checked["pins"]
@@ -177,23 +175,11 @@ def _plan(
     start = time.perf_counter()
     if captured:
         graph, context, _ = captured
-    elif isinstance(model_or_fn, Graph):
-        graph = model_or_fn
-    elif _is_torch_module(model_or_fn):
-        from .frontend.torch.capture import capture
-
-        graph, context = capture(model_or_fn, *example_args, **options)
-    elif callable(model_or_fn):
-        from .frontend.jax.capture import capture
-
-        if mesh is not None and dict(mesh.axes).get(pipeline_axis, 1) > 1:
+    else:
+        pipelined = mesh is not None and dict(mesh.axes).get(pipeline_axis, 1) > 1
+        if pipelined and frontend_kind(model_or_fn) == "jax":
             options.setdefault("unroll_scans", True)  # stages split the layers of a scan
         graph, context = capture(model_or_fn, *example_args, **options)
-    else:
-        raise FrontendError(
-            f"cannot plan a {type(model_or_fn).__name__}: pass an IR Graph, a torch.nn.Module "
-            "with example inputs, or a JAX callable with example arguments"
-        )
     capture_seconds = captured[2] if captured else time.perf_counter() - start
     _freeze_captured()
     progress.report(
@@ -208,7 +194,7 @@ def _plan(
     if mesh is None:
         if devices is None:
             raise FrontendError("pass mesh=sp.Mesh({...}) or devices=N (with cluster=...) to plan")
-        from .solver.mesh_search import search_mesh
+        from ..solver.mesh_search import search_mesh
 
         # pins are applied per candidate mesh by plan_graph (a pin that names an axis a shape
         # lacks rejects that shape, with the reason in the candidate table)
@@ -217,7 +203,7 @@ def _plan(
             top_k=checked.get("mesh_top_k"), schedule=schedule, microbatches=microbatches,
         )  # fmt: skip
     elif pipeline_axis in mesh.axis_names and mesh.axis_size(pipeline_axis) > 1:
-        from .solver.pipeline import plan_pipeline
+        from ..solver.pipeline import plan_pipeline
 
         result = plan_pipeline(
             graph, mesh, pipeline_axis, memory_limit, schedule, microbatches, time_limit,
@@ -250,7 +236,7 @@ def _warn_idle_axes(result: Plan) -> None:
     """An ``IdleAxisWarning`` when a mesh axis the user chose cannot split the batch and the
     plan splits nothing over it: silently repeating work on those devices is not what a user
     asking for that mesh expects (``dp=3`` with a batch of 8)."""
-    from .solver.summary import idle_axis_advice
+    from ..solver.summary import idle_axis_advice
 
     advice = idle_axis_advice(result)
     if advice:
@@ -277,8 +263,8 @@ def _check_idle_devices(result: Plan, checked: dict, prefer: str) -> Plan:
 
 def _plan_serving(model, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]
     """A prefill/decode step planned per candidate batch (``serving.py``)."""
-    from .frontend.torch.serving import resized_inputs
-    from .serving import check_cache_fits, plan_serving
+    from ..frontend.torch.serving import resized_inputs
+    from ..solver.serving import check_cache_fits, plan_serving
 
     example_args, options = _serving_inputs(example_args, options)
     batch, seq = resized_inputs(example_args, None)[1]
@@ -288,8 +274,6 @@ def _plan_serving(model, example_args, checked, options, objective, max_batch) -
     context_len = options.get("context_len") or seq
 
     def plan_at(b: int) -> Plan:
-        from .frontend.torch.capture import capture
-
         args = resized_inputs(example_args, b)[0]
         start = time.perf_counter()
         graph, context = capture(model, *args, **options)
@@ -302,10 +286,9 @@ def _plan_serving(model, example_args, checked, options, objective, max_batch) -
 
 def _serving_inputs(example_args: tuple, options: dict) -> tuple[tuple, dict]:
     """A serving step's ``input_ids=`` given by name, as the one dict ``serving.py`` reads."""
-    from .frontend.torch.capture import capture
-    from .validate import frontend_keywords
+    from .checks import frontend_keywords
 
-    known = frontend_keywords(capture)
+    known = frontend_keywords(capture_function("torch"))
     named = {k: v for k, v in options.items() if k not in known}
     if not named:
         return example_args, options
@@ -318,8 +301,7 @@ def _serving_inputs(example_args: tuple, options: dict) -> tuple[tuple, dict]:
 
 def _plan_serving_jax(fn, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]
     """A JAX prefill/decode step (``frontend/jax/serving.py``), planned at its own batch."""
-    from .frontend.jax.capture import capture
-    from .serving import check_cache_fits, plan_serving
+    from ..solver.serving import check_cache_fits, plan_serving
 
     mesh = checked["mesh"]
     if mesh is None:
@@ -355,6 +337,6 @@ def annotate(tensor: Any, sharding: Any = None, **placements: Any) -> Any:
     JAX write ``jax.lax.with_sharding_constraint``, which capture reads the same way. See
     ``frontend/torch/annotate.py``.
     """
-    from .frontend.torch.annotate import annotate as torch_annotate
+    from ..frontend.torch.annotate import annotate as torch_annotate
 
     return torch_annotate(tensor, sharding, **placements)

@@ -30,7 +30,7 @@ import dataclasses
 import fnmatch
 from collections.abc import Iterable, Mapping
 
-from .ir import Graph, Mesh, Role, Sharding, Value
+from ..ir import Graph, Mesh, Role, Sharding, Value
 from .strategies import ParallelStrategy, StrategyError, dp
 
 LOOKUPS = ("embedding_bag", "embedding")

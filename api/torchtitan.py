@@ -18,11 +18,11 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
-from .ir import Role
-from .ir.axes import base_axis
-from .solver.plan import Plan
-from .strategies import ParallelStrategy, tensor_parallel_dim
-from .titan_config import TitanConfig, TitanConfigError
+from ..ir import Role
+from ..ir.axes import base_axis
+from ..solver.plan import Plan
+from ..solver.strategies import ParallelStrategy, tensor_parallel_dim
+from ..solver.titan_config import TitanConfig, TitanConfigError
 
 SCHEDULE_NAMES = {"1f1b": "1F1B", "gpipe": "GPipe", "interleaved": "Interleaved1F1B"}
 TOLERANCE = 0.05
@@ -150,7 +150,7 @@ def _param_dtype(plan: Plan) -> str:
 
 def _ac_mode(plan: Plan) -> tuple[str, str, list[str]]:
     """One mode for every layer: the plan's when they agree, else the commonest one (noted)."""
-    from .passes.liveness import liveness
+    from ..passes.liveness import liveness
 
     layers = list(liveness(plan.graph).layers)
     modes = Counter(plan.recompute.get(name) or "none" for name in layers)
@@ -277,8 +277,8 @@ def evaluate_torchtitan(
     """Price a torchtitan configuration (a ``TitanConfig`` or its override list) on a captured
     step with ``sp.evaluate``: "what will these flags cost". The graph's batch must be the
     configuration's global batch (``local_batch_size`` x dp_replicate x dp_shard)."""
+    from ..ir import Graph, Role
     from .evaluate import evaluate
-    from .ir import Graph, Role
 
     if not isinstance(config, TitanConfig):
         config = TitanConfig.from_overrides(config)

@@ -18,7 +18,8 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from .ir import Graph, Mesh, Role, Sharding, ShardplanError, Value, op_info
+from ..ir import Graph, Mesh, Role, Sharding, ShardplanError, Value, op_info
+from ..ir.checks import check_choice
 
 
 class StrategyError(ShardplanError, ValueError):
@@ -250,7 +251,7 @@ class ParallelStrategy:
         return None
 
     def recompute_decisions(self, graph: Graph) -> dict[str, str | None]:
-        from .passes.liveness import liveness
+        from ..passes.liveness import liveness
 
         layers = liveness(graph).layers
         if self.recompute_every == 1:
@@ -530,9 +531,11 @@ def for_graph(graph: Graph, mesh: Mesh) -> list[ParallelStrategy]:
     return baselines(mesh) + (moe_baselines(mesh) if moe else [])
 
 
-def _suffix(recompute: str | None) -> str:
-    from .validate import RECOMPUTE, check_choice
+RECOMPUTE = (None, "selective", "full")
+"""The recompute (activation checkpointing) policies a hand-written strategy may name."""
 
+
+def _suffix(recompute: str | None) -> str:
     check_choice(recompute, "recompute", RECOMPUTE)  # every constructor names itself through here
     return f"+{recompute}-recompute" if recompute else ""
 

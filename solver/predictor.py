@@ -39,16 +39,16 @@ from functools import lru_cache
 from pathlib import Path
 from typing import Any
 
-from .costmodel import axis_links, collective_time, get_cluster
-from .costmodel.cluster import Cluster
-from .ir import Graph, Mesh, ShardplanError
-from .ir.graph import Role
-from .ir.registry import op_flops
+from ..costmodel import axis_links, collective_time, get_cluster
+from ..costmodel.cluster import Cluster
+from ..ir import Graph, Mesh, ShardplanError
+from ..ir.graph import Role
+from ..ir.registry import op_flops
 
 FORMAT = 2
 """Version of the model file; a file of another version is refused (rebuild it). 2: the
 role-free features (``shape_features``)."""
-MODEL_FILE = Path(__file__).resolve().parent / "data" / "predictor" / "model.json"
+MODEL_FILE = Path(__file__).resolve().parent.parent / "data" / "predictor" / "model.json"
 REJECTED = 6.0
 """Target of a shape the planner rejects: e^6 ~ 400x the ideal compute time, worse than any
 planned shape in the training set, so rejected shapes rank last."""
@@ -482,7 +482,7 @@ a slice and DCN across, at the grid's device counts."""
 
 
 def register_training_clusters() -> None:
-    from .costmodel.cluster import cluster_from_dict, register_cluster
+    from ..costmodel.cluster import cluster_from_dict, register_cluster
 
     for base, name, island in (
         ("h100-superpod-dcn", DCN_TEST_CLUSTER, 32),
@@ -495,10 +495,10 @@ def register_training_clusters() -> None:
 
 @dataclass(frozen=True, slots=True)
 class Config:
-    """One training-step graph (``shardplan.models``) searched on ``devices`` of ``cluster``."""
+    """One training-step graph (``shardplan.ir.models``) searched on ``devices`` of ``cluster``."""
 
     model: str
-    """A ``shardplan.models.CONFIGS`` name."""
+    """A ``shardplan.ir.models.CONFIGS`` name."""
     layers: int
     seq: int
     batch: int
@@ -510,7 +510,7 @@ class Config:
         return f"{self.model}/L{self.layers}/s{self.seq}/b{self.batch}"
 
     def graph(self) -> Graph:
-        from .models import CONFIGS, training_step
+        from ..ir.models import CONFIGS, training_step
 
         return training_step(CONFIGS[self.model], self.batch, self.layers, self.seq)
 
@@ -544,7 +544,7 @@ def training_grid() -> list[Config]:
 def search_rows(config: Config, time_limit: float = 5.0) -> list[Row]:
     """Every mesh shape of ``config`` planned in full (``search_mesh``): the training rows
     (``retry_rejected`` re-plans the pp = 1 shapes it rejected)."""
-    from .solver.mesh_search import search_mesh
+    from .mesh_search import search_mesh
 
     register_training_clusters()
     graph = config.graph()
@@ -571,7 +571,7 @@ def retry_rejected(rows: list[Row], time_limit: float) -> list[Row]:
     shapes that really fail (out of memory) rejected."""
     from dataclasses import replace
 
-    from .solver.planner import plan_graph
+    from .planner import plan_graph
 
     register_training_clusters()
     configs = {(c.name, c.devices, c.cluster): c for c in training_grid()}

@@ -27,10 +27,10 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from .ir.errors import ShardplanError
+from ..ir.errors import ShardplanError
 
 SCHEMA_VERSION = 1
-SCHEMA_PATH = Path(__file__).with_name("record.schema.json")
+SCHEMA_PATH = Path(__file__).resolve().parent.parent / "record.schema.json"
 PACKAGES = (
     "shardplan", "numpy", "scipy", "networkx", "ortools", "torch", "jax", "jaxlib",
     "transformers",
@@ -48,7 +48,7 @@ class RecordError(ShardplanError):
 def environment(root: Path | None = None) -> dict[str, Any]:
     """The record's environment sections: git, machine, Python and package versions."""
     return {
-        "git": git_state(root or Path(__file__).resolve().parent),
+        "git": git_state(root or Path(__file__).resolve().parent.parent),
         "machine": machine(),
         "python": {"version": platform.python_version(), "implementation": sys.implementation.name},
         "packages": {name: _version(name) for name in PACKAGES},

@@ -17,7 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from .ir import Mesh, ShardplanError
+from ..ir import Mesh, ShardplanError
 from .strategies import ParallelStrategy, torchtitan
 
 AC_MODES = ("none", "selective", "full")
