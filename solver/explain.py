@@ -25,17 +25,14 @@ from dataclasses import dataclass, field
 from ..costmodel import get_cluster, reshard_time
 from ..costmodel.fusion import fusion
 from ..costmodel.simulate import _op_time
-from ..ir import Op, Sharding, ShardplanError, Value
+from ..ir import Op, Sharding, Value
+from ..ir.errors import UnknownTensorError
 from ..passes.enumerate_strategies import input_strategies, op_strategies, value_layouts
 from .plan import Plan
 from .report import format_bytes, format_seconds
 
 MAX_ALTERNATIVES = 4
 """Alternatives listed (the cheapest first)."""
-
-
-class UnknownTensorError(ShardplanError, KeyError):
-    """``explain`` was given a name that is neither a value nor an origin path of the plan."""
 
 
 @dataclass(frozen=True, slots=True)

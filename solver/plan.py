@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..costmodel.collective import Collective
-from ..ir import Graph, Mesh, Role, Sharding, ShardplanError
+from ..ir import Graph, Mesh, Role, Sharding
+from ..ir.errors import UnknownTensorError
 
 PLAN_FORMAT_VERSION = 2
 """2: the full mesh (pipeline axis included), the pipeline, exposed communication, recomputation,
@@ -185,7 +186,7 @@ class Plan:
         try:
             return self.shardings[name]
         except KeyError:
-            raise ShardplanError(f"the plan has no value named %{name}") from None
+            raise UnknownTensorError(f"the plan has no value named %{name}") from None
 
     def collectives(self) -> list[Collective]:
         """Every collective the plan predicts, in graph order."""
