@@ -514,7 +514,7 @@ def _op_times(plan: Plan, cluster: Cluster, tp_overlap_axes: tuple[str, ...] = (
     the layers of a stack repeat the same ops at the same layouts (405B-shaped row: 46,869
     ops priced one by one, 7.8 s per batch cap under cProfile; its unprofiled CPU time moved
     within the noise of the loaded box)."""
-    from ..passes.enumerate_strategies import Strategy
+    from ..passes.enumerate_strategies import Choice
 
     graph = plan.graph
     fused = fusion(graph)
@@ -525,7 +525,7 @@ def _op_times(plan: Plan, cluster: Cluster, tp_overlap_axes: tuple[str, ...] = (
         results = tuple(plan.sharding_of(v.name) for v in op.results)
         key = (*op_signature(op, fused.of(op)), operands, results)
         if key not in seen:
-            strategy = Strategy(operands, results, (), _split(op, operands, results, plan))
+            strategy = Choice(operands, results, (), _split(op, operands, results, plan))
             seen[key] = op_cost(op, strategy, plan.mesh, cluster, fused.of(op))
         times.append(seen[key])
     by_name = {v.name: v for v in graph.values()}

@@ -142,7 +142,7 @@ class Plan:
     (modelled), and the data-parallel alternative's step (``sp.plan(..., prefer=...)``);
     None when every device does its own share. Saved with the plan (an optional key)."""
     assignments: dict[int, tuple] = field(default_factory=dict)
-    """Op index -> its chosen strategy's factor -> mesh axes pairs (``Strategy.assignment``):
+    """Op index -> its chosen choice's factor -> mesh axes pairs (``Choice.assignment``):
     what each op splits, which its layouts alone do not always say (a result's layout is
     what consumers see: pinned or reduced). Read by ``batch.microbatch_fits``; never
     serialised (a loaded plan's is empty and its layouts are read instead)."""
