@@ -209,8 +209,8 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
-def _bad(where: str, what: str) -> ShardplanError:
-    return ShardplanError(
+def _bad(where: str, what: str) -> PlanFileError:
+    return PlanFileError(
         f"invalid plan file: {where}: {what}; the file is damaged or was not written by "
         "Plan.save (re-create it with `shardplan plan ... --out plan.json`)"
     )
