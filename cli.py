@@ -26,17 +26,9 @@ from typing import Any
 from .api.checks import check_cluster
 from .cli_inputs import keyword_inputs, parse_input
 from .ir import Graph, Mesh, Pin, Sharding, ShardplanError, checks
+from .ir.errors import CliError, UserCodeError
 from .ir.printer import print_graph
 from .solver import plan_files, progress
-
-
-class CliError(ShardplanError):
-    """A command-line problem found after parsing (missing file, bad factory result)."""
-
-
-class UserCodeError(CliError):
-    """The user's FILE.py, its factory or the model raised; the cause is chained (``--debug``)."""
-
 
 _TRACED_BRANCH = {
     "TracerBoolConversionError", "ConcretizationTypeError", "TracerIntegerConversionError",

@@ -27,7 +27,7 @@ from importlib import metadata
 from pathlib import Path
 from typing import Any
 
-from ..ir.errors import ShardplanError
+from ..ir.errors import RecordError
 
 SCHEMA_VERSION = 1
 SCHEMA_PATH = Path(__file__).resolve().parent.parent / "record.schema.json"
@@ -38,10 +38,6 @@ PACKAGES = (
 """Packages whose versions a record lists (``None`` when not installed)."""
 ENV_SECTIONS = ("command", "git", "machine", "python", "packages")
 RESULT_SECTIONS = ("inputs", "results", "wall_times")
-
-
-class RecordError(ShardplanError):
-    """A benchmark record could not be read, or does not match ``record.schema.json``."""
 
 
 # -- capture --------------------------------------------------------------------------------

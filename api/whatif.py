@@ -22,6 +22,7 @@ from ..costmodel.cluster import (
 )
 from ..costmodel.simulate import simulate
 from ..ir import Graph, Mesh, Sharding, ShardplanError
+from ..ir.errors import ArgumentError
 
 PARAMETERS = (
     "link_bandwidth", "intra_bandwidth", "inter_bandwidth", "dcn_bandwidth", "hbm_capacity",
@@ -101,7 +102,7 @@ class WhatIf:
 def scale_cluster(cluster: Cluster, parameter: str, factor: float) -> Cluster:
     """A copy of ``cluster`` with one hardware parameter multiplied by ``factor``."""
     if factor <= 0:
-        raise ValueError(f"scale factors must be > 0, got {factor} for {parameter}")
+        raise ArgumentError(f"scale factors must be > 0, got {factor} for {parameter}")
 
     def link(level: LinkLevel) -> LinkLevel:
         return LinkLevel(level.name, level.bandwidth * factor, level.latency)
@@ -134,7 +135,7 @@ def scale_cluster(cluster: Cluster, parameter: str, factor: float) -> Cluster:
         case "flops":
             changes = {"peak_flops": tuple((d, f * factor) for d, f in cluster.peak_flops)}
         case _:
-            raise ValueError(f"cannot vary {parameter!r}; one of {PARAMETERS}")
+            raise ArgumentError(f"cannot vary {parameter!r}; one of {PARAMETERS}")
     return replace(cluster, name=f"{cluster.name}*{parameter}={factor:g}", **changes)
 
 

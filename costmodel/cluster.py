@@ -8,18 +8,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
-from shardplan.ir.errors import ShardplanError
-
-
-class UnknownClusterError(ShardplanError, KeyError):
-    """A cluster name is not in the catalogue; the message lists the known names."""
-
-    def __str__(self) -> str:  # KeyError would repr() the message
-        return str(self.args[0])
-
-
-class ClusterConfigError(ShardplanError):
-    """A cluster file could not be read or has missing / unknown / badly typed fields."""
+from shardplan.ir.errors import ClusterConfigError, UnknownClusterError
 
 
 @dataclass(frozen=True, slots=True)

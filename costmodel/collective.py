@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from ..ir.errors import ArgumentError
+
 COLLECTIVE_KINDS = (
     "all-reduce",
     "all-gather",
@@ -30,7 +32,7 @@ class Collective:
 
     def __post_init__(self) -> None:
         if self.kind not in COLLECTIVE_KINDS:
-            raise ValueError(f"unknown collective kind {self.kind!r}; one of {COLLECTIVE_KINDS}")
+            raise ArgumentError(f"unknown collective kind {self.kind!r}; one of {COLLECTIVE_KINDS}")
 
     def __str__(self) -> str:
         axes = ",".join(self.axes)

@@ -50,6 +50,7 @@ from collections.abc import Iterable
 from functools import lru_cache
 
 from shardplan.ir.axes import parse_axis
+from shardplan.ir.errors import ArgumentError
 from shardplan.ir.mesh import Mesh
 
 from .cluster import Cluster, get_cluster
@@ -102,7 +103,7 @@ def collective_time(
         Seconds; 0.0 when the group has one device or the buffer is empty.
     """
     if kind not in COLLECTIVE_KINDS:
-        raise ValueError(f"unknown collective kind {kind!r}; one of {COLLECTIVE_KINDS}")
+        raise ArgumentError(f"unknown collective kind {kind!r}; one of {COLLECTIVE_KINDS}")
     group = normalize_axes(axes, mesh)
     n = mesh.group_size(group)
     if n == 1 or nbytes <= 0:

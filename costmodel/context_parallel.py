@@ -15,6 +15,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 
 from ..ir import Mesh, Op, Sharding
+from ..ir.errors import ContextParallelError
 from .cluster import Cluster, get_cluster
 
 ATTENTION_KINDS = ("attention", "attention_backward")
@@ -68,7 +69,7 @@ def head_tail_order(length: int, ranks: int) -> list[int]:
     shifts its labels internally follow the order (``shifted_order``).
     """
     if ranks < 1 or length % (2 * ranks):
-        raise ValueError(f"{length} tokens do not cut into 2 x {ranks} equal chunks")
+        raise ContextParallelError(f"{length} tokens do not cut into 2 x {ranks} equal chunks")
     chunk = length // (2 * ranks)
     order: list[int] = []
     for r in range(ranks):
@@ -86,7 +87,7 @@ def shifted_order(order: Sequence[int]) -> list[int]:
     permutation). Needs ``order[-1]`` to be the last position, as ``head_tail_order`` keeps it.
     """
     if order and order[-1] != len(order) - 1:
-        raise ValueError("the order must keep the last position last")
+        raise ContextParallelError("the order must keep the last position last")
     return [0] + [p + 1 for p in order[:-1]]
 
 
@@ -115,11 +116,13 @@ def balanced_query_split(
         return None
     lengths = {length for length, _ in splits}
     if len(lengths) > 1:
-        raise ValueError(f"attention ops with query lengths {sorted(lengths)}: one order for all")
+        raise ContextParallelError(
+            f"attention ops with query lengths {sorted(lengths)}: one order for all"
+        )
     ranks = max(n for _, n in split)
     (length,) = lengths
     if any(ranks % n for _, n in split) or length % (2 * ranks):
-        raise ValueError(
+        raise ContextParallelError(
             f"query splits over {sorted(n for _, n in split)} devices of a {length}-token "
             f"sequence: no head-tail order balances them all"
         )

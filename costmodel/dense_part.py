@@ -16,7 +16,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from shardplan.ir.errors import ShardplanError
+from shardplan.ir.errors import ArgumentError, TableSpecError
 
 from .collectives import collective_time
 from .embedding import DTYPE_BYTES, World
@@ -44,7 +44,7 @@ class DenseSpec:
 
     def __post_init__(self) -> None:
         if self.param_bytes < 0 or self.layers < 1 or self.dtype not in DTYPE_BYTES:
-            raise ShardplanError(
+            raise TableSpecError(
                 f"DenseSpec(param_bytes={self.param_bytes}, layers={self.layers}, "
                 f"dtype={self.dtype!r}): need param_bytes >= 0, layers >= 1 and a dtype in "
                 f"{sorted(DTYPE_BYTES)}"
@@ -90,5 +90,5 @@ def price_dense(dense: DenseSpec | None, mode: str, world: World) -> DenseCost:
         exposed = max(comm / dense.layers, comm - compute)
         hbm = full / world.size + 2 * dense.param_bytes / dense.layers + activations
     else:
-        raise ShardplanError(f"dense mode {mode!r} unknown; one of {DENSE_MODES}")
+        raise ArgumentError(f"dense mode {mode!r} unknown; one of {DENSE_MODES}")
     return DenseCost(mode, compute + exposed, compute, exposed, hbm)

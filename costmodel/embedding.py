@@ -48,7 +48,7 @@ import math
 from dataclasses import dataclass
 from functools import lru_cache
 
-from shardplan.ir.errors import ShardplanError
+from shardplan.ir.errors import TableSpecError
 from shardplan.ir.mesh import Mesh
 
 from .cluster import Cluster, get_cluster
@@ -69,10 +69,6 @@ ID_BYTES = 8
 HOST_BANDWIDTH = 64e9
 """PCIe Gen5 x16 per direction (NVIDIA H100 SXM datasheet; an assumption: not on ref §3)."""
 CACHE_INDEX_BYTES = 8
-
-
-class TableSpecError(ShardplanError):
-    """A table description is malformed (rows, dim, pooling factor, dtype)."""
 
 
 @dataclass(frozen=True, slots=True)

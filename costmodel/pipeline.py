@@ -25,6 +25,8 @@ from __future__ import annotations
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from ..ir.errors import PipelineError
+
 SCHEDULES = ("gpipe", "1f1b", "interleaved")
 
 
@@ -117,7 +119,7 @@ def schedule_pipeline(
     """
     p = len(forward)
     if len(backward) != p:
-        raise ValueError(f"forward has {p} stages but backward has {len(backward)}")
+        raise PipelineError(f"forward has {p} stages but backward has {len(backward)}")
     _check(schedule, p, microbatches, chunks)
     v = chunks if schedule == "interleaved" else 1
     orders = [_order(schedule, s, p, microbatches, v) for s in range(p)]
@@ -148,13 +150,13 @@ def in_flight_closed_form(schedule: str, stages: int, microbatches: int, chunks:
 
 def _check(schedule: str, stages: int, microbatches: int, chunks: int) -> None:
     if schedule not in SCHEDULES:
-        raise ValueError(f"unknown pipeline schedule {schedule!r}; one of {SCHEDULES}")
+        raise PipelineError(f"unknown pipeline schedule {schedule!r}; one of {SCHEDULES}")
     if stages < 1 or microbatches < 1 or chunks < 1:
-        raise ValueError(
+        raise PipelineError(
             f"stages, microbatches and chunks must be >= 1, got {stages}, {microbatches}, {chunks}"
         )
     if schedule == "interleaved" and stages > 1 and microbatches % stages:
-        raise ValueError(
+        raise PipelineError(
             f"interleaved 1F1B needs microbatches ({microbatches}) divisible by the stage "
             f"count ({stages}) (Megatron's constraint); pick m = k * {stages}"
         )

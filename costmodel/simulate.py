@@ -36,6 +36,7 @@ from typing import Any, Protocol
 
 from shardplan.costmodel.context_parallel import attention_work_factor
 from shardplan.costmodel.conv import conv_work_factor, halo_time
+from shardplan.ir.errors import ArgumentError
 from shardplan.ir.graph import Graph, Op, Role, Value
 from shardplan.ir.registry import VIEW_KINDS, op_bytes, op_flops, op_info
 
@@ -242,7 +243,7 @@ class _Streams:
                 self.needs.setdefault(consumer, {}).setdefault(read, []).append(job)
             if t.pin:
                 if t.value.producer is None:
-                    raise ValueError(f"a pin reshard needs an op result, got %{t.value.name}")
+                    raise ArgumentError(f"a pin reshard needs an op result, got %{t.value.name}")
                 self.pin_job[t.value] = job
                 self.waiting.setdefault(t.value, [])
             elif t.consumer is not None and (stored_view(t.value) or t.carried is not None):
@@ -370,7 +371,7 @@ def simulate_graph(
       compute, exposed and overlapped communication (``SimulationResult``).
     """
     if len(op_times) != len(graph.ops):
-        raise ValueError(f"{len(op_times)} op times for {len(graph.ops)} ops")
+        raise ArgumentError(f"{len(op_times)} op times for {len(graph.ops)} ops")
     streams = _Streams(graph, transfers, options or SimulationOptions())
     phases = op_phases(graph)
     exposed: dict[str, float] = {}

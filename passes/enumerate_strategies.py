@@ -1,8 +1,9 @@
-"""Strategy enumeration: every way an op (or a graph input) may be laid out on the mesh.
+"""Choice enumeration (the enumerate-strategies pass): every way an op (or a graph input) may
+be laid out on the mesh, each a ``Choice`` (a hand-written plan is a ``ParallelStrategy``).
 
-A strategy of an op assigns each mesh axis to at most one factor of its rule (DESIGN.md §4.3).
+A choice of an op assigns each mesh axis to at most one factor of its rule (DESIGN.md §4.3).
 From the assignment follow the layouts the op needs for its operands and the layouts of its
-results (reduction factors leave the results partial over their axes). Strategies that split a
+results (reduction factors leave the results partial over their axes). Choices that split a
 factor unevenly, split a need-replication factor, or cut a compound dimension into
 non-contiguous pieces are never proposed; duplicates (same operand and result layouts) are shaved.
 """
@@ -18,7 +19,7 @@ from ..ir.rules import TensorFactors
 
 
 @dataclass(frozen=True, slots=True)
-class Strategy:
+class Choice:
     """One layout choice: required operand layouts, produced result layouts, and the split."""
 
     operands: tuple[Sharding, ...]
@@ -78,10 +79,10 @@ def _assignments(rule: ShardingRule, mesh: Mesh) -> Iterator[dict[str, tuple[str
             yield assign
 
 
-def op_strategies(
+def op_choices(
     op: Op, mesh: Mesh, partial_passthrough: bool = True, rule: ShardingRule | None = None
-) -> list[Strategy]:
-    """All distinct strategies of an op on the mesh.
+) -> list[Choice]:
+    """All distinct choices of an op on the mesh.
 
     With ``partial_passthrough`` a linear op may also take every operand partial over free axes
     and give a partial result (DTensor does this; XLA in Auto mode reduces at the producer).
@@ -92,7 +93,7 @@ def op_strategies(
     rule = rule or op.rule
     info = op_info(op.kind)
     linear = partial_passthrough and bool(info and info.linear)
-    out: dict[tuple, Strategy] = {}
+    out: dict[tuple, Choice] = {}
     for assign in _assignments(rule, mesh):
         operand_dims = [_dims_sharding(t, assign) for t in rule.operands]
         result_dims = [_dims_sharding(t, assign) for t in rule.results]
@@ -110,7 +111,7 @@ def op_strategies(
             if key not in out:
                 split = mesh.group_size(sorted(used))
                 label = tuple(sorted(assign.items(), key=lambda kv: rule.factor_names.index(kv[0])))
-                out[key] = Strategy(operands, results, label, split)
+                out[key] = Choice(operands, results, label, split)
     return list(out.values())
 
 
@@ -124,14 +125,14 @@ PENDING = "(pending)"
 """Coordinate of a mesh axis that carries an op's extra pending sum (partial passthrough)."""
 
 Coords = tuple[object, ...]
-"""A strategy as one coordinate per non-trivial mesh axis: for an op the factor the axis splits,
+"""A choice as one coordinate per non-trivial mesh axis: for an op the factor the axis splits,
 ``PENDING`` or None; for a graph input the dim the axis splits or None."""
 
 
-def op_coords(strategy: Strategy, mesh: Mesh) -> Coords:
-    """The per-axis coordinates of an op strategy."""
-    factor_of = {a: f for f, axes in strategy.assignment for a in axes}
-    pending = strategy.operands[0].partial if strategy.operands else frozenset()
+def op_coords(choice: Choice, mesh: Mesh) -> Coords:
+    """The per-axis coordinates of an op choice."""
+    factor_of = {a: f for f, axes in choice.assignment for a in axes}
+    pending = choice.operands[0].partial if choice.operands else frozenset()
     return tuple(PENDING if a in pending else factor_of.get(a) for a in _mesh_axes(mesh))
 
 
@@ -150,17 +151,17 @@ def _near(center: Coords, options: list[object]) -> Iterator[Coords]:
                 yield (*center[:a], option, *center[a + 1 :])
 
 
-def op_strategies_near(
+def op_choices_near(
     op: Op,
     mesh: Mesh,
     center: Coords,
     partial_passthrough: bool = True,
     rule: ShardingRule | None = None,
-) -> list[Strategy]:
-    """The strategies of an op that differ from ``center`` on at most one mesh axis
-    (``rule``: as ``op_strategies``').
+) -> list[Choice]:
+    """The choices of an op that differ from ``center`` on at most one mesh axis
+    (``rule``: as ``op_choices``').
 
-    Their number grows linearly with the mesh rank (``op_strategies`` grows exponentially);
+    Their number grows linearly with the mesh rank (``op_choices`` grows exponentially);
     the axis search (``solver/axis_search.py``) solves exactly over this neighbourhood."""
     rule = rule or op.rule
     info = op_info(op.kind)
@@ -169,7 +170,7 @@ def op_strategies_near(
     factors = [f for f in rule.factor_names if f not in rule.need_replication and size[f] > 1]
     options: list[object] = [None, *factors] + ([PENDING] if linear else [])
     axes = _mesh_axes(mesh)
-    out: dict[tuple, Strategy] = {}
+    out: dict[tuple, Choice] = {}
     for coords in _near(center, options):
         if any(c not in options for c in coords):
             continue  # a coordinate this op cannot take (another op's factor)
@@ -190,19 +191,19 @@ def op_strategies_near(
         if (operands, results) not in out:
             used = sorted(a for group in assign.values() for a in group)
             label = tuple(sorted(assign.items(), key=lambda kv: rule.factor_names.index(kv[0])))
-            out[(operands, results)] = Strategy(operands, results, label, mesh.group_size(used))
+            out[(operands, results)] = Choice(operands, results, label, mesh.group_size(used))
     return list(out.values())
 
 
-def input_strategies_near(value: Value, mesh: Mesh, center: Coords) -> list[Strategy]:
+def input_choices_near(value: Value, mesh: Mesh, center: Coords) -> list[Choice]:
     """Layouts of a graph input that differ from ``center`` on at most one mesh axis."""
     if (value.pinned and value.sharding is not None) or (
         value.role is Role.CONSTANT and value.type.numel <= 1
     ):
-        return input_strategies(value, mesh)
+        return input_choices(value, mesh)
     type_ = value.type
     axes = _mesh_axes(mesh)
-    out: dict[Sharding, Strategy] = {}
+    out: dict[Sharding, Choice] = {}
     for coords in _near(center, [None, *range(type_.rank)]):
         if any(c is not None and not 0 <= int(c) < type_.rank for c in coords):  # type: ignore[call-overload]
             continue
@@ -212,7 +213,7 @@ def input_strategies_near(value: Value, mesh: Mesh, center: Coords) -> list[Stra
                 dims[int(d)] = (*dims[int(d)], axis)  # type: ignore[call-overload]
         if all(n % mesh.group_size(a) == 0 for n, a in zip(type_.shape, dims, strict=True)):
             layout = Sharding(tuple(dims))
-            out.setdefault(layout, Strategy((), (layout,)))
+            out.setdefault(layout, Choice((), (layout,)))
     return list(out.values())
 
 
@@ -234,11 +235,11 @@ def value_layouts(type_: TensorType, mesh: Mesh) -> list[Sharding]:
     return layouts
 
 
-def input_strategies(value: Value, mesh: Mesh) -> list[Strategy]:
+def input_choices(value: Value, mesh: Mesh) -> list[Choice]:
     """Layouts a graph input may be given; a pinned input has exactly its pin."""
     if value.pinned and value.sharding is not None:
-        return [Strategy((), (value.sharding,))]
+        return [Choice((), (value.sharding,))]
     if value.role is Role.CONSTANT and value.type.numel <= 1:
-        return [Strategy((), (Sharding.replicated(value.type.rank),))]
+        return [Choice((), (Sharding.replicated(value.type.rank),))]
     layouts = value_layouts(value.type, mesh)
-    return [Strategy((), (s,)) for s in layouts]
+    return [Choice((), (s,)) for s in layouts]

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from typing import Literal
 
 from shardplan.ir.axes import atomize, merge_adjacent, overlaps
-from shardplan.ir.errors import ShardingError, ShardplanError
+from shardplan.ir.errors import PassError, ShardingError
 from shardplan.ir.graph import Graph, Op, Value
 from shardplan.ir.mesh import Mesh
 from shardplan.ir.rules import ShardingRule, TensorFactors
@@ -79,9 +79,9 @@ class PropagateOptions:
 
     def __post_init__(self) -> None:
         if self.max_iterations < 1:
-            raise ShardplanError(f"max_iterations must be >= 1, got {self.max_iterations}")
+            raise PassError(f"max_iterations must be >= 1, got {self.max_iterations}")
         if self.direction not in ("both", "forward", "backward"):
-            raise ShardplanError(
+            raise PassError(
                 f"direction must be 'both', 'forward' or 'backward', got {self.direction!r}"
             )
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import itertools
 import math
 
+from ..ir.errors import ArgumentError, InfeasiblePlanError
 from .problem import Problem
 
 
@@ -13,7 +14,7 @@ def brute_force(problem: Problem, max_combinations: int = 2_000_000) -> tuple[li
     live = problem.live_nodes()
     count = math.prod(len(problem.node_costs[n]) for n in live)
     if count > max_combinations:
-        raise ValueError(f"{count} combinations exceed the brute-force limit {max_combinations}")
+        raise ArgumentError(f"{count} combinations exceed the brute-force limit {max_combinations}")
     best, best_cost = None, math.inf
     choice = [0] * len(problem.node_costs)
     for combo in itertools.product(*(range(len(problem.node_costs[n])) for n in live)):
@@ -25,5 +26,5 @@ def brute_force(problem: Problem, max_combinations: int = 2_000_000) -> tuple[li
         if cost < best_cost - 1e-15:
             best, best_cost = list(choice), cost
     if best is None:
-        raise ValueError("no feasible assignment")
+        raise InfeasiblePlanError("no feasible assignment")
     return problem.expand(best), best_cost

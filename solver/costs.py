@@ -1,4 +1,4 @@
-"""Price a graph's strategies into a layout Problem: compute per op, resharding per edge."""
+"""Price a graph's per-op choices into a layout Problem: compute per op, resharding per edge."""
 
 from __future__ import annotations
 
@@ -30,12 +30,12 @@ from ..ir import (
     op_flops,
 )
 from ..passes.enumerate_strategies import (
+    Choice,
     Coords,
-    Strategy,
-    input_strategies,
-    input_strategies_near,
-    op_strategies,
-    op_strategies_near,
+    input_choices,
+    input_choices_near,
+    op_choices,
+    op_choices_near,
 )
 from .problem import Problem, group_layouts
 
@@ -75,7 +75,7 @@ class Space:
 
     graph: Graph
     mesh: Mesh
-    strategies: list[list[Strategy]]
+    strategies: list[list[Choice]]
     producer: dict[Value, tuple[int, int]]
     """Value -> (node, result index)."""
     repeated: object | None = None
@@ -114,7 +114,7 @@ class Space:
         return seen_layout(strategy, k, pinned_result(value), value in self.reduce_once)
 
 
-def _mesh_ordered(strategy: Strategy, mesh: Mesh) -> bool:
+def _mesh_ordered(strategy: Choice, mesh: Mesh) -> bool:
     """Every dim of every operand and result lists its axes in mesh order."""
     return all(
         list(axes) == sorted(axes, key=mesh.axis_index)
@@ -148,7 +148,7 @@ def build_space(
     micro-batch sizes, ``solver/batch.py``'s ``micro_rules``); pricing keeps the op's own."""
     semantics = semantics or PartialSemantics()
     once = frozenset(_multi_use(graph)) if semantics.reduce_once else frozenset()
-    cache: dict[tuple, list[Strategy]] = {} if lists is None else lists
+    cache: dict[tuple, list[Choice]] = {} if lists is None else lists
     canon: dict = cache.setdefault(("canonical",), {})  # type: ignore[arg-type]
     strategies = []
     for v in graph.inputs:
@@ -158,9 +158,9 @@ def build_space(
             key += (around[len(strategies)],)
         if key not in cache:
             cache[key] = _canonical(
-                input_strategies(v, mesh)
+                input_choices(v, mesh)
                 if around is None
-                else input_strategies_near(v, mesh, around[len(strategies)]),
+                else input_choices_near(v, mesh, around[len(strategies)]),
                 canon,
             )
         strategies.append(cache[key])
@@ -186,36 +186,36 @@ def build_space(
 
 
 def _enumerated(op: Op, mesh: Mesh, semantics: PartialSemantics, rule: ShardingRule, around,
-                node: int) -> list[Strategy]:  # type: ignore[no-untyped-def]  # fmt: skip
+                node: int) -> list[Choice]:  # type: ignore[no-untyped-def]  # fmt: skip
     """The op's strategies (near ``around[node]`` when given) that the runtime can express. A
     centre the rule does not allow (a pipeline's later batch cap starting from an earlier
     cap's plan, which split the sequence under a batch that this cap's micro-batch does not
     fully split) may have no such neighbour: the replicated strategy's neighbourhood then
     stands in."""
     if around is None:
-        return _expressible(op_strategies(op, mesh, semantics.passthrough, rule), semantics, mesh)
+        return _expressible(op_choices(op, mesh, semantics.passthrough, rule), semantics, mesh)
     for center in (around[node], (None,) * len(around[node])):
-        found = op_strategies_near(op, mesh, center, semantics.passthrough, rule)
+        found = op_choices_near(op, mesh, center, semantics.passthrough, rule)
         found = _expressible(found, semantics, mesh)
         if found:
             break
     return found
 
 
-def _expressible(strategies: list[Strategy], semantics: PartialSemantics, mesh: Mesh) -> list:
+def _expressible(strategies: list[Choice], semantics: PartialSemantics, mesh: Mesh) -> list:
     """Those the runtime can lay out (``ordered_dims``: mesh axes in mesh order per dim)."""
     if not semantics.ordered_dims:
         return strategies
     return [s for s in strategies if _mesh_ordered(s, mesh)]
 
 
-def _canonical(strategies: list[Strategy], canon: dict[Sharding, Sharding]) -> list[Strategy]:
+def _canonical(strategies: list[Choice], canon: dict[Sharding, Sharding]) -> list[Choice]:
     """The strategies with every layout replaced by the first equal one seen (``canon``): the
     price tables are keyed by layout pairs, and a lookup whose keys are the stored objects
     themselves skips comparing them (a third of the lookup time on 3-D and 4-D meshes)."""
     get = canon.setdefault
     return [
-        Strategy(
+        Choice(
             tuple(get(x, x) for x in s.operands),
             tuple(get(x, x) for x in s.results),
             s.assignment,
@@ -252,8 +252,8 @@ def reduced_layouts(produced: Sharding, type_: TensorType, mesh: Mesh) -> list[S
 
 
 def _with_reductions(
-    strategies: list[Strategy], op: Op, reduced: tuple[int, ...], mesh: Mesh
-) -> list[Strategy]:
+    strategies: list[Choice], op: Op, reduced: tuple[int, ...], mesh: Mesh
+) -> list[Choice]:
     """Each strategy once per choice of where its reduce-once results are reduced to."""
     out = []
     for s in strategies:
@@ -262,7 +262,7 @@ def _with_reductions(
             for k, r in enumerate(op.results)
         ]
         for combo in itertools.product(*options):
-            out.append(Strategy(s.operands, s.results, s.assignment, s.split, tuple(combo)))
+            out.append(Choice(s.operands, s.results, s.assignment, s.split, tuple(combo)))
     return out
 
 
@@ -278,7 +278,7 @@ def _multi_use(graph: Graph) -> list[Value]:
 
 
 def op_cost(
-    op: Op, strategy: Strategy, mesh: Mesh, cluster: Cluster, fused: OpFusion | None = None
+    op: Op, strategy: Choice, mesh: Mesh, cluster: Cluster, fused: OpFusion | None = None
 ) -> float:
     """Roofline time of the op on one device under a strategy (``fused``: its operands read
     and results kept on chip by a fused kernel, ``Space.fusion``)."""
@@ -313,7 +313,7 @@ def input_cost(memory_bytes: float, cluster: Cluster) -> float:
     return MEMORY_TIEBREAK * memory_bytes / cluster.hbm_bandwidth
 
 
-def op_costs(op: Op, strategies: list[Strategy], space: Space, cluster: Cluster, cache: dict):
+def op_costs(op: Op, strategies: list[Choice], space: Space, cluster: Cluster, cache: dict):
     """Roofline time of ``op`` under each strategy, cached by op signature (repeated layers)."""
     fused = space.fusion.of(op)
     key = (*op_signature(op, fused), id(strategies))
@@ -480,7 +480,7 @@ def _edge(cache: dict, key: tuple, layouts, price) -> tuple:  # type: ignore[no-
 
 
 def seen_layout(
-    strategy: Strategy, k: int, pin: Sharding | None = None, once: bool = True
+    strategy: Choice, k: int, pin: Sharding | None = None, once: bool = True
 ) -> Sharding:
     """The layout a consumer reads of result ``k``: the pin, the reduced layout (reduce-once
     values), or what was produced."""
@@ -491,7 +491,7 @@ def seen_layout(
     return strategy.reduced[k] if strategy.reduced else strategy.results[k].without_partial()
 
 
-def _input_memory(value: Value, strategies: list[Strategy], mesh: Mesh) -> np.ndarray:
+def _input_memory(value: Value, strategies: list[Choice], mesh: Mesh) -> np.ndarray:
     if value.role not in PERSISTENT_ROLES:
         return np.zeros(len(strategies))
     return np.array([_local_bytes(value.type, s.results[0], mesh) for s in strategies], dtype=float)

@@ -1,6 +1,6 @@
-"""Drop strategies that another strategy of the same node beats in every context (exact).
+"""Drop choices that another choice of the same node beats in every context (exact).
 
-Strategy ``s`` of node ``n`` is dominated by ``t`` when switching ``s`` to ``t`` can never cost
+Choice ``s`` of node ``n`` is dominated by ``t`` when switching ``s`` to ``t`` can never cost
 more, whatever the neighbours choose::
 
     cost[t] - cost[s] + sum over edges e at n of max_j (C_e[t, j] - C_e[s, j]) <= 0

@@ -25,17 +25,14 @@ from dataclasses import dataclass, field
 from ..costmodel import get_cluster, reshard_time
 from ..costmodel.fusion import fusion
 from ..costmodel.simulate import _op_time
-from ..ir import Op, Sharding, ShardplanError, Value
-from ..passes.enumerate_strategies import input_strategies, op_strategies, value_layouts
+from ..ir import Op, Sharding, Value
+from ..ir.errors import UnknownTensorError
+from ..passes.enumerate_strategies import input_choices, op_choices, value_layouts
 from .plan import Plan
 from .report import format_bytes, format_seconds
 
 MAX_ALTERNATIVES = 4
 """Alternatives listed (the cheapest first)."""
-
-
-class UnknownTensorError(ShardplanError, KeyError):
-    """``explain`` was given a name that is neither a value nor an origin path of the plan."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -188,7 +185,7 @@ def _input_alternatives(plan: Plan, value: Value, pricer: _Pricer) -> list[Alter
     if value.pinned:  # a pin leaves one strategy; price the layouts it excluded
         layouts = value_layouts(value.type, pricer.mesh)
     else:
-        layouts = [s.results[0] for s in input_strategies(value, pricer.mesh)]
+        layouts = [s.results[0] for s in input_choices(value, pricer.mesh)]
     for layout in layouts:
         if layout == chosen:
             continue
@@ -211,7 +208,7 @@ def _op_alternatives(plan: Plan, value: Value, pricer: _Pricer) -> list[Alternat
     chosen = plan.shardings[value.name]
     budget = plan.memory_limit or math.inf
     best: dict[Sharding, Alternative] = {}
-    for strategy in op_strategies(op, pricer.mesh):
+    for strategy in op_choices(op, pricer.mesh):
         layout = strategy.results[k]
         if layout == chosen:
             continue

@@ -25,6 +25,7 @@ from dataclasses import dataclass
 
 from ..costmodel import Cluster, axis_links, get_cluster
 from ..ir import Graph, Mesh, ShardplanError
+from ..ir.errors import ArgumentError, InfeasiblePlanError
 from .plan import Plan
 
 
@@ -140,7 +141,7 @@ def search_mesh(
             best, best_key = plan, key
     if best is None:
         reasons = "; ".join(f"{c.mesh}: {c.rejected}" for c in table)
-        raise ShardplanError(f"no mesh shape of {devices} devices gives a plan: {reasons}")
+        raise InfeasiblePlanError(f"no mesh shape of {devices} devices gives a plan: {reasons}")
     best.candidates = table
     return best
 
@@ -156,7 +157,7 @@ def _ranked(
     from .predictor import default_predictor
 
     if top_k < 1:
-        raise ShardplanError(f"mesh_top_k={top_k}: plan at least one shape (or leave it out)")
+        raise ArgumentError(f"mesh_top_k={top_k}: plan at least one shape (or leave it out)")
     ranked = default_predictor().rank(graph, shapes, spec, memory_limit)
     return [s for s, _ in ranked], {tuple(s.items()): t for s, t in ranked}
 

@@ -28,6 +28,7 @@ from ..ir import (
     op_flops,
     op_info,
 )
+from ..ir.errors import PipelineError
 from ..passes.liveness import liveness
 from ..passes.repeated_layers import _layer_members
 from .axis_search import shared_start
@@ -89,15 +90,15 @@ def plan_pipeline(
 
 def _check_schedule(schedule: str, chunks, bounds, microbatches, stages: int) -> None:
     if schedule not in SCHEDULE_CHOICES:
-        raise ShardplanError(
+        raise PipelineError(
             f"unknown pipeline schedule {schedule!r}: one of {', '.join(SCHEDULE_CHOICES)}"
         )
     if chunks is not None and (not isinstance(chunks, int) or chunks < 1):
-        raise ShardplanError(f"chunks={chunks!r}: a whole number of model chunks per device >= 1")
+        raise PipelineError(f"chunks={chunks!r}: a whole number of model chunks per device >= 1")
     if schedule != "interleaved" and chunks not in (None, 1):
-        raise ShardplanError(f"chunks={chunks} needs schedule='interleaved'")
+        raise PipelineError(f"chunks={chunks} needs schedule='interleaved'")
     if schedule == "interleaved" and microbatches and microbatches % stages:
-        raise ShardplanError(
+        raise PipelineError(
             f"interleaved 1F1B needs micro-batches ({microbatches}) divisible by the stage "
             f"count ({stages}), as Megatron-LM does"
         )
@@ -176,7 +177,7 @@ def uniform_stage_bounds(graph: Graph, stages: int) -> tuple[int, ...]:
     _, layer_ids, _ = _stack(graph)
     n = len(layer_ids)
     if n < stages:
-        raise ShardplanError(
+        raise PipelineError(
             f"cannot pipeline {n} repeated layers over {stages} stages; use fewer stages"
         )
     small, extra = divmod(n, stages)
@@ -255,7 +256,7 @@ def _plan_cap(
     )  # fmt: skip
     split = attribute_layer_costs(inner, get_cluster(mesh.cluster), tp_overlap_axes)
     if split.costs.num_layers < stages:
-        raise ShardplanError(
+        raise PipelineError(
             f"cannot pipeline {split.costs.num_layers} repeated layers over {axis}={stages} "
             "stages; use fewer stages or a model with a layer stack (module paths layers.<i>)"
         )
@@ -318,7 +319,7 @@ def _chunk_options(
                 (costs.time, costs.state_bytes, costs.activation_bytes))  # fmt: skip
     many = tuple(range(2, _layers_per_stage(costs.num_layers, stages) + 1)) if alike else ()
     if schedule == "interleaved" and not many:
-        raise ShardplanError(
+        raise PipelineError(
             f"interleaved 1F1B needs at least 2 alike layers per stage ({costs.num_layers} "
             f"layers on {stages} stages{'' if alike else ', not all priced alike'}); use "
             "schedule='1f1b' or 'auto', or pass chunks= with stage_bounds"
@@ -437,7 +438,7 @@ def _stack(graph: Graph) -> tuple[str, list[int], dict[int, int]]:
     for stack, index in members:
         stacks.setdefault(stack, []).append(index)
     if not stacks:
-        raise ShardplanError(
+        raise PipelineError(
             "no repeated layers found (module paths like model.layers.<i>): nothing to pipeline"
         )
     stack = max(sorted(stacks), key=lambda s: len(stacks[s]))
@@ -513,7 +514,7 @@ def _op_times(plan: Plan, cluster: Cluster, tp_overlap_axes: tuple[str, ...] = (
     the layers of a stack repeat the same ops at the same layouts (405B-shaped row: 46,869
     ops priced one by one, 7.8 s per batch cap under cProfile; its unprofiled CPU time moved
     within the noise of the loaded box)."""
-    from ..passes.enumerate_strategies import Strategy
+    from ..passes.enumerate_strategies import Choice
 
     graph = plan.graph
     fused = fusion(graph)
@@ -524,7 +525,7 @@ def _op_times(plan: Plan, cluster: Cluster, tp_overlap_axes: tuple[str, ...] = (
         results = tuple(plan.sharding_of(v.name) for v in op.results)
         key = (*op_signature(op, fused.of(op)), operands, results)
         if key not in seen:
-            strategy = Strategy(operands, results, (), _split(op, operands, results, plan))
+            strategy = Choice(operands, results, (), _split(op, operands, results, plan))
             seen[key] = op_cost(op, strategy, plan.mesh, cluster, fused.of(op))
         times.append(seen[key])
     by_name = {v.name: v for v in graph.values()}

@@ -6,7 +6,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..costmodel.collective import Collective
-from ..ir import Graph, Mesh, Role, Sharding, ShardplanError
+from ..ir import Graph, Mesh, Role, Sharding
+from ..ir.errors import UnknownTensorError
 
 PLAN_FORMAT_VERSION = 2
 """2: the full mesh (pipeline axis included), the pipeline, exposed communication, recomputation,
@@ -141,7 +142,7 @@ class Plan:
     (modelled), and the data-parallel alternative's step (``sp.plan(..., prefer=...)``);
     None when every device does its own share. Saved with the plan (an optional key)."""
     assignments: dict[int, tuple] = field(default_factory=dict)
-    """Op index -> its chosen strategy's factor -> mesh axes pairs (``Strategy.assignment``):
+    """Op index -> its chosen choice's factor -> mesh axes pairs (``Choice.assignment``):
     what each op splits, which its layouts alone do not always say (a result's layout is
     what consumers see: pinned or reduced). Read by ``batch.microbatch_fits``; never
     serialised (a loaded plan's is empty and its layouts are read instead)."""
@@ -185,7 +186,7 @@ class Plan:
         try:
             return self.shardings[name]
         except KeyError:
-            raise ShardplanError(f"the plan has no value named %{name}") from None
+            raise UnknownTensorError(f"the plan has no value named %{name}") from None
 
     def collectives(self) -> list[Collective]:
         """Every collective the plan predicts, in graph order."""

@@ -17,6 +17,7 @@ from ..costmodel.cluster import Cluster
 from ..costmodel.fusion import unfused_penalty
 from ..costmodel.simulate import shared_reshards, simulate, weight_edges
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
+from ..ir.errors import NoPlanInTime
 from ..passes.merge_followers import follower_pairs
 from ..passes.repeated_layers import find_repeated_layers
 from . import progress
@@ -377,10 +378,6 @@ def _weighted(clock, problem: Problem, space: Space) -> Problem:  # type: ignore
     weighted = clock("overlap", problem.copy)
     clock("overlap", weight_edges, weighted, space)
     return weighted
-
-
-class NoPlanInTime(InfeasiblePlanError):
-    """CP-SAT found no plan within the time limit (none was proven not to fit)."""
 
 
 class FallbackWarning(UserWarning):

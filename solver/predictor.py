@@ -42,6 +42,7 @@ from typing import Any
 from ..costmodel import axis_links, collective_time, get_cluster
 from ..costmodel.cluster import Cluster
 from ..ir import Graph, Mesh, ShardplanError
+from ..ir.errors import PredictorError
 from ..ir.graph import Role
 from ..ir.registry import op_flops
 
@@ -61,10 +62,6 @@ FEATURES = (
     "log_microbatches", "head_share", "stage_load",
 )  # fmt: skip
 PARAMS = dict(n_estimators=100, max_depth=4, learning_rate=0.15, subsample=1.0, random_state=0)
-
-
-class PredictorError(ShardplanError):
-    """The predictor cannot be used: scikit-learn missing, or a model file of another version."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -14,6 +14,7 @@ from typing import Any
 
 from shardplan.costmodel.collective import Collective
 from shardplan.ir import Graph, Mesh, Sharding, ShardplanError
+from shardplan.ir.errors import PlanFileError
 
 from .plan import PLAN_FORMAT_VERSION, PipelinePlan, Plan, Reshard, SolverStats, StageSpec
 
@@ -208,8 +209,8 @@ def _kind_name(kind: type | tuple[type, ...]) -> str:
     return " or ".join(names.get(k, k.__name__) for k in kinds)
 
 
-def _bad(where: str, what: str) -> ShardplanError:
-    return ShardplanError(
+def _bad(where: str, what: str) -> PlanFileError:
+    return PlanFileError(
         f"invalid plan file: {where}: {what}; the file is damaged or was not written by "
         "Plan.save (re-create it with `shardplan plan ... --out plan.json`)"
     )
@@ -289,13 +290,13 @@ def _read_idle(r: _Reader):
 def _check_header(top: _Reader) -> None:
     fmt = top.data.get("format")
     if fmt != PLAN_FORMAT:
-        raise ShardplanError(
+        raise PlanFileError(
             f"not a shardplan plan: format is {fmt!r}, expected {PLAN_FORMAT!r} "
             "(plans are written by Plan.save or `shardplan plan --out`)"
         )
     version = top.get("version", int)
     if version > PLAN_FORMAT_VERSION:
-        raise ShardplanError(
+        raise PlanFileError(
             f"plan format version {version} is newer than this shardplan reads "
             f"(version {PLAN_FORMAT_VERSION}); upgrade shardplan to load it"
         )
@@ -322,9 +323,7 @@ def _read_graph(lines: list | str) -> Graph:
     try:
         from shardplan.ir.parser import parse_graph
     except ImportError:  # pragma: no cover - only while the parser is being written
-        raise ShardplanError(
-            "this shardplan build cannot parse graph text (no ir.parser)"
-        ) from None
+        raise PlanFileError("this shardplan build cannot parse graph text (no ir.parser)") from None
     try:
         return parse_graph(text)
     except ShardplanError as exc:

@@ -18,13 +18,9 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
-from ..ir import Graph, Mesh, Role, Sharding, ShardplanError, Value, op_info
+from ..ir import Graph, Mesh, Role, Sharding, Value, op_info
 from ..ir.checks import check_choice
-
-
-class StrategyError(ShardplanError, ValueError):
-    """A strategy's arguments are malformed or do not match the mesh (a ``ValueError`` too)."""
-
+from ..ir.errors import StrategyError
 
 # Names are separated by "." or "_" (torch FQNs) or by pytree brackets (JAX: params['wq']).
 COLUMN = re.compile(
@@ -200,7 +196,7 @@ class ParallelStrategy:
         if not self.cp or v.type.rank < 2 or mesh.axis_size(self.cp) == 1:
             return layout
         if v.type.shape[1] % mesh.axis_size(self.cp):
-            raise ValueError(
+            raise StrategyError(
                 f"{self.name}: input {v.name} has sequence length {v.type.shape[1]}, not a "
                 f"multiple of the cp axis {self.cp!r} (size {mesh.axis_size(self.cp)})"
             )

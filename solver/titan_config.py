@@ -17,7 +17,8 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
-from ..ir import Mesh, ShardplanError
+from ..ir import Mesh
+from ..ir.errors import TitanConfigError
 from .strategies import ParallelStrategy, torchtitan
 
 AC_MODES = ("none", "selective", "full")
@@ -26,10 +27,6 @@ SCHEDULES = {"1F1B": "1f1b", "GPipe": "gpipe", "Interleaved1F1B": "interleaved"}
 DTYPES = ("bfloat16", "float32")
 MESH_AXES = ("pp", "dp_replicate", "dp_shard", "cp", "tp")
 """The order torchtitan unflattens its world mesh in (``ParallelDims.build_mesh``)."""
-
-
-class TitanConfigError(ShardplanError, ValueError):
-    """A torchtitan configuration that torchtitan would refuse (the message names the fix)."""
 
 
 @dataclass(frozen=True, slots=True)

@@ -26,6 +26,7 @@ from ..costmodel import collective_time, get_cluster
 from ..costmodel.compute import compute_time
 from ..costmodel.pipeline import uniform_step_time
 from ..ir import Graph, Role, op_bytes, op_flops
+from ..ir.errors import InfeasiblePlanError
 from ..passes.liveness import Phase, liveness
 from ..passes.repeated_layers import layer_key
 from .titan_config import SCHEDULES, TitanConfig
@@ -297,7 +298,7 @@ class TitanSearch:
     def best(self) -> Priced:
         fitting = [p for p in self.ranked if p.fits]
         if not fitting:
-            raise ValueError("no torchtitan configuration fits the memory limit")
+            raise InfeasiblePlanError("no torchtitan configuration fits the memory limit")
         return fitting[0]
 
     def table(self, top: int = 10) -> str:

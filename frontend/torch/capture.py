@@ -166,9 +166,11 @@ def capture(
       (graph, context) - the context maps IR values back to FQNs for the emitters.
     """
     if mode not in ("train", "inference", "prefill", "decode"):
-        raise ValueError(f"mode must be 'train', 'inference', 'prefill' or 'decode', got {mode!r}")
+        raise ArgumentError(
+            f"mode must be 'train', 'inference', 'prefill' or 'decode', got {mode!r}"
+        )
     if context_len is not None and mode not in ("prefill", "decode"):
-        raise ValueError(f"context_len= is for mode='prefill'/'decode', not mode={mode!r}")
+        raise ArgumentError(f"context_len= is for mode='prefill'/'decode', not mode={mode!r}")
     moe.ensure_traceable(model)  # HF experts: a static-shape dispatch instead of grouped_mm
     spec = optim.OptimizerSpec(name=optimizer, lr=lr)
     _ = spec.state_names  # validates the optimizer name early

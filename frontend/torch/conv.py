@@ -16,6 +16,7 @@ from collections.abc import Callable
 from torch import fx
 
 from ...ir import TensorType, Value
+from ...ir.errors import FrontendError
 from .lower import Lowered, Lowering
 
 Row = Callable[[Lowering, fx.Node], Lowered]
@@ -108,7 +109,7 @@ def _spatial(name: str) -> int:
     for n in (1, 2, 3):
         if f"{n}d" in name:
             return n
-    raise ValueError(f"no spatial rank in aten op name {name!r}")
+    raise FrontendError(f"no spatial rank in aten op name {name!r}")
 
 
 def window(kind: str, name: str) -> Row:

@@ -27,6 +27,8 @@ import math
 import torch
 from torch import nn
 
+from ...ir.errors import ArgumentError
+
 IMPLEMENTATION = "shardplan"
 """The name :func:`use_dispatch` registers with transformers' ``ExpertsInterface``."""
 LOAD_IMBALANCE = 1.25
@@ -166,7 +168,7 @@ def capacity(tokens: int, top_k: int, experts: int, capacity_factor: float | Non
     if capacity_factor is None:
         return tokens
     if capacity_factor <= 0:
-        raise ValueError(f"capacity_factor must be positive or None, got {capacity_factor}")
+        raise ArgumentError(f"capacity_factor must be positive or None, got {capacity_factor}")
     return max(1, min(tokens, math.ceil(capacity_factor * tokens * top_k / experts)))
 
 

@@ -10,6 +10,8 @@ from dataclasses import dataclass
 
 import torch
 
+from ...ir.errors import ArgumentError
+
 
 @dataclass(frozen=True, slots=True)
 class OptimizerSpec:
@@ -34,7 +36,7 @@ class OptimizerSpec:
             case "sgd-momentum":
                 return ("momentum_buffer",)  # torch.optim.SGD's state name
             case _:
-                raise ValueError(
+                raise ArgumentError(
                     f"unknown optimizer {self.name!r}; use 'adamw', 'sgd' or 'sgd-momentum'"
                 )
 

@@ -24,7 +24,7 @@ from shardplan.ir.builder import GraphBuilder
 from shardplan.ir.errors import IRVerifyError
 from shardplan.ir.models import LLAMA3_8B, TransformerConfig, training_step
 from shardplan.ir.rules import ShardingRule
-from shardplan.passes.enumerate_strategies import op_coords, op_strategies, op_strategies_near
+from shardplan.passes.enumerate_strategies import op_choices, op_choices_near, op_coords
 from shardplan.passes.propagate import propagate
 from shardplan.solver.brute_force import brute_force
 from shardplan.solver.costs import build_problem, build_space
@@ -56,7 +56,7 @@ def test_query_split_leaves_only_dk_dv_partial() -> None:
     assert op.rule.partial_factors(0) == frozenset()
     assert op.rule.partial_factors(1) == frozenset({"s"})
     mesh = Mesh({"cp": 4}, cluster="cpu-test")
-    split = [s for s in op_strategies(op, mesh) if dict(s.assignment).get("s") == ("cp",)]
+    split = [s for s in op_choices(op, mesh) if dict(s.assignment).get("s") == ("cp",)]
     assert len(split) == 1
     (strategy,) = split
     assert strategy.operands[2] == Sharding(((), (), (), ()))  # K gathered along t
@@ -71,12 +71,12 @@ def test_axis_search_neighbourhood_keeps_dk_dv_partial() -> None:
     left unpartial, so the plan did not price their reduction)."""
     op = attention_backward_graph().ops[-1]
     mesh = Mesh({"dp": 2, "fsdp": 2, "cp": 2}, cluster="cpu-test")
-    full = {(s.operands, s.results) for s in op_strategies(op, mesh)}
-    for center in {op_coords(s, mesh) for s in op_strategies(op, mesh)}:
-        near = op_strategies_near(op, mesh, center)
+    full = {(s.operands, s.results) for s in op_choices(op, mesh)}
+    for center in {op_coords(s, mesh) for s in op_choices(op, mesh)}:
+        near = op_choices_near(op, mesh, center)
         assert near
         assert {(s.operands, s.results) for s in near} <= full
-    near = op_strategies_near(op, mesh, (None, None, "s"))
+    near = op_choices_near(op, mesh, (None, None, "s"))
     split = [(s, set(dict(s.assignment)["s"])) for s in near if "s" in dict(s.assignment)]
     assert split
     assert all(s.results[1].partial == s.results[2].partial == a for s, a in split)

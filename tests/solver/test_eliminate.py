@@ -7,6 +7,7 @@ import math
 
 import numpy as np
 import pytest
+from shardplan.ir.errors import InfeasiblePlanError
 from shardplan.solver import ilp
 from shardplan.solver.brute_force import brute_force
 from shardplan.solver.eliminate import eliminate_chains
@@ -27,7 +28,7 @@ def random_problem(seed: int, memory: bool = False) -> Problem:
 def _feasible(problem: Problem) -> bool:
     try:
         brute_force(problem.copy())
-    except ValueError:
+    except InfeasiblePlanError:
         return False
     return True
 

@@ -30,7 +30,7 @@ def test_pipeline_plan_covers_every_layer_once_in_order() -> None:
     # the per-op times priced once per signature and layouts equal pricing every op
     from shardplan.costmodel import get_cluster
     from shardplan.costmodel.fusion import fusion
-    from shardplan.passes.enumerate_strategies import Strategy
+    from shardplan.passes.enumerate_strategies import Choice
     from shardplan.solver import pipeline
     from shardplan.solver.costs import op_cost
 
@@ -49,7 +49,7 @@ def test_pipeline_plan_covers_every_layer_once_in_order() -> None:
     for i, op in enumerate(plan.graph.ops):
         ins = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
         outs = tuple(plan.sharding_of(v.name) for v in op.results)
-        own = op_cost(op, Strategy(ins, outs, (), pipeline._split(op, ins, outs, plan)),
+        own = op_cost(op, Choice(ins, outs, (), pipeline._split(op, ins, outs, plan)),
                       plan.mesh, cluster, fused.of(op))  # fmt: skip
         assert times[i] == pytest.approx(own + incoming[i], rel=1e-12, abs=1e-18)
 
