@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import pytest
 from shardplan.costmodel import get_cluster
-from shardplan.costmodel.collective import Collective
+from shardplan.costmodel.collectives import Collective
 from shardplan.costmodel.comm_streams import link_rank, reshard_link
 from shardplan.costmodel.simulate import (
     GRADIENT_EXPOSURE,
