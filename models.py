@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from .ir import Graph, Origin, Role, Value
 from .ir.builder import GraphBuilder
-from .ir.registry import elementwise
+from .ir.shape_rules import elementwise
 from .ir.types import TensorType
 
 

@@ -43,7 +43,7 @@ from .costmodel import axis_links, collective_time, get_cluster
 from .costmodel.cluster import Cluster
 from .ir import Graph, Mesh, ShardplanError
 from .ir.graph import Role
-from .ir.registry import op_flops
+from .ir.op_cost import op_flops
 
 FORMAT = 2
 """Version of the model file; a file of another version is refused (rebuild it). 2: the

@@ -37,7 +37,8 @@ from typing import TYPE_CHECKING
 from shardplan.costmodel.context_parallel import attention_work_factor
 from shardplan.costmodel.conv import conv_work_factor, halo_time
 from shardplan.ir.graph import Graph, Op, Role, Value
-from shardplan.ir.registry import VIEW_KINDS, op_bytes, op_flops, op_info
+from shardplan.ir.op_cost import VIEW_KINDS, op_bytes, op_flops
+from shardplan.ir.registry import op_info
 
 from .cluster import Cluster, get_cluster
 from .comm_streams import reshard_link

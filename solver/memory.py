@@ -31,7 +31,7 @@ import numpy as np
 from ..costmodel.cluster import Cluster
 from ..costmodel.memory import MemoryItem, MemoryProfile, gib, memory_profile
 from ..ir import InfeasiblePlanError, Role, Value
-from ..ir.registry import IN_PLACE_WRITES, VIEW_KINDS
+from ..ir.op_cost import IN_PLACE_WRITES, VIEW_KINDS
 from ..passes.liveness import Liveness, Phase, liveness
 from .costs import Space, op_cost
 from .problem import Problem
