@@ -25,7 +25,8 @@ from functools import cache
 from shardplan.costmodel import get_cluster
 from shardplan.costmodel.calibration import apply, default_calibration
 from shardplan.costmodel.cluster import register_cluster
-from shardplan.costmodel.simulate import Phase, op_phases, plan_op_times
+from shardplan.costmodel.op_times import plan_op_times
+from shardplan.costmodel.phases import Phase, op_phases
 from shardplan.evaluate import model_flops
 from transformer_cost import Config, Model
 

@@ -15,8 +15,8 @@ from functools import partial
 
 from ..costmodel import get_cluster, group_link
 from ..costmodel.cluster import Cluster
+from ..costmodel.exposure import edge_exposure
 from ..costmodel.fusion import fusion, unfused_penalty
-from ..costmodel.simulate import edge_exposure
 from ..ir import (
     Graph,
     InfeasiblePlanError,

@@ -15,8 +15,9 @@ import numpy as np
 from .. import progress
 from ..costmodel import get_cluster, reshard, reshard_time
 from ..costmodel.cluster import Cluster
+from ..costmodel.exposure import weight_edges
 from ..costmodel.fusion import unfused_penalty
-from ..costmodel.simulate import shared_reshards, simulate, weight_edges
+from ..costmodel.simulate import shared_reshards, simulate
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
 from ..passes.merge_followers import follower_pairs
 from ..passes.repeated_layers import find_repeated_layers
