@@ -38,7 +38,8 @@ from .costs import (
     seen_layout,
 )
 from .ilp import Prepared, Solution, prepare, proven_within_gap, relax, solve
-from .memory import build_memory_model, cache_write, infeasible_error
+from .memory import infeasible_error
+from .memory_terms import build_memory_model, cache_write
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
 from .seed import price_baselines

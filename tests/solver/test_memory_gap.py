@@ -10,7 +10,7 @@ import shardplan as sp
 from shardplan.models import TransformerConfig
 from shardplan.solver import ilp
 from shardplan.solver.lp import solve_relaxation
-from shardplan.solver.memory import build_memory_model
+from shardplan.solver.memory_terms import build_memory_model
 
 CONFIG = TransformerConfig("t", 8, 256, 4, 1024, 512, 64)  # MEMORY_BOUND_LAYERS layers
 MESH = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")

@@ -10,7 +10,7 @@ import pytest
 import shardplan as sp
 from shardplan.models import TransformerConfig, training_step
 from shardplan.solver.lp import solve_relaxation
-from shardplan.solver.memory import build_memory_model
+from shardplan.solver.memory_terms import build_memory_model
 from shardplan.solver.recompute import cheapest_fit
 
 CONFIG = TransformerConfig("t", 4, 256, 4, 1024, 512, 64)
