@@ -64,9 +64,9 @@ def test_a_proven_memory_bound_plan_skips_the_other_objective(monkeypatch) -> No
     bound), so the overlap-weighted variant is neither prepared nor solved, and the plan fits
     and reports an honest gap."""
     from shardplan import idle_devices
-    from shardplan.solver import ilp, planner
+    from shardplan.solver import memory_solve, planner
 
-    monkeypatch.setattr(ilp, "MEMORY_GAP", 0.05)
+    monkeypatch.setattr(memory_solve, "MEMORY_GAP", 0.05)
     # the free plan's solves only: the idle-devices check plans its own data-parallel
     # alternatives (tests/test_idle_devices.py)
     monkeypatch.setattr(idle_devices, "check_idle_devices", lambda free, *a, **k: free)
@@ -79,7 +79,7 @@ def test_a_proven_memory_bound_plan_skips_the_other_objective(monkeypatch) -> No
     plan = sp.plan(graph, mesh=MESH, memory_limit=limit)
     s = plan.solver
     assert s.status == "FEASIBLE"
-    assert 0 <= s.objective - s.bound <= ilp.MEMORY_GAP * s.objective
+    assert 0 <= s.objective - s.bound <= memory_solve.MEMORY_GAP * s.objective
     assert plan.peak_memory_bytes <= limit
     assert len(solves) == 1  # the plain objective only
     assert shrinks == [1]  # the seed's shrink, reused by the plain variant
