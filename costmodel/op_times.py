@@ -4,11 +4,11 @@ exchanges, attention and conv work factors, kernel launches), as the step simula
 from __future__ import annotations
 
 import math
-from typing import TYPE_CHECKING
+from typing import Any, Protocol
 
 from shardplan.costmodel.context_parallel import attention_work_factor
 from shardplan.costmodel.conv import conv_work_factor, halo_time
-from shardplan.ir.graph import Op
+from shardplan.ir.graph import Graph, Op
 from shardplan.ir.op_cost import op_bytes, op_flops
 
 from .cluster import Cluster, get_cluster
@@ -16,8 +16,16 @@ from .compute import compute_time
 from .engine import launches as engine_launches
 from .fusion import OpFusion, fusion, unfused_penalty
 
-if TYPE_CHECKING:
-    from shardplan.solver.plan import Plan
+
+class Plan(Protocol):
+    """What ``plan_op_times`` reads of a ``shardplan.solver.plan.Plan``: the cost model sits
+    below the solver, so it names the fields it needs instead of importing the solver."""
+
+    graph: Graph
+    mesh: Any
+    shardings: Any
+    operand_shardings: Any
+    reshards: Any
 
 
 _AT_PRODUCER = ("pin:", "reduce:")
