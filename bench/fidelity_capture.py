@@ -26,7 +26,8 @@ from shardplan.api.evaluate import model_flops
 from shardplan.costmodel import get_cluster
 from shardplan.costmodel.calibration import apply, default_calibration
 from shardplan.costmodel.cluster import register_cluster
-from shardplan.costmodel.simulate import Phase, op_phases, plan_op_times
+from shardplan.costmodel.op_times import plan_op_times
+from shardplan.costmodel.phases import Phase, op_phases
 from transformer_cost import Config, Model
 
 

@@ -17,8 +17,7 @@ from .cluster import (
     register_cluster,
     tf32_matmuls,
 )
-from .collective import COLLECTIVE_KINDS, Collective
-from .collectives import collective_time, make_collective
+from .collectives import COLLECTIVE_KINDS, Collective, collective_time, make_collective
 from .compute import compute_time
 from .links import GroupLink, axis_links, group_link
 from .memory import total_value_bytes, value_bytes

@@ -1,4 +1,5 @@
-"""Alpha-beta times of collectives over groups of mesh axes.
+"""Collectives: the priced ``Collective`` (the unit the cost model, the plan and the checkers all
+speak) and the alpha-beta times of collectives over groups of mesh axes.
 
 ``nbytes`` follows ``Collective.bytes``: the per-device size of the collective's *result*, as
 compiled HLO shows it. With ``n`` devices in the group, alpha the link latency and ``bw`` its bus
@@ -47,6 +48,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import lru_cache
 
 from shardplan.ir.axes import parse_axis
@@ -54,8 +56,39 @@ from shardplan.ir.errors import ArgumentError
 from shardplan.ir.mesh import Mesh
 
 from .cluster import Cluster, get_cluster
-from .collective import COLLECTIVE_KINDS, Collective
 from .links import INTRA_NODE, GroupLink, group_link, in_domain, local_factors
+
+COLLECTIVE_KINDS = (
+    "all-reduce",
+    "all-gather",
+    "reduce-scatter",
+    "all-to-all",
+    "collective-permute",
+)
+
+
+@dataclass(frozen=True, slots=True)
+class Collective:
+    """One collective over a group of mesh axes.
+
+    ``bytes`` is per device and is the size of the collective's *result* on one device, the
+    way compiled HLO shows it: all-gather -> the gathered tensor, reduce-scatter -> the
+    scattered shard, all-reduce / all-to-all / collective-permute -> the local tensor.
+    """
+
+    kind: str
+    axes: tuple[str, ...]
+    bytes: int
+    time: float = 0.0
+    """Modelled seconds on the plan's cluster."""
+
+    def __post_init__(self) -> None:
+        if self.kind not in COLLECTIVE_KINDS:
+            raise ArgumentError(f"unknown collective kind {self.kind!r}; one of {COLLECTIVE_KINDS}")
+
+    def __str__(self) -> str:
+        axes = ",".join(self.axes)
+        return f"{self.kind}[{axes}] {self.bytes} B ({self.time * 1e6:.1f} us)"
 
 
 def normalize_axes(axes: str | Iterable[str], mesh: Mesh) -> tuple[str, ...]:

@@ -17,8 +17,7 @@ from collections.abc import Sequence
 from shardplan.ir.mesh import Mesh
 
 from .cluster import Cluster
-from .collective import Collective
-from .collectives import normalize_axes
+from .collectives import Collective, normalize_axes
 from .links import INTER_NODE, INTRA_NODE, group_link
 
 LOCAL = ""

@@ -1,7 +1,7 @@
 """Per-device work of fused attention split along the query sequence (context parallelism).
 
 A causal fused kernel (FlashAttention) skips the key blocks above the diagonal, so its work is
-half the dense product (``ir.registry.op_flops`` counts it so). Split the queries over ``n``
+half the dense product (``ir.op_cost.op_flops`` counts it so). Split the queries over ``n``
 devices in ``n`` contiguous chunks and chunk ``i`` sees ``i + 1/2`` chunks of keys: the last
 device does ``(2n - 1) / n`` times the average and every other one waits for it. Llama 3 and
 ``torch.distributed.tensor.experimental.context_parallel`` cut the sequence into ``2n`` chunks

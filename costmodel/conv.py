@@ -34,8 +34,7 @@ from ..ir import Mesh, Op, Sharding, TensorType
 from ..ir.conv import halos
 from ..ir.halo import halo_rows as halo_rows  # re-exported: the runtimes size halos with it
 from .cluster import Cluster, get_cluster
-from .collective import Collective
-from .collectives import collective_time
+from .collectives import Collective, collective_time
 
 CONV_KINDS = ("convolution", "convolution_backward")
 TILE_N = 64

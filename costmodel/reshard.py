@@ -42,8 +42,7 @@ from shardplan.ir.sharding import Sharding
 from shardplan.ir.types import TensorType
 
 from .cluster import Cluster
-from .collective import Collective
-from .collectives import make_collective, normalize_axes, resolve_cluster
+from .collectives import Collective, make_collective, normalize_axes, resolve_cluster
 
 
 @dataclass(frozen=True, slots=True)

@@ -21,31 +21,27 @@ before).
   reduce-scatter fed by one, is split into chunks pipelined with that GEMM (``Transfer.pipelined``).
 
 Exposed communication is the compute stream's idle time; the rest of the communication is
-overlapped. Compute/communication contention for SMs and HBM is not modelled.
+overlapped. Compute/communication contention for SMs and HBM is not modelled. Each op's
+seconds come from ``op_times.py``, its phase from ``phases.py``; the planner's linear stand-in
+for this simulation is ``exposure.py``.
 """
 
 from __future__ import annotations
 
-import enum
 import heapq
-import math
-import re
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
 from typing import Any, Protocol
 
-from shardplan.costmodel.context_parallel import attention_work_factor
-from shardplan.costmodel.conv import conv_work_factor, halo_time
 from shardplan.ir.errors import ArgumentError
-from shardplan.ir.graph import Graph, Op, Role, Value
-from shardplan.ir.registry import VIEW_KINDS, op_bytes, op_flops, op_info
+from shardplan.ir.graph import Graph, Op, Value
+from shardplan.ir.op_cost import VIEW_KINDS
+from shardplan.ir.registry import op_info
 
-from .cluster import Cluster, get_cluster
+from .cluster import get_cluster
 from .comm_streams import reshard_link
-from .compute import compute_time
-from .engine import launches as engine_launches
-from .fusion import OpFusion, fusion, unfused_penalty
-from .per_graph import PerGraph
+from .op_times import plan_op_times
+from .phases import layer_blocks, op_phases
 
 
 class Plan(Protocol):
@@ -57,14 +53,6 @@ class Plan(Protocol):
     shardings: Any
     operand_shardings: Any
     reshards: Any
-
-
-class Phase(enum.Enum):
-    """Which part of a training step an op belongs to (inferred from the graph's structure)."""
-
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    UPDATE = "update"
 
 
 @dataclass(frozen=True, slots=True)
@@ -144,74 +132,6 @@ class SimulationResult:
             f"exposed comm {self.exposed_comm_time * 1e3:.3f} ms "
             f"(overlapped {self.overlapped_comm_time * 1e3:.3f} ms)"
         )
-
-
-# -- phases -------------------------------------------------------------------------------------
-
-
-def op_phases(graph: Graph) -> dict[Op, Phase]:
-    """Forward / backward / update, from structure alone (frontends tag no phases).
-
-    Forward ops reach a non-aliased output (the loss). Of the rest, backward ops are those that
-    (or whose descendants) read a forward value - a saved activation or a data input; update
-    ops read only gradients, parameters and optimizer states. A graph with no aliased outputs
-    (inference) is all forward.
-    """
-    aliased = set(graph.output_aliases)
-    loss = {v for j, v in enumerate(graph.outputs) if j not in aliased}
-    if not aliased:
-        return dict.fromkeys(graph.ops, Phase.FORWARD)
-    forward = _ancestors(graph, loss)
-    forward_values = {r for op in forward for r in op.results}
-    forward_values |= {
-        v for v in graph.inputs if v.role in (Role.INPUT, Role.CONSTANT, Role.KV_CACHE)
-    }
-    reads_forward: dict[Op, bool] = {}
-    phases: dict[Op, Phase] = {}
-    for op in reversed(graph.ops):
-        reads = any(v in forward_values for v in op.operands) or any(
-            reads_forward.get(user, False) for r in op.results for user in r.users
-        )
-        reads_forward[op] = reads
-        if op in forward:
-            phases[op] = Phase.FORWARD
-        else:
-            phases[op] = Phase.BACKWARD if reads else Phase.UPDATE
-    return {op: phases[op] for op in graph.ops}
-
-
-def _ancestors(graph: Graph, values: set[Value]) -> set[Op]:
-    seen: set[Op] = set()
-    stack = [v.producer for v in values if v.producer is not None]
-    while stack:
-        op = stack.pop()
-        if op in seen:
-            continue
-        seen.add(op)
-        stack.extend(v.producer for v in op.operands if v.producer is not None)
-    return seen
-
-
-_AT_PRODUCER = ("pin:", "reduce:")
-"""Reshards done right at the producer (a user pin, a reduce-once pending sum): the op itself
-writes their source layout."""
-_LAYER = re.compile(r"(?:^|[./])(\d+)(?=$|[./])")
-
-
-def layer_blocks(graph: Graph) -> list[int]:
-    """Per op, the index of its block: a maximal run of ops in one numbered layer.
-
-    The layer is the first integer component of the op's module path (``model.layers.3.mlp`` ->
-    3); forward visits layers 0..L-1 and backward L-1..0, so each visit is its own block.
-    """
-    blocks, last, current = [], None, -1
-    for op in graph.ops:
-        match = _LAYER.search(op.origin.module)
-        key = match.group(1) if match else None
-        if key is not None and key != last:
-            current, last = current + 1, key
-        blocks.append(max(current, 0))
-    return blocks
 
 
 # -- the two-stream simulation ------------------------------------------------------------------
@@ -496,50 +416,6 @@ def _pipelined(t: Transfer, reshard, graph: Graph, mesh, axes: tuple[str, ...]) 
     return t
 
 
-def plan_op_times(plan: Plan) -> list[float]:
-    """Roofline seconds of each op under the plan's layouts (as ``solver.costs.op_cost``)."""
-    cluster = get_cluster(plan.mesh.cluster)
-    fused = fusion(plan.graph)
-    produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith(_AT_PRODUCER)}
-    seen: dict[tuple, float] = {}  # the layers of a stack repeat the same op at the same layouts
-    times = []
-    for i, op in enumerate(plan.graph.ops):
-        operands = tuple(plan.operand_shardings[(i, j)] for j in range(len(op.operands)))
-        results = tuple(produced.get(r.name, plan.shardings[r.name]) for r in op.results)
-        key = (op.kind, op.rule, operands, results, *(v.type for v in op.operands + op.results))
-        key += (fused.of(op), op.attrs.get("causal"), op.attrs.get("load_balance"))
-        if key not in seen:
-            seen[key] = _op_time(op, operands, results, plan.mesh, cluster, fused.of(op))
-        times.append(seen[key] * op.repeat)  # a scan body's op: every iteration
-    by_name = {v.name: v for v in plan.graph.values()}
-    for r in plan.reshards:  # a reshard inside a fused chain makes it go through HBM after all
-        kind, _, rest = r.consumer.partition(":")
-        i, _, j = rest.partition(":")
-        if kind == "op" and (int(i), int(j)) in fused.edges:
-            times[int(i)] += r.count * unfused_penalty(
-                by_name[r.value].type, r.src, r.dst, plan.mesh, cluster
-            )
-    return times
-
-
-def _op_time(op: Op, operands, results, mesh, cluster: Cluster, fused: OpFusion | None) -> float:  # type: ignore[no-untyped-def]
-    """Local FLOPs are the global ones over the product of every mesh axis the op's layouts use
-    (each axis splits one factor, so that product is the strategy's split). Operands and
-    results a fused kernel keeps on chip (``costmodel.fusion``) move no HBM bytes."""
-    axes = set().union(*(s.used_axes for s in operands + results))
-    split = math.prod(mesh.axis_size(a) for a in axes)
-    ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
-    flops = op_flops(op.kind, op.rule, ins, outs, op.attrs) / split
-    flops *= attention_work_factor(op, operands, mesh, cluster)
-    flops *= conv_work_factor(op, cluster)  # implicit-GEMM tiles (costmodel/conv.py)
-    counts = [s.shard_count(mesh) for s in operands], [s.shard_count(mesh) for s in results]
-    on_chip = (fused.on_chip_operands, fused.on_chip_results) if fused else ((), ())
-    nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip, attrs=op.attrs, split=split)
-    launches = engine_launches(op.kind, fused is None or fused.launches, cluster)
-    halo = halo_time(op, operands, mesh, cluster)  # a spatially split convolution
-    return halo + compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster, launches=launches)
-
-
 def _transfer(
     consumer: str, value: Value, time: float, graph: Graph, position: dict[Op, int]
 ) -> Transfer:
@@ -559,81 +435,12 @@ def _transfer(
             return Transfer(value, None, time)
 
 
-# -- the planner's proxy ------------------------------------------------------------------------
-
-GRADIENT_EXPOSURE = 0.2
-"""Fraction of a gradient reduction (backward -> update edge) the step still waits for: it runs
-under the rest of backward; what stays exposed is the last layers' share (DDP's last bucket)."""
-PREFETCH_EXPOSURE = 0.2
-"""Fraction of a parameter / optimizer-state collective that stays exposed: with a one-layer
-prefetch it hides behind the previous layer's compute except for the first layer."""
-
-
-def edge_exposure(value: Value, consumer: Op | None, graph: Graph) -> float:
-    """Fraction in [0, 1] of the reshard cost on ``value -> consumer`` that lengthens the step.
-
-    The planner's linear stand-in for ``simulate`` (``solver/costs.py`` multiplies edge costs
-    by it): collectives on parameters and optimizer states are prefetchable
-    (``PREFETCH_EXPOSURE``), gradient reductions feeding the update overlap backward
-    (``GRADIENT_EXPOSURE``), an updated parameter's way back to its stored layout
-    (``consumer=None``) overlaps the next step's start like a prefetch, and everything else -
-    tensor-parallel collectives between forward or backward ops - is on the critical path
-    (1.0). It cannot see saturation (more communication than compute to hide it behind);
-    ``simulate`` reports that afterwards.
-    """
-    if value.producer is None:
-        return PREFETCH_EXPOSURE if value.role in (Role.PARAMETER, Role.OPTIMIZER_STATE) else 1.0
-    if consumer is None:
-        return PREFETCH_EXPOSURE
-    phases = _PHASES(graph)
-    producer, user = phases.get(value.producer), phases.get(consumer)
-    if user is Phase.UPDATE and producer is Phase.BACKWARD:
-        return GRADIENT_EXPOSURE
-    return 1.0
-
-
-def weight_edges(problem, space) -> None:
-    """Multiply each edge of a solver ``Problem`` by ``edge_exposure`` (before elimination).
-
-    Duck-typed over ``solver.costs.Space`` / ``solver.problem.Problem`` so the cost model does
-    not import the solver: an edge ``u -> v`` joins the node of the producer of a value (a graph
-    input or an op) to the node of its consumer (an op, or for an alias round trip the input
-    it replaces). A multi-result producer takes the largest exposure of its results.
-    """
-    graph = space.graph
-    n_in = len(graph.inputs)
-    weighted: dict = {}  # alike edges share one matrix, and so one weighted matrix (pruning
-    # caches its maxima per matrix object: per-edge copies made it re-derive them per edge)
-    for edge in problem.edges:
-        consumer = graph.ops[edge.v - n_in] if edge.v >= n_in else None
-        if edge.u < n_in:
-            values = [graph.inputs[edge.u]]
-        else:
-            values = list(graph.ops[edge.u - n_in].results)
-        factor = max(edge_exposure(v, consumer, graph) for v in values)
-        key = (id(edge.cost), factor)
-        if key not in weighted:
-            weighted[key] = (edge.cost, edge.cost * factor)  # the original kept: ids stay unique
-        edge.cost = weighted[key][1]
-
-
-_PHASES: PerGraph[dict[Op, Phase]] = PerGraph(op_phases)
-"""Each op's phase, found once per graph (the planner weights every edge with it)."""
-
 __all__ = [
-    "GRADIENT_EXPOSURE",
-    "PREFETCH_EXPOSURE",
-    "Phase",
     "SimulationOptions",
     "SimulationResult",
     "Transfer",
-    "edge_exposure",
-    "layer_blocks",
-    "op_phases",
-    "plan_op_times",
     "serial_result",
     "shared_reshards",
     "simulate",
     "simulate_graph",
-    "weight_edges",
 ]

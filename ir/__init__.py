@@ -16,7 +16,8 @@ from .errors import (
 )
 from .graph import Graph, Op, Origin, Role, Use, Value
 from .mesh import Mesh
-from .registry import VIEW_KINDS, known_kinds, op_bytes, op_flops, op_info, register_rule, rule_for
+from .op_cost import VIEW_KINDS, op_bytes, op_flops
+from .registry import known_kinds, op_info, register_rule, rule_for
 from .rules import ShardingRule
 from .sharding import Pin, Sharding
 from .types import DTYPE_BYTES, TensorType

@@ -50,7 +50,8 @@ from collections.abc import Iterator
 
 from .errors import IRVerifyError
 from .halo import Halo, halo_split
-from .registry import Attrs, Types, _letter_stream, _make, register_rule, replicated_rule
+from .registry import register_rule
+from .rule_helpers import Attrs, Types, _letter_stream, _make, replicated_rule
 from .rules import ShardingRule
 from .types import TensorType
 

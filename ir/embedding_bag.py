@@ -49,7 +49,8 @@ divide the ids a device handles), plus its ids and its result; it does not read 
 
 from __future__ import annotations
 
-from .registry import Attrs, Types, _letter_stream, _make, register_bytes, register_rule
+from .registry import register_bytes, register_rule
+from .rule_helpers import Attrs, Types, _letter_stream, _make
 from .rules import ShardingRule
 from .types import TensorType
 

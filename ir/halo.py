@@ -24,7 +24,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .registry import Attrs
+from .rule_helpers import Attrs
 
 
 def halo_rows(kernel: int, dilation: int, stride: int, pad_lo: int) -> tuple[int, int]:

@@ -20,7 +20,7 @@ from dataclasses import dataclass, replace
 
 from . import Graph, Origin, Role, Value
 from .builder import GraphBuilder
-from .registry import elementwise
+from .shape_rules import elementwise
 from .types import TensorType
 
 

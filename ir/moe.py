@@ -29,7 +29,8 @@ all-to-all (and back for the combine). Attributes: ``experts``, ``capacity``,
 
 from __future__ import annotations
 
-from .registry import Attrs, Types, register_rule
+from .registry import register_rule
+from .rule_helpers import Attrs, Types
 from .rules import ShardingRule
 
 

@@ -16,17 +16,10 @@ weight gradients: partial over a split batch).
 
 from __future__ import annotations
 
-from .registry import (
-    Attrs,
-    Types,
-    _broadcast_map,
-    _letters,
-    _make,
-    elementwise,
-    register_rule,
-    replicated_rule,
-)
+from .registry import register_rule
+from .rule_helpers import Attrs, Types, _broadcast_map, _letters, _make, replicated_rule
 from .rules import ShardingRule
+from .shape_rules import elementwise
 from .types import TensorType
 
 

@@ -21,7 +21,8 @@ from __future__ import annotations
 from collections.abc import Mapping, Sequence
 
 from .errors import IRVerifyError
-from .registry import Attrs, Types, register_rule
+from .registry import register_rule
+from .rule_helpers import Attrs, Types
 from .rules import FACTOR_LETTERS, ShardingRule
 
 Spec = tuple[tuple[str, ...], ...]

@@ -20,7 +20,8 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from .registry import Attrs, Types, _letter_stream, _make, register_rule
+from .registry import register_rule
+from .rule_helpers import Attrs, Types, _letter_stream, _make
 from .rules import ShardingRule
 
 

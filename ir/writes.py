@@ -11,7 +11,8 @@ part of that dim gets its own need-replication factor. Start indices are scalars
 
 from __future__ import annotations
 
-from .registry import Attrs, Types, _letter_stream, _make, register_rule
+from .registry import register_rule
+from .rule_helpers import Attrs, Types, _letter_stream, _make
 from .rules import ShardingRule
 
 

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ..costmodel.simulate import weight_edges
+from ..costmodel.exposure import weight_edges
 from .costs import Space, op_costs
 from .ilp import prepare
 from .lp import solve_relaxation

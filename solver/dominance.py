@@ -137,7 +137,7 @@ def _covers(group: np.ndarray, count: int) -> bool:
 def memory_vectors(problem: Problem, memory) -> dict[int, np.ndarray]:  # type: ignore[no-untyped-def]
     """Per live node, every per-strategy memory (or recomputation) vector that lands on it
     (depends on the problem's eliminations and memory rows, not on its costs)."""
-    from .memory import _resolution
+    from .memory_rows import _resolution
 
     resolve = _resolution(problem)
     vectors: dict[int, list[np.ndarray]] = {}

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from ..costmodel import get_cluster, reshard_time
 from ..costmodel.fusion import fusion
-from ..costmodel.simulate import _op_time
+from ..costmodel.op_times import _op_time
 from ..ir import Op, Sharding, Value
 from ..ir.errors import UnknownTensorError
 from ..passes.enumerate_strategies import input_choices, op_choices, value_layouts

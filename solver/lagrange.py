@@ -27,7 +27,8 @@ from dataclasses import dataclass
 import numpy as np
 
 from .lp import Relaxation, solve_relaxation
-from .memory import MemoryModel, _resolution
+from .memory import MemoryModel
+from .memory_rows import _resolution
 from .problem import Problem
 
 MODES: tuple[str | None, ...] = (None, "selective", "full")

@@ -15,8 +15,8 @@ from functools import partial
 
 from ..costmodel import get_cluster, group_link
 from ..costmodel.cluster import Cluster
+from ..costmodel.exposure import edge_exposure
 from ..costmodel.fusion import fusion, unfused_penalty
-from ..costmodel.simulate import edge_exposure
 from ..ir import (
     Graph,
     InfeasiblePlanError,
@@ -285,7 +285,7 @@ def _seeded(planner_options: dict) -> dict:
     """The sub-mesh solve seeded from its LP: when its memory limit binds, the LP's layouts
     with every layer fully recomputed are the warm start (``plan_graph``'s ``lp_seed``), which
     lets the memory-bound solve use the primal heuristic, the Lagrangian bound and its stop
-    within ``ilp.MEMORY_GAP``, and skip the overlap-weighted variant once proven within it
+    within ``memory_solve.MEMORY_GAP``, and skip the overlap-weighted variant once proven within it
     (``planner._plan_space``). Unseeded, each cap of the 405B-shaped row was a full
     memory-bound search; the hand-written strategies (``sp.plan``'s seed without ``pp``) were
     no help: none splits the batch as little as a 1-sample micro-batch allows, and pricing

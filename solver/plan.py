@@ -5,7 +5,7 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..costmodel.collective import Collective
+from ..costmodel.collectives import Collective
 from ..ir import Graph, Mesh, Role, Sharding
 from ..ir.errors import UnknownTensorError
 

@@ -14,8 +14,9 @@ import numpy as np
 
 from ..costmodel import get_cluster, reshard, reshard_time
 from ..costmodel.cluster import Cluster
+from ..costmodel.exposure import weight_edges
 from ..costmodel.fusion import unfused_penalty
-from ..costmodel.simulate import shared_reshards, simulate, weight_edges
+from ..costmodel.simulate import shared_reshards, simulate
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role, Sharding
 from ..ir.errors import NoPlanInTime
 from ..passes.merge_followers import follower_pairs
@@ -38,7 +39,8 @@ from .costs import (
     seen_layout,
 )
 from .ilp import Prepared, Solution, prepare, proven_within_gap, relax, solve
-from .memory import build_memory_model, cache_write, infeasible_error
+from .memory import infeasible_error
+from .memory_terms import build_memory_model, cache_write
 from .plan import Plan, Reshard, SolverStats
 from .problem import Problem
 from .seed import price_baselines

@@ -44,7 +44,7 @@ from ..costmodel.cluster import Cluster
 from ..ir import Graph, Mesh, ShardplanError
 from ..ir.errors import PredictorError
 from ..ir.graph import Role
-from ..ir.registry import op_flops
+from ..ir.op_cost import op_flops
 
 FORMAT = 2
 """Version of the model file; a file of another version is refused (rebuild it). 2: the

@@ -27,7 +27,8 @@ from ..ir import ShardplanError
 from .costs import Space
 from .dominance import memory_vectors
 from .ilp import Solution, prepare, relax, solve
-from .memory import MemoryModel, _resolution
+from .memory import MemoryModel
+from .memory_rows import _resolution
 from .problem import Problem
 
 SEED_WORK = 2.0

@@ -12,7 +12,7 @@ import math
 from collections.abc import Mapping
 from typing import Any
 
-from shardplan.costmodel.collective import Collective
+from shardplan.costmodel.collectives import Collective
 from shardplan.ir import Graph, Mesh, Sharding, ShardplanError
 from shardplan.ir.errors import PlanFileError
 

@@ -27,7 +27,7 @@ from ..costmodel.cluster import Cluster, get_cluster
 from ..costmodel.memory import gib
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role
 from ..ir.errors import ArgumentError
-from ..ir.registry import op_bytes, op_flops
+from ..ir.op_cost import op_bytes, op_flops
 from .plan import Plan
 
 OBJECTIVES = ("latency", "throughput")

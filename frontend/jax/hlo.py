@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ...costmodel.collective import COLLECTIVE_KINDS
+from ...costmodel.collectives import COLLECTIVE_KINDS
 from ...ir import Mesh
 from .paths import distinct_collectives
 

@@ -14,7 +14,7 @@ from typing import Any
 import numpy as np
 
 from ...ir import Graph, Origin, TensorType, Value, op_info, register_rule
-from ...ir.registry import elementwise, reduce, rowwise
+from ...ir.shape_rules import elementwise, reduce, rowwise
 from .conv import WINDOW_PRIMITIVES, lower_conv, lower_window
 from .rules import gather_rule, reverse_rule, scatter_add_rule
 

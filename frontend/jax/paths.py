@@ -12,7 +12,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 
-from ...costmodel.collective import Collective
+from ...costmodel.collectives import Collective
 from ...costmodel.reshard import reshard_steps
 from ...ir import Mesh, Sharding, ShardplanError
 

@@ -6,7 +6,7 @@ cache as an argument and returns it updated (``lax.dynamic_update_slice`` at the
 The argument named ``cache`` / ``kv_cache`` (or any path given ``Role.KV_CACHE`` in
 ``roles=``) is the cache; the returned element with its tree structure, shapes and dtypes is
 the updated cache, aliased to it, so the plan keeps each buffer where it is, memory counts it
-once (``solver/memory.py``, ``cache_write``) and ``plan.jit`` donates it (XLA writes it in
+once (``solver/memory_terms.py``, ``cache_write``) and ``plan.jit`` donates it (XLA writes it in
 place). The step's tokens are its rank-2 integer batch input ``[batch, tokens]``: one token
 per sequence for a decode step, the prompt for a prefill.
 """

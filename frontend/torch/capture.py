@@ -322,7 +322,7 @@ def _lower(traced: Traced, graph: Graph, context: TorchContext) -> None:
 
 def _erase_dead_views(graph: Graph) -> int:
     """Drop layout-only ops nothing reads (the expands a folded ``bmm`` no longer reads)."""
-    from ...ir.registry import VIEW_KINDS
+    from ...ir.op_cost import VIEW_KINDS
 
     outputs = {id(v) for v in graph.outputs}
     erased = 0

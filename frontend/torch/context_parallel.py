@@ -1,9 +1,9 @@
 """Fused CPU attention with its queries split along the sequence (context parallelism).
 
-Under ``follow_plan`` the fused attention kernels run on local shards (``follow.py``). A plan
-that splits the query sequence (``ir.registry.attention_backward``) hands each rank a block of
-query rows and every key and value (the follower all-gathers K/V to the planned layout). Two
-things then differ from a batch/head split:
+Under ``follow_plan`` the fused attention kernels run on local shards (``follow_calls.py``). A
+plan that splits the query sequence (``ir.contraction_rules.attention_backward``) hands each rank
+a block of query rows and every key and value (the follower all-gathers K/V to the planned
+layout). Two things then differ from a batch/head split:
   - ``is_causal`` means "query i sees keys <= i" *within the block*; the rank's rows start at
     an offset, so the causal mask is given explicitly, shifted by the offset (the offset comes
     from sharding a position vector like the queries, so it is right under any nesting of

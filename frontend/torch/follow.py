@@ -29,8 +29,6 @@ These calls are run differently from DTensor's own dispatch (docs/torch.md, "Fol
 from __future__ import annotations
 
 import contextlib
-import dataclasses
-import math
 from collections.abc import Iterator, Sequence
 from typing import Any
 
@@ -48,20 +46,20 @@ from . import (  # modules: emit imports this one too
     conv_local,
     emit,
     fallback,
+    follow_calls,
     lookup,
     losses,
     nn_local,
     reshard,
     view_writes,
-    views,
 )
-from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, TorchContext, is_identity, leaves
+from .capture import VIEW_CALLS, AtenStep, TorchContext, leaves
+from .follow_match import ADD, TraceMatcher, identity_call, in_place_target
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
-_MATMUL_ADD = {"aten.addmm.default": torch.ops.aten.mm, "aten.baddbmm.default": torch.ops.aten.bmm}
 _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 """Run-time calls that ``make_fx`` records under another name."""
-_ADD = "aten.add.Tensor"
+_ADD = ADD
 _EMBEDDING = "aten.embedding.default"
 _CLONE = "aten.clone.default"
 _COPY = "aten.copy_.default"
@@ -75,8 +73,6 @@ _FILLS_LIKE = (
 makes them constants (no operand to follow)."""
 _REPLAYED = ("aten", "shardplan")
 """Op namespaces the trace records and the follower replays (``shardplan``: the MoE ops)."""
-_LOOKAHEAD = 64
-"""How many captured calls a run-time call may skip to find its match."""
 
 _ACTIVE: list[PlanFollower] = []
 
@@ -113,7 +109,7 @@ def follow_plan(plan: Plan, device_mesh: DeviceMesh) -> Iterator[PlanFollower]:
             yield follower
     finally:
         _ACTIVE.pop()
-        follower.finish()
+        follower.matcher.finish()
 
 
 def same_layout(have: emit.Placements, want: emit.Placements) -> bool:
@@ -152,21 +148,16 @@ class PlanFollower(TorchDispatchMode):
         self.made: dict[str, tuple[torch.Tensor, str | None, DTensor]] = {}
         """Identity result -> (the run-time tensor it was made from, the value that tensor held
         then, the tensor at the identity result's layout)."""
-        self.sum_terms: dict[str, tuple[str, ...]] = {}
-        """Result of a traced (or run-time) ``add`` -> the leaf values it sums."""
-        self.sums: dict[tuple[str, ...], int] = {}
-        """Sorted terms -> index of the traced ``add`` making that sum."""
-        for k, s in enumerate(self.steps):
-            if s.target == _ADD and len(s.operands) == 2 and s.results and s.results[0]:
-                terms = tuple(t for o in s.operands for t in self._terms(o or "?"))
-                self.sum_terms[s.results[0]] = terms
-                self.sums.setdefault(tuple(sorted(terms)), k)
         self.fill_layout: dict[str, str] = {}
         """Result of an uninitialised factory -> the in-place call's result it is the target of
         (made at that layout: DTensor keeps an in-place target's placements)."""
         made_by = {r: s.target for s in self.steps for r in s.results if r is not None}
         for s in self.steps:
-            if _in_place(s.target) and s.operands and made_by.get(s.operands[0] or "") in _EMPTY:
+            if (
+                in_place_target(s.target)
+                and s.operands
+                and made_by.get(s.operands[0] or "") in _EMPTY
+            ):
                 self.fill_layout.setdefault(s.operands[0] or "", s.results[0] or "")
         self.empty = {v.name for v in plan.graph.values() if tuple(v.type.shape) == (0,)}
         """Values that are a legacy ``torch.tensor([])`` (a ``cat`` operand eager ``cat`` skips)."""
@@ -176,12 +167,10 @@ class PlanFollower(TorchDispatchMode):
         """Run-time view (of a name in ``written``) -> (the tensor it views, its window)."""
         self.layout_copies: WeakIdKeyDictionary = WeakIdKeyDictionary()
         """Run-time ``new_empty_strided`` target -> the gradient ``AccumulateGrad`` copies in."""
-        self.cursor = 0
-        self.skipped: dict[int, AtenStep] = {}
-        """Traced calls passed over by a later match, by index: the run may still make them."""
         self.paused = 0
         self.deviations: list[str] = []
         """Run-time calls not in the trace, skipped trace calls and layouts not as planned."""
+        self.matcher = TraceMatcher(self.steps, self.same, self.empty, self.deviations)
         self.names: WeakIdKeyDictionary = WeakIdKeyDictionary()
         """Run-time tensor -> the IR value it holds (results of replayed calls)."""
         self.order: list[int] | None = None
@@ -203,15 +192,15 @@ class PlanFollower(TorchDispatchMode):
             return func(*args, **kwargs)  # collectives and DTensor internals pass through
         target = _TRACED_AS.get(str(func), str(func))
         tensors = leaves((args, kwargs), torch.Tensor)
-        if _identity(target, args):  # bookkeeping of hooks and autograd: moves no data
+        if identity_call(target, args):  # bookkeeping of hooks and autograd: moves no data
             out = func(*args, **kwargs)
             if tensors and tensors[0] in self.names and isinstance(out, torch.Tensor):
                 self.names[out] = self.names[tensors[0]]
             return out
         known = [self.names.get(t) for t in tensors]
-        step = self._match(target, known)
+        step = self.matcher.match(target, known)
         if step is None and target == _ADD:
-            step = self._match_sum(known)
+            step = self.matcher.match_sum(known)
         if step is None and target == _CLONE and self.names.get(tensors[0]) is not None:
             self.deviations[-1:] = []  # ``.contiguous()`` where a run-time stride differs
             out = func(*args, **kwargs)
@@ -224,7 +213,7 @@ class PlanFollower(TorchDispatchMode):
                 args = (args[0], emit.pending_like(args[0], args[1]), *args[2:])
             out = func(*args, **kwargs)
             if target == _ADD and None not in known and isinstance(out, torch.Tensor):
-                self.names[out] = self._partial_sum(known)  # a sum the trace made otherwise
+                self.names[out] = self.matcher.partial_sum(known)  # a sum the trace made otherwise
             return out
         step = conv_local.aligned(self.plan, step, args)
         out = self._run(step, func, args, kwargs)
@@ -266,82 +255,6 @@ class PlanFollower(TorchDispatchMode):
         self.deviations[-1:] = []  # the unmatched call is accounted for
         return out
 
-    # -- matching -----------------------------------------------------------------------------
-    def _match(self, target: str, known: list[str | None]) -> AtenStep | None:
-        """The next traced call with this target whose operands agree with the values the
-        run-time operands are known to hold; calls skipped on the way are reported."""
-        for k, step in list(self.skipped.items()):  # autograd may run ready nodes in
-            fit = self._fit(step, target, known)  # another order
-            if fit is not None:
-                del self.skipped[k]
-                return fit
-        end = min(self.cursor + _LOOKAHEAD, len(self.steps))
-        for k in range(self.cursor, end):
-            fit = self._fit(self.steps[k], target, known)
-            if fit is not None:
-                self.skipped.update((j, self.steps[j]) for j in range(self.cursor, k))
-                self.cursor = k + 1
-                return fit
-        self.deviations.append(f"call not in the trace: {target}")
-        return None
-
-    def _fit(self, step: AtenStep, target: str, known: list[str | None]) -> AtenStep | None:
-        """``step`` if the call matches it; a traced ``cat`` also matches without its legacy
-        empty operands (``apply``'s ``cat`` rule drops them before dispatch, as eager ``cat``
-        ignores them), as a step of the operands left."""
-        if step.target != target:
-            return None
-        if self._agree(step.operands, known):
-            return step
-        if target == "aten.cat.default" and len(known) < len(step.operands):
-            kept = tuple(o for o in step.operands if o not in self.empty)
-            if self._agree(kept, known):
-                return dataclasses.replace(step, operands=kept)
-        return None
-
-    def _terms(self, name: str) -> tuple[str, ...]:
-        return self.sum_terms.get(name, (name,))
-
-    def _match_sum(self, known: list[str | None]) -> AtenStep | None:
-        """A gradient sum added up in another order than the trace: autograd accumulates a
-        value's gradients as they arrive (``(g1 + g2) + g3`` where the trace has
-        ``(g2 + g3) + g1``). The traced ``add`` whose result sums the same terms is taken."""
-        if None in known:
-            return None
-        terms = tuple(sorted(t for k in known for t in self._terms(k or "")))
-        index = self.sums.get(terms)
-        if index is None:
-            return None
-        if index in self.skipped:
-            return self.skipped.pop(index)
-        if index < self.cursor:
-            return None
-        self.skipped.update((j, self.steps[j]) for j in range(self.cursor, index))
-        self.cursor = index + 1
-        return self.steps[index]
-
-    def _partial_sum(self, known: list[str | None]) -> str:
-        """A name for a run-time sum the trace never made (its terms are remembered)."""
-        name = "+".join(t for k in known for t in self._terms(k or ""))
-        self.sum_terms[name] = tuple(t for k in known for t in self._terms(k or ""))
-        self.deviations[-1:] = []  # the unmatched add is accounted for by the later total
-        return name
-
-    def finish(self) -> None:
-        """Report the traced calls the run never made."""
-        for step in self.skipped.values():
-            if step.results and set(step.results) <= self.empty:
-                continue  # a gradient of a skipped legacy empty ``cat`` operand
-            self.deviations.append(f"traced call not run: {step.target}")
-        self.skipped.clear()
-
-    def _agree(self, traced: tuple[str | None, ...], known: list[str | None]) -> bool:
-        same = self.same
-        return len(traced) == len(known) and all(
-            k is None or same.get(k, k) == same.get(t or "", t)
-            for t, k in zip(traced, known, strict=True)
-        )
-
     # -- running one call ---------------------------------------------------------------------
     def _run(self, step: AtenStep, func: Any, args: tuple, kwargs: dict) -> Any:
         tensors = leaves((args, kwargs), torch.Tensor)
@@ -350,7 +263,9 @@ class PlanFollower(TorchDispatchMode):
                                    f"{len(step.operands)}")  # fmt: skip
             return func(*args, **kwargs)
         inplace = func._schema.is_mutable
-        tensors = [self._balanced(t, name) for t, name in zip(tensors, step.operands, strict=True)]
+        tensors = [
+            follow_calls.balanced(self, t, n) for t, n in zip(tensors, step.operands, strict=True)
+        ]
         moved = [
             t
             if (inplace and i == 0) or name is None or _legacy_empty(t)
@@ -358,20 +273,26 @@ class PlanFollower(TorchDispatchMode):
             for i, (t, name) in enumerate(zip(tensors, step.operands, strict=True))
         ]
         if inplace and torch.Tag.inplace_view in func.tags and isinstance(args[0], DTensor):
-            return self._in_place_view(step, func, args, kwargs)
-        if inplace and torch.Tag.inplace_view not in func.tags and self._relayout(step, args[0]):
-            out = self._run_out_of_place(step, func, (args, kwargs), tensors, moved)
+            return follow_calls.in_place_view(self, step, func, args, kwargs)
+        if (
+            inplace
+            and torch.Tag.inplace_view not in func.tags
+            and follow_calls.relayout(self, step, args[0])
+        ):
+            out = follow_calls.run_out_of_place(self, step, func, (args, kwargs), tensors, moved)
             view_writes.write_back(self, step, tensors[0])
             return out
         args, kwargs = self._arguments(step, _replace((args, kwargs), iter(moved)))
         if step.target in _EMPTY and step.results[0] in self.fill_layout:
-            return self._empty_at(func(*args, **kwargs), self.fill_layout[step.results[0]])
+            return follow_calls.empty_at(
+                self, func(*args, **kwargs), self.fill_layout[step.results[0]]
+            )
         out = self._run_local(step, func, args, kwargs, moved)
         if out is None:
             self._check_internal(step)
             out = func(*args, **kwargs)
             if step.target.startswith("aten.arange") and self.order is not None:
-                out = self._positions(out)
+                out = follow_calls.positions(self, out)
         if inplace:
             view_writes.write_back(self, step, tensors[0])
             return out
@@ -382,17 +303,17 @@ class PlanFollower(TorchDispatchMode):
         out = None
         if step.target.rsplit(".", 1)[0].removesuffix("_backward") in _ATTENTION:
             qkv = moved[1:4] if "backward" in step.target else moved[:3]
-            out = self._attention(func, args, kwargs, qkv)
-        elif step.target in _MATMUL_ADD:
-            out = self._matmul_add(step, args, kwargs)
+            out = follow_calls.attention(self, func, args, kwargs, qkv)
+        elif step.target in follow_calls.MATMUL_ADD:
+            out = follow_calls.matmul_add(self, step, args, kwargs)
         elif conv_local.handles(self.plan, step):  # local shards: groups per rank, halos
             out = conv_local.run(self, step, func, args, kwargs)
-        elif step.target in VIEW_CALLS and (local := _local_view(args)) is not None:
+        elif step.target in VIEW_CALLS and (local := follow_calls.local_view(args)) is not None:
             out = local
         elif step.target in _FILLS_LIKE and not any(
             self.plan.graph.ops[i].operands for i in step.ops
         ):
-            out = self._fill_at(func, args, kwargs, step)
+            out = follow_calls.fill_at(self, func, args, kwargs, step)
         elif nn_local.handles([self.plan.graph.ops[i].kind for i in step.ops]):
             out = nn_local.run_step(self, step, func, args, kwargs, moved)
         elif bags.handles(step.target):  # pooled lookups on local shards
@@ -420,101 +341,6 @@ class PlanFollower(TorchDispatchMode):
                 self.deviations.append(f"{step.target}: table gathered to {table.placements}")
                 args = (table, *args[1:])
         return args, kwargs
-
-    def _run_out_of_place(
-        self, step: AtenStep, func: Any, call: tuple, tensors: list, moved: list
-    ) -> torch.Tensor:
-        """An in-place call run out of place at the planned layouts; the target takes the
-        result (``_relayout``)."""
-        target = self._through_identities(tensors[0], step.operands[0] or "", step)
-        moved[0] = self._to(target, self._want(step, 0), step)
-        args, kwargs = _replace(call, iter(moved))
-        if step.target == _COPY:  # no DTensor rule for the functional copy
-            out = self._results(step, torch.ops.aten.clone.default(moved[1]))
-        else:
-            out = self._results(step, _out_of_place(func)(*args, **kwargs))
-        view_writes.assign(tensors[0], out)
-        return tensors[0]
-
-    def _in_place_view(self, step: AtenStep, func: Any, args: tuple, kwargs: dict) -> DTensor:
-        """An in-place view (``nn.GRU``'s ``output.transpose_(0, 1)`` with ``batch_first``)
-        of a DTensor, which DTensor has no strategy for: the target is moved to its planned
-        operand layout, the view is computed out of place by DTensor at the planned result
-        layout, and the target takes it (``_assign_view``: its shape changes with it)."""
-        target = args[0]
-        want = self._want(step, 0)
-        if not same_layout(tuple(target.placements), want):
-            view_writes.assign(target, self._to(target, want, step))
-        out = self._results(step, _out_of_place_view(func)(target, *args[1:], **kwargs))
-        _assign_view(target, out, func, args[1:], kwargs)
-        return target
-
-    def _relayout(self, step: AtenStep, target: torch.Tensor) -> bool:
-        """An in-place call whose planned result layout is not its target's: DTensor keeps
-        an in-place target's placements, so the call runs out of place at the planned layouts
-        and the target takes the result (``view_writes.assign``). HF Falcon's ``mlp_output +=
-        attention_output`` adds a pending sum the plan reduce-scatters first."""
-        name = step.results[0] if step.results else None
-        if step.target == _COPY and not (
-            len(step.operands) == 2 and self._same_type(step.operands[0], step.operands[1])
-        ):
-            return False  # a broadcasting or casting copy stays in place
-        return (
-            isinstance(target, DTensor)
-            and name is not None
-            and step.operands[0] is not None
-            and not same_layout(tuple(target.placements), self._placements(None, name))
-        )
-
-    def _same_type(self, a: str | None, b: str | None) -> bool:
-        """Two IR values of one shape and dtype (a ``copy_`` that is a plain copy)."""
-        if a is None or b is None:
-            return False
-        return self.plan.graph.value(a).type == self.plan.graph.value(b).type
-
-    def _empty_at(self, out: DTensor, value: str) -> DTensor:
-        """An uninitialised tensor at the planned layout of ``value`` (the in-place call that
-        fills it): made replicated, then each rank keeps its slice (no collective; the IR's
-        factory is free, so the plan prices none)."""
-        want = tuple(
-            Replicate() if isinstance(p, Partial) else p for p in self._placements(None, value)
-        )
-        if isinstance(out, DTensor) and tuple(out.placements) == want:
-            return out
-        shape, stride = tuple(out.shape), tuple(out.stride())
-        local = torch.empty_strided(shape, stride, dtype=out.dtype, device=out.device)
-        whole = DTensor.from_local(local, self.mesh, [Replicate()] * self.mesh.ndim,
-                                   run_check=False, shape=out.shape, stride=stride)  # fmt: skip
-        return whole.redistribute(placements=want)
-
-    def _fill_at(self, func: Any, args: tuple, kwargs: dict, step: AtenStep) -> DTensor:
-        """A ``ones_like``-style fill the IR made a constant: made whole on every rank at its
-        operand's shape, then each rank keeps its planned slice (the IR's constant is free, so
-        the plan prices no collective; DTensor would make it at the operand's layout). The
-        custom MoE combine's backward fills ``ones_like(idx)``."""
-        like = args[0]
-        plain = torch.empty(tuple(like.shape), dtype=like.dtype, device=like.device)
-        out = func(plain, *args[1:], **kwargs)
-        return self._to(out, self._placements(None, step.results[0]), step)
-
-    def _balanced(self, t: torch.Tensor, name: str | None) -> torch.Tensor:
-        """A data input in the balanced token order (reordered once per run-time tensor); also
-        when the trace reads it through identity calls (GPT-2 views its ``input_ids``)."""
-        name = self.same.get(name or "", name or "")
-        index = self.sequence_inputs.get(name)
-        if index is None or t.dim() < 2:
-            return t
-        done = self.reordered.setdefault(name, WeakIdKeyDictionary())
-        if t not in done:
-            done[t] = context_parallel.reorder(t, index)
-        return done[t]
-
-    def _positions(self, out: torch.Tensor) -> torch.Tensor:
-        """The sequence positions in the balanced token order (``arange`` of that length)."""
-        order = self.order or []
-        if out.dim() != 1 or out.shape[0] != len(order) or out.is_floating_point():
-            return out
-        return out.index_select(0, torch.tensor(order, device=out.device))
 
     def _through_identities(self, t: torch.Tensor, name: str, step: AtenStep) -> torch.Tensor:
         """``t`` moved along the traced identity calls that lead to ``name``, each once.
@@ -656,56 +482,6 @@ class PlanFollower(TorchDispatchMode):
                 ):
                     self.deviations.append(f"{step.target}: internal reshard of %{operand.name}")
 
-    # -- calls run differently from DTensor's dispatch ---------------------------------------
-    def _matmul_add(self, step: AtenStep, args: tuple, kwargs: dict) -> DTensor:
-        """``beta * bias + alpha * (a @ b)`` as the IR's matmul then add, reshard in between."""
-        bias, a, b = args[:3]
-        beta, alpha = kwargs.get("beta", 1), kwargs.get("alpha", 1)
-        product = _MATMUL_ADD[step.target](a, b)
-        matmul, add = step.ops[0], step.ops[-1]
-        product_name = self.plan.graph.ops[matmul].results[0].name
-        product = self._results_of(product, product_name, step)
-        product = self._to(product, self._placements(
-            self.plan.operand_shardings.get((add, 0)), product_name), step)  # fmt: skip
-        if alpha != 1:
-            product = product * alpha
-        return product + (bias * beta if beta != 1 else bias)
-
-    def _results_of(self, t: DTensor, name: str, step: AtenStep) -> DTensor:
-        want = self._placements(None, name)
-        if not same_layout(tuple(t.placements), want):
-            self.deviations.append(f"{step.target} -> %{name}: made {tuple(t.placements)}")
-            return self._to(t, want, step)
-        return t
-
-    def _attention(self, func: Any, args: tuple, kwargs: dict, qkv: list[DTensor]) -> Any:
-        """Fused CPU attention on local shards: batch/head splits (the IR rule's), and query
-        sequence splits with K/V whole (``context_parallel``)."""
-        q, k = qkv[0], qkv[1]
-        for t in qkv:
-            if any(isinstance(p, Partial) or (isinstance(p, Shard) and p.dim >= 2
-                   and not (t is q and p.dim == context_parallel.QUERY_SEQUENCE_DIM))
-                   for p in t.placements):  # fmt: skip
-                raise NotImplementedError(
-                    f"attention operand split along sequence/head dim {tuple(t.placements)}"
-                )
-        local_args, local_kwargs = _replace(
-            (args, kwargs), iter(t.to_local() for t in leaves((args, kwargs), torch.Tensor))
-        )
-        split = context_parallel.query_split_dims(q)
-        if split:
-            local_args, local_kwargs = context_parallel.causal_arguments(
-                func, local_args, local_kwargs, q, k.shape[2], self.order
-            )
-        out = func(*local_args, **local_kwargs)
-        outs = leaves(out, torch.Tensor)
-        like = [qkv[i] if len(outs) == 3 else qkv[0] for i in range(len(outs))]
-        placements = [tuple(t.placements) for t in like]
-        if split and len(outs) == 3:  # the backward: dK, dV are sums over the split queries
-            placements[1:] = [context_parallel.gradient_placements(q, t) for t in qkv[1:]]
-        wrapped = (self._wrap(o, p) for o, p in zip(outs, placements, strict=True))
-        return _replace(out, wrapped)
-
     def _wrap(self, local: torch.Tensor, placements: tuple) -> DTensor:
         """A DTensor of local shards at ``placements``, keeping the kernel's memory order (the
         CPU kernel returns [b,s,h,d]-ordered outputs; a later transpose then needs no copy, as
@@ -728,69 +504,6 @@ _EMPTY = frozenset({
     "aten.empty.memory_format", "aten.empty_strided.default",
 })  # fmt: skip
 """Factories of uninitialised tensors: any layout is made without communication."""
-
-
-def _out_of_place(func: Any) -> Any:
-    """``aten.add.Tensor`` for ``aten.add_.Tensor``."""
-    packet = getattr(torch.ops.aten, func._overloadpacket.__name__.removesuffix("_"))
-    return getattr(packet, func._overloadname)
-
-
-def _out_of_place_view(func: Any) -> Any:
-    """``aten.transpose.int`` for ``aten.transpose_.default``: the overload of the out-of-place
-    view taking the same arguments."""
-    packet = getattr(torch.ops.aten, func._overloadpacket.__name__.removesuffix("_"))
-    names = [a.name for a in func._schema.arguments]
-    for overload in packet.overloads():
-        op = getattr(packet, overload)
-        if [a.name for a in op._schema.arguments] == names:
-            return op
-    raise NotImplementedError(f"{func}: no out-of-place view with its arguments")
-
-
-def _assign_view(target: DTensor, value: DTensor, func: Any, args: tuple, kwargs: dict) -> None:
-    """Make ``target`` hold ``value``, the result of the in-place view ``func(target, *args)``
-    computed out of place: its local shard and spec become ``value``'s, and ``func`` runs on
-    the wrapper's own sizes and strides only.
-
-    Private, as ``view_writes.assign``: below Python dispatch (``_DisableTorchDispatch``)
-    the view is metadata-only on the wrapper (no data is read); there is no public way to change a
-    DTensor's shape in place, and an in-place view must return its very target."""
-    view_writes.assign(target, value)
-    with torch._C._DisableTorchDispatch():
-        func(target, *args, **kwargs)
-
-
-def _in_place(target: str) -> bool:
-    """``aten.copy_.default``, ``aten.add_.Tensor``: the op name ends in one underscore."""
-    name = target.split(".")[1] if target.count(".") >= 1 else target
-    return name.endswith("_") and not name.endswith("__")
-
-
-def _identity(target: str, args: tuple) -> bool:
-    """An identity call (``capture.is_identity``) judged from its run-time arguments."""
-    if target in IDENTITY_CALLS:
-        return True
-    if target not in VIEW_CALLS or not isinstance(args[0], torch.Tensor):
-        return False
-    shape = [int(d) for d in args[1]]
-    if -1 in shape:  # resolve the inferred size as view does
-        known = math.prod(d for d in shape if d != -1)
-        shape[shape.index(-1)] = args[0].numel() // max(known, 1)
-    return is_identity(target, tuple(args[0].shape), tuple(shape))
-
-
-def _local_view(args: tuple) -> DTensor | None:
-    """A view of a split DTensor as a reshape of its local shard (``views.py``), or None."""
-    x = args[0]
-    if not isinstance(x, DTensor) or not any(isinstance(p, Shard) for p in x.placements):
-        return None
-    shape = [int(d) for d in args[1]]
-    if -1 in shape:
-        shape[shape.index(-1)] = x.numel() // max(math.prod(d for d in shape if d != -1), 1)
-    sizes = tuple(x.device_mesh.shape)
-    placements = views.view_placements(tuple(x.shape), shape, tuple(x.placements), sizes)
-    return None if placements is None else views.reshape_local(x, shape, placements)
 
 
 def _legacy_empty(t: torch.Tensor) -> bool:

@@ -18,7 +18,7 @@ import torch
 from torch import fx
 
 from ...ir import Graph, Origin, Role, TensorType, UnsupportedOpWarning, Value
-from ...ir.registry import replicated_rule
+from ...ir.rule_helpers import replicated_rule
 
 _DTYPES = {
     torch.float64: "f64", torch.float32: "f32", torch.bfloat16: "bf16", torch.float16: "f16",

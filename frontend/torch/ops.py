@@ -12,7 +12,8 @@ from collections.abc import Callable
 from torch import fx
 
 from ...ir import ShardingRule, TensorType, Value
-from ...ir.registry import register_rule, replicated_rule
+from ...ir.registry import register_rule
+from ...ir.rule_helpers import replicated_rule
 from .lower import Lowered, Lowering
 
 Row = Callable[[Lowering, fx.Node], Lowered]

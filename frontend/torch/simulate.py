@@ -20,7 +20,7 @@ from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode  # documented home of dispatch modes
 
-from ...costmodel.collective import Collective as CostCollective
+from ...costmodel.collectives import Collective as CostCollective
 from ...costmodel.conv import CONV_KINDS, halo_collectives
 from ...ir import Sharding
 from ...solver.plan import Plan, Reshard

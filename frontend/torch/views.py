@@ -3,7 +3,7 @@
 DTensor's ``view`` rule refuses (or turns into ``_StridedShard``, which a later view cannot
 unflatten) a reshape of a dimension split over mesh axes whenever the split moves to another
 dim: ``[b, s, (kv d)]`` split ``(dp, tp)`` viewed as ``[b, s, kv, d]`` raises "would remove
-or reshape sharded dimension". The IR's rule (Shardy's GCD factorisation, ``ir.registry``)
+or reshape sharded dimension". The IR's rule (Shardy's GCD factorisation, ``ir.shape_rules``)
 allows a minor factor to be split only when every more-major factor of its dim is fully
 split, so each device's shard is one contiguous block on both sides and the view is a
 reshape of the local shard: no data moves. ``view_placements`` maps placements through that
@@ -20,7 +20,7 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
 from ...ir import ShardingError, TensorType
-from ...ir.registry import reshape as reshape_rule
+from ...ir.shape_rules import reshape as reshape_rule
 
 Placements = tuple[Placement, ...]
 

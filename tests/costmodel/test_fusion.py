@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 from shardplan.costmodel import compute_time, get_cluster, reshard_time
 from shardplan.costmodel.fusion import fusion, unfused_penalty
-from shardplan.costmodel.simulate import plan_op_times
+from shardplan.costmodel.op_times import plan_op_times
 from shardplan.ir import Graph, Mesh, Role, Sharding, TensorType
 from shardplan.solver.costs import build_problem, build_space
 from shardplan.solver.planner import plan_graph

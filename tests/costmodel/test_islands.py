@@ -20,7 +20,7 @@ from shardplan.costmodel import (
     load_cluster,
     register_cluster,
 )
-from shardplan.costmodel.collective import COLLECTIVE_KINDS
+from shardplan.costmodel.collectives import COLLECTIVE_KINDS
 from shardplan.ir import Graph, Mesh, Origin, Role, Sharding, TensorType
 from shardplan.solver.mesh_search import format_candidates, mesh_candidates, search_mesh
 

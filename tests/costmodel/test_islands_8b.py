@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import pytest
 from shardplan.costmodel import cluster_from_dict, group_link, register_cluster
-from shardplan.costmodel.simulate import Phase, op_phases
+from shardplan.costmodel.phases import Phase, op_phases
 from shardplan.ir import Graph, Mesh, Role, Value
 from shardplan.ir.models import LLAMA3_8B, training_step
 from shardplan.solver.plan import Reshard

@@ -4,24 +4,24 @@ from __future__ import annotations
 
 import pytest
 from shardplan.costmodel import get_cluster
-from shardplan.costmodel.collective import Collective
+from shardplan.costmodel.collectives import Collective
 from shardplan.costmodel.comm_streams import link_rank, reshard_link
-from shardplan.costmodel.simulate import (
+from shardplan.costmodel.exposure import (
     GRADIENT_EXPOSURE,
     PREFETCH_EXPOSURE,
-    Phase,
+    edge_exposure,
+    weight_edges,
+)
+from shardplan.costmodel.op_times import plan_op_times
+from shardplan.costmodel.phases import Phase, layer_blocks, op_phases
+from shardplan.costmodel.simulate import (
     SimulationOptions,
     Transfer,
-    edge_exposure,
-    layer_blocks,
-    op_phases,
-    plan_op_times,
     serial_result,
     shared_reshards,
     simulate,
     simulate_graph,
     stored_view,
-    weight_edges,
 )
 from shardplan.ir import Graph, Mesh, Origin, Role, Sharding, TensorType
 from shardplan.solver.costs import build_problem, build_space

@@ -3,7 +3,8 @@
 from __future__ import annotations
 
 from shardplan.ir import TensorType
-from shardplan.ir.registry import op_bytes, rule_for
+from shardplan.ir.op_cost import op_bytes
+from shardplan.ir.registry import rule_for
 
 TABLE = TensorType((1000, 16), "f32")
 IDS, OFFSETS = TensorType((60,), "i64"), TensorType((20,), "i64")

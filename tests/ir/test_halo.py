@@ -4,7 +4,7 @@ in the forward and the weight-gradient (window) form; what is refused."""
 from __future__ import annotations
 
 import pytest
-from shardplan.costmodel.collective import Collective
+from shardplan.costmodel.collectives import Collective
 from shardplan.costmodel.conv import halo_collectives
 from shardplan.ir import Mesh, Op, Sharding, TensorType, Value, rule_for
 from shardplan.ir.halo import Halo, halo_rows, halo_split

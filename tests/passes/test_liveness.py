@@ -4,7 +4,7 @@ from __future__ import annotations
 
 from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.passes.liveness import Phase, liveness
-from shardplan.solver.memory import reduced_time_points
+from shardplan.solver.memory_rows import reduced_time_points
 
 TINY = TransformerConfig("tiny", 2, 64, 4, 128, 256, 16, kv_heads=2)
 

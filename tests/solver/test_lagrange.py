@@ -8,7 +8,7 @@ import shardplan as sp
 from shardplan.ir.models import TransformerConfig
 from shardplan.solver.lagrange import memory_lower_bound
 from shardplan.solver.lp import solve_relaxation
-from shardplan.solver.memory import build_memory_model
+from shardplan.solver.memory_terms import build_memory_model
 
 CONFIG = TransformerConfig("t", 2, 256, 4, 1024, 512, 64)
 MESH = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")

@@ -40,7 +40,8 @@ def test_recomputing_outer_alike_layers_first_loses_nothing() -> None:
 
     from shardplan.costmodel import get_cluster
     from shardplan.solver.costs import build_problem, build_space
-    from shardplan.solver.memory import _resolution, alike_pairs, build_memory_model
+    from shardplan.solver.memory_rows import _resolution, alike_pairs
+    from shardplan.solver.memory_terms import build_memory_model
     from shardplan.solver.planner import shrink
 
     mesh = sp.Mesh({"dp": 2}, cluster="h100-sxm")

@@ -1,6 +1,6 @@
-"""A seeded memory-bound solve stops at a proven gap (``ilp.MEMORY_GAP``): the seed is returned
-without a search when the LP bound is already that close, and the exact search finds nothing
-better than the bound allows."""
+"""A seeded memory-bound solve stops at a proven gap (``memory_solve.MEMORY_GAP``): the seed is
+returned without a search when the LP bound is already that close, and the exact search finds
+nothing better than the bound allows."""
 
 from __future__ import annotations
 
@@ -8,9 +8,9 @@ import numpy as np
 import pytest
 import shardplan as sp
 from shardplan.ir.models import TransformerConfig
-from shardplan.solver import ilp
+from shardplan.solver import ilp, memory_solve
 from shardplan.solver.lp import solve_relaxation
-from shardplan.solver.memory import build_memory_model
+from shardplan.solver.memory_terms import build_memory_model
 
 CONFIG = TransformerConfig("t", 8, 256, 4, 1024, 512, 64)  # MEMORY_BOUND_LAYERS layers
 MESH = sp.Mesh({"dp": 2, "tp": 2}, cluster="h100-sxm")
@@ -30,12 +30,12 @@ def setup(shrunk_step):  # type: ignore[no-untyped-def]
 def _solve(setup, gap: float, monkeypatch):  # type: ignore[no-untyped-def]
     """(solution, CP-SAT searches run) with ``MEMORY_GAP`` at ``gap``."""
     space, cluster, problem, hints = setup
-    monkeypatch.setattr(ilp, "MEMORY_GAP", gap)
+    monkeypatch.setattr(memory_solve, "MEMORY_GAP", gap)
     searches = []
     search = ilp._solve_cpsat
     monkeypatch.setattr(ilp, "_solve_cpsat", lambda *a, **k: searches.append(1) or search(*a, **k))
     memory = build_memory_model(space, cluster, LIMIT)
-    assert len(memory.live.layers) >= ilp.MEMORY_BOUND_LAYERS
+    assert len(memory.live.layers) >= memory_solve.MEMORY_BOUND_LAYERS
     memory.hint_decisions = {"layers.0": "selective"}  # the seed: the LP's layouts, one layer
     solution = ilp.solve(problem.copy(), 30.0, dict(hints), memory=memory, work_limit=0.5)
     assert solution.choice

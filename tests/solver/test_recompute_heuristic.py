@@ -10,7 +10,7 @@ import pytest
 import shardplan as sp
 from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver.lp import solve_relaxation
-from shardplan.solver.memory import build_memory_model
+from shardplan.solver.memory_terms import build_memory_model
 from shardplan.solver.recompute import cheapest_fit
 
 CONFIG = TransformerConfig("t", 4, 256, 4, 1024, 512, 64)
@@ -64,9 +64,9 @@ def test_a_proven_memory_bound_plan_skips_the_other_objective(monkeypatch) -> No
     bound), so the overlap-weighted variant is neither prepared nor solved, and the plan fits
     and reports an honest gap."""
     from shardplan.api import idle_devices
-    from shardplan.solver import ilp, planner
+    from shardplan.solver import memory_solve, planner
 
-    monkeypatch.setattr(ilp, "MEMORY_GAP", 0.05)
+    monkeypatch.setattr(memory_solve, "MEMORY_GAP", 0.05)
     # the free plan's solves only: the idle-devices check plans its own data-parallel
     # alternatives (tests/test_idle_devices.py)
     monkeypatch.setattr(idle_devices, "check_idle_devices", lambda free, *a, **k: free)
@@ -79,7 +79,7 @@ def test_a_proven_memory_bound_plan_skips_the_other_objective(monkeypatch) -> No
     plan = sp.plan(graph, mesh=MESH, memory_limit=limit)
     s = plan.solver
     assert s.status == "FEASIBLE"
-    assert 0 <= s.objective - s.bound <= ilp.MEMORY_GAP * s.objective
+    assert 0 <= s.objective - s.bound <= memory_solve.MEMORY_GAP * s.objective
     assert plan.peak_memory_bytes <= limit
     assert len(solves) == 1  # the plain objective only
     assert shrinks == [1]  # the seed's shrink, reused by the plain variant

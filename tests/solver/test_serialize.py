@@ -6,7 +6,7 @@ import json
 
 import pytest
 from shardplan import Mesh, Plan, Sharding, ShardplanError, TensorType, load_plan
-from shardplan.costmodel.collective import Collective
+from shardplan.costmodel.collectives import Collective
 from shardplan.ir import Graph, Origin, Role
 from shardplan.solver.plan import Reshard, SolverStats
 from shardplan.solver.serialize import plan_from_json, plan_to_json

@@ -7,7 +7,7 @@ import importlib.util
 from pathlib import Path
 
 from shardplan import Sharding
-from shardplan.costmodel.collective import Collective
+from shardplan.costmodel.collectives import Collective
 from shardplan.ir import Graph, Mesh, Origin, Role, TensorType
 from shardplan.solver.plan import Plan, Reshard, SolverStats
 from shardplan.solver.summary import index_ranges, layout_rows, reshard_groups, strategy_words

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from jax.sharding import AxisType, PartitionSpec
 from shardplan import Mesh, Sharding
-from shardplan.costmodel.collective import Collective
+from shardplan.costmodel.collectives import Collective
 from shardplan.frontend.jax.capture import capture
 from shardplan.frontend.jax.emit import make_jax_mesh, partition_spec
 from shardplan.frontend.jax.paths import distinct_collectives, pinned_layouts

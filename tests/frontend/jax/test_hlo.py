@@ -7,7 +7,7 @@ import jax.numpy as jnp
 import pytest
 from jax.sharding import AxisType, NamedSharding
 from jax.sharding import PartitionSpec as P
-from shardplan.costmodel.collective import Collective
+from shardplan.costmodel.collectives import Collective
 from shardplan.frontend.jax.hlo import (
     CollectiveMismatch,
     HloCollective,

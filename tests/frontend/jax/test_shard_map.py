@@ -14,8 +14,8 @@ from jax.sharding import AxisType
 from jax.sharding import PartitionSpec as P
 from shardplan.frontend.jax.capture import capture
 from shardplan.ir import Sharding, UnsupportedOpWarning
+from shardplan.ir.op_cost import op_flops
 from shardplan.ir.parser import parse_graph
-from shardplan.ir.registry import op_flops
 
 pytestmark = pytest.mark.jax
 

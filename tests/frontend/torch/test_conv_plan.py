@@ -66,8 +66,7 @@ def test_batch_one_high_resolution_convs_split_rows_with_a_halo() -> None:
     the local slab each way per convolution, priced as two collective-permutes (the fused
     backward exchanges the input's rows again and sends the input gradient's back: twice that,
     but the first convolution has no input gradient)."""
-    from shardplan.costmodel.collective import Collective
-    from shardplan.costmodel.collectives import collective_time
+    from shardplan.costmodel.collectives import Collective, collective_time
     from shardplan.costmodel.conv import halo_collectives, halo_rows, halo_time
 
     with torch.device("meta"):
