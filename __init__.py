@@ -3,7 +3,7 @@
 ``import shardplan`` needs neither torch nor jax; only ``shardplan.frontend`` imports them, lazily.
 """
 
-from . import strategies
+from . import frontend, strategies  # frontend registers Plan's emitters (imports no framework)
 from .api import annotate, plan
 from .costmodel.dense_part import DenseSpec
 from .costmodel.embedding import TableSpec
@@ -22,14 +22,14 @@ from .ir import (
 )
 from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
 from .recsys import plan_tables, torchrec_plan
-from .solver.plan import Plan, load_plan
+from .solver.plan import Plan, load_plan, register_emitter
 from .solver.table_plan import TablePlan
 from .titan_config import TitanConfig, TitanConfigError
 from .titan_emit import TitanEmission, evaluate_torchtitan, to_torchtitan
 from .titan_search import TitanSearch, search_torchtitan
 from .whatif import WhatIf, whatif
 
-Plan.to_torchtitan = to_torchtitan  # type: ignore[attr-defined]
+register_emitter("to_torchtitan", to_torchtitan)  # Plan.to_torchtitan
 
 __version__ = "0.1.0"
 __all__ = [
@@ -59,6 +59,7 @@ __all__ = [
     "annotate",
     "evaluate",
     "evaluate_torchtitan",
+    "frontend",
     "load_plan",
     "plan",
     "plan_tables",
