@@ -3,21 +3,22 @@
 from __future__ import annotations
 
 import importlib
-from types import ModuleType
+from collections.abc import Callable
+from typing import Any
 
 from ..ir import FrontendError
 
 _INSTALL = {"torch": "pip install torch", "jax": 'pip install "jax[cpu]"'}
 
 
-def load(module: str, framework: str) -> ModuleType:
-    """``import_module(module)`` after ``framework`` (``"torch"`` or ``"jax"``) imports; a
-    ``FrontendError`` naming the framework and how to install it when it does not."""
+def load(module: str, framework: str, name: str) -> Callable[..., Any]:
+    """``module.name``, imported after ``framework`` (``"torch"`` or ``"jax"``); a
+    ``FrontendError`` naming the framework and how to install it when it does not import."""
     try:
         importlib.import_module(framework)
     except ImportError as error:
         raise FrontendError(
-            f"{module.rsplit('.', 1)[-1]} needs {framework}, which cannot be imported here "
-            f"({error}); install it ({_INSTALL[framework]}) to emit this plan for {framework}"
+            f"{name} needs {framework}, which cannot be imported here ({error}); install it "
+            f"({_INSTALL[framework]}) to emit this plan for {framework}"
         ) from error
-    return importlib.import_module(module)
+    return getattr(importlib.import_module(module), name)
