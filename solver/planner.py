@@ -510,7 +510,7 @@ def _found(result: object) -> str:
 
 
 def _simulated(plan: Plan) -> Plan:
-    """Set the plan's exposed communication from the two-stream simulator."""
+    """The plan with its exposed communication from the two-stream simulator."""
     result = simulate(plan)
     return dataclasses.replace(plan, exposed_comm_time=result.exposed_comm_time)
 
