@@ -3,6 +3,7 @@
 ``import shardplan`` needs neither torch nor jax; only ``shardplan.frontend`` imports them, lazily.
 """
 
+from . import frontend  # registers Plan's emitters (imports no framework)
 from .api.evaluate import Evaluation, evaluate
 from .api.plan import annotate, plan
 from .api.recsys import plan_tables, torchrec_plan
@@ -24,12 +25,12 @@ from .ir import (
 )
 from .ir.errors import ArgumentError, IdleAxisWarning, IdleDevicesWarning
 from .solver import strategies
-from .solver.plan import Plan, load_plan
+from .solver.plan import Plan, load_plan, register_emitter
 from .solver.table_plan import TablePlan
 from .solver.titan_config import TitanConfig, TitanConfigError
 from .solver.titan_search import TitanSearch, search_torchtitan
 
-Plan.to_torchtitan = to_torchtitan  # type: ignore[attr-defined]
+register_emitter("to_torchtitan", to_torchtitan)  # Plan.to_torchtitan
 
 __version__ = "0.1.0"
 __all__ = [
@@ -59,6 +60,7 @@ __all__ = [
     "annotate",
     "evaluate",
     "evaluate_torchtitan",
+    "frontend",
     "load_plan",
     "plan",
     "plan_tables",

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import functools
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from ..costmodel import get_cluster
@@ -74,8 +74,8 @@ def evaluate(
         fits = False
         plan = solve(math.inf)
     if strategy.tp_comm_overlap and strategy.tp and strategy.pp == 1:
-        _simulate_tp_overlap(plan, strategy.tp)  # a pipeline's stages priced it already
-    plan.frontend_context = context
+        plan = _simulate_tp_overlap(plan, strategy.tp)  # a pipeline's stages priced it already
+    plan = plan.with_context(context)
     return _evaluation(strategy.name, graph, mesh, plan, fits and _peak(plan) <= limit, limit)
 
 
@@ -120,13 +120,13 @@ def best_baseline(
     return best
 
 
-def _simulate_tp_overlap(plan: Plan, axis: str) -> None:
-    """Re-simulate the step with ``axis``'s all-gathers / reduce-scatters pipelined with their
+def _simulate_tp_overlap(plan: Plan, axis: str) -> Plan:
+    """The plan re-simulated with ``axis``'s all-gathers / reduce-scatters pipelined with their
     GEMMs (the strategy's ``tp_comm_overlap``); the layouts do not change."""
     from ..costmodel.simulate import SimulationOptions, simulate
 
     result = simulate(plan, SimulationOptions(tp_overlap_axes=(axis,)))
-    plan.exposed_comm_time = result.exposed_comm_time
+    return replace(plan, exposed_comm_time=result.exposed_comm_time)
 
 
 def _graph(

@@ -120,12 +120,13 @@ def check_idle_devices(  # type: ignore[no-untyped-def]
         shown, repeats, work, whole, data_axes, name, _times(free), _times(split), cluster_floor
     )
     if prefer != "throughput":
-        free.idle = idle
-        return free
-    split.frontend_context = free.frontend_context
-    split.timings = dict(free.timings)
-    split.idle = replace(idle, chosen="throughput")
-    return split
+        return replace(free, idle=idle)
+    return replace(
+        split,
+        frontend_context=free.frontend_context,
+        timings=dict(free.timings),
+        idle=replace(idle, chosen="throughput"),
+    )
 
 
 def _kernel_floor(mesh: Mesh) -> float:

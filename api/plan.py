@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import gc
 import time
 import warnings
@@ -219,10 +220,10 @@ def _plan(
             graph, mesh, pins=pins, memory_limit=memory_limit, time_limit=time_limit,
             semantics=semantics, fallback=fallback,
         )  # fmt: skip
-    result.frontend_context = context
-    if not isinstance(model_or_fn, Graph):
-        result.timings = {"capture": capture_seconds, **result.timings}
-    return result
+    if isinstance(model_or_fn, Graph):
+        return result.with_context(context)
+    timings = {"capture": capture_seconds, **result.timings}
+    return dataclasses.replace(result, frontend_context=context, timings=timings)
 
 
 def _report_binding(context: object) -> None:
@@ -323,10 +324,8 @@ def _plan_serving_jax(fn, example_args, checked, options, objective, max_batch) 
     plan = plan_serving(
         plan_at, step.batch, step.mode, step.context_len, step.tokens, objective, None
     )
-    plan.serving.reason = (  # type: ignore[attr-defined]
-        f"batch {step.batch} as given (a JAX step is planned at its arguments' batch)"
-    )
-    return plan
+    reason = f"batch {step.batch} as given (a JAX step is planned at its arguments' batch)"
+    return dataclasses.replace(plan, serving=dataclasses.replace(plan.serving, reason=reason))
 
 
 def annotate(tensor: Any, sharding: Any = None, **placements: Any) -> Any:

@@ -129,20 +129,18 @@ def _without_once_per_step_comm(plan):  # type: ignore[no-untyped-def]
     state carried to the next step (gradient reductions over the context-parallel axis, and
     gathers of what the update left sharded over it): they run once per step, not once per
     layer and micro-batch, and the analytic model prices them per step (``_dp_exposed``)."""
-    import copy
+    import dataclasses
 
     from shardplan.costmodel.simulate import simulate
 
     phases = op_phases(plan.graph)
     update = {i for i, op in enumerate(plan.graph.ops) if phases[op] is Phase.UPDATE}
-    kept = copy.copy(plan)
-    kept.reshards = [
+    kept = dataclasses.replace(plan, reshards=[
         r for r in plan.reshards
         if not r.consumer.startswith("alias:")
         and not (r.consumer.startswith("op:") and int(r.consumer.split(":")[1]) in update)
-    ]  # fmt: skip
-    kept.exposed_comm_time = simulate(kept).exposed_comm_time
-    return kept
+    ])  # fmt: skip
+    return dataclasses.replace(kept, exposed_comm_time=simulate(kept).exposed_comm_time)
 
 
 def _without_update(plan) -> float:

@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from ..costmodel import Cluster, axis_links, get_cluster
 from ..ir import Graph, Mesh, ShardplanError
@@ -142,8 +142,7 @@ def search_mesh(
     if best is None:
         reasons = "; ".join(f"{c.mesh}: {c.rejected}" for c in table)
         raise InfeasiblePlanError(f"no mesh shape of {devices} devices gives a plan: {reasons}")
-    best.candidates = table
-    return best
+    return replace(best, candidates=table)
 
 
 def _ranked(

@@ -10,7 +10,7 @@ split and the micro-batch count under each stage's memory.
 from __future__ import annotations
 
 import itertools
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from functools import partial
 
 from ..costmodel import get_cluster, group_link
@@ -146,9 +146,8 @@ def _plan_stages(
     if best is None:
         raise error or InfeasiblePlanError("no pipeline plan")
     inner, split, assignment = best
-    inner.pipeline = _pipeline_plan(axis, split, assignment)
-    inner.mesh = mesh  # the whole mesh; the layouts use only the stage mesh's axes
-    return inner
+    # the whole mesh; the layouts use only the stage mesh's axes
+    return replace(inner, pipeline=_pipeline_plan(axis, split, assignment), mesh=mesh)
 
 
 def _sized(sized: list[bool], plan_cap):  # type: ignore[no-untyped-def]

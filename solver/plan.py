@@ -2,12 +2,20 @@
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING, Any, Protocol
 
 from ..costmodel.collectives import Collective
-from ..ir import Graph, Mesh, Role, Sharding
-from ..ir.errors import UnknownTensorError
+from ..costmodel.memory import MemoryProfile
+from ..ir import FrontendError, Graph, Mesh, Role, Sharding
+from ..ir.errors import ArgumentError, UnknownTensorError
+from .idle import IdleDevices
+
+if TYPE_CHECKING:
+    from .mesh_search import Candidate
 
 PLAN_FORMAT_VERSION = 2
 """2: the full mesh (pipeline axis included), the pipeline, exposed communication, recomputation,
@@ -96,13 +104,76 @@ class SolverStats:
         )
 
 
-@dataclass(eq=False)
+class FrontendContext(Protocol):
+    """What a frontend's capture keeps for its emitters (``TorchContext``, ``JaxContext``):
+    the captured steps (aten calls, jaxpr equations) they replay, and the serving step when the
+    capture was of one. The plan carries it and never reads, compares or saves it."""
+
+    @property
+    def steps(self) -> Sequence[object]: ...
+
+    @property
+    def serving(self) -> object | None: ...
+
+
+class ServingSummary(Protocol):
+    """A prefill/decode plan's serving metrics (``serving.ServingReport``), printed first by
+    ``print(plan)``."""
+
+    @property
+    def mode(self) -> str: ...
+
+    @property
+    def batch(self) -> int: ...
+
+    @property
+    def tokens_per_second(self) -> float: ...
+
+
+Emitter = Callable[..., Any]
+"""``emitter(plan, *args, **kwargs)``: a plan emitted for a framework (``frontend/``)."""
+
+_EMITTERS: dict[str, Emitter] = {}
+
+
+def register_emitter(name: str, emitter: Emitter) -> None:
+    """Make ``plan.<name>(...)`` call ``emitter(plan, ...)``.
+
+    The frontends register theirs when ``shardplan.frontend`` is imported (``import shardplan``
+    does; ``frontend/emitters.py``), as small wrappers that import torch or jax only when
+    called: this module imports no frontend. A second registration of a name replaces the
+    first (a test's or a research emitter)."""
+    if not name.isidentifier():
+        raise ArgumentError(f"emitter name {name!r} is not an identifier; name it like a method")
+    _EMITTERS[name] = emitter
+
+
+def emitter(name: str) -> Emitter:
+    """The emitter registered as ``name``; a ``FrontendError`` naming the fix when none is."""
+    try:
+        return _EMITTERS[name]
+    except KeyError:
+        known = ", ".join(sorted(_EMITTERS)) or "none"
+        raise FrontendError(
+            f"Plan.{name} has no emitter registered (registered: {known}); the frontends "
+            "register theirs when shardplan.frontend is imported: `import shardplan` (or "
+            "`import shardplan.frontend`) before emitting, or call the frontend's function "
+            f"directly (shardplan.frontend.torch / shardplan.frontend.jax .{name}(plan, ...))"
+        ) from None
+
+
+@dataclass(frozen=True, slots=True, eq=False)
 class Plan:
-    """The result of ``shardplan.plan``.
+    """The result of ``shardplan.plan``: an immutable value (``dataclasses.replace`` or
+    ``with_context`` make a changed copy).
 
     ``shardings`` maps every value name (graph inputs and op results) to its layout;
     ``operand_shardings[(op_index, operand_index)]`` is what each op consumes (after resharding);
     ``reshards`` lists every edge whose layout changes and the collectives that do it.
+    The emitters are the frontends' functions (``shardplan.frontend.torch.apply(plan, model,
+    device_mesh)``, ``shardplan.frontend.jax.jit(plan, fn, mesh)``); ``plan.apply``,
+    ``plan.jit`` and the others call them through the emitter registry (``register_emitter``).
+    Equality is identity (the graph is compared by identity too).
     """
 
     graph: Graph
@@ -117,41 +188,43 @@ class Plan:
     """Per-device bytes by kind: parameters, optimizer_states, inputs, activations..."""
     solver: SolverStats
     output_shardings: list[Sharding] = field(default_factory=list)
-    frontend_context: object | None = None
+    frontend_context: FrontendContext | None = None
     """Framework data for emitters (pytree structure, module FQNs); never serialised."""
     recompute: dict[str, str] = field(default_factory=dict)
     """Layer -> recomputation mode (``selective``/``full``) the plan uses (memory model)."""
     memory_limit: float | None = None
     """Per-device budget the plan was solved under."""
-    memory_profile: object | None = None
-    """``costmodel.memory.MemoryProfile`` of the modelled peak; never serialised."""
+    memory_profile: MemoryProfile | None = None
+    """The modelled peak (``costmodel.memory``); never serialised."""
     pipeline: PipelinePlan | None = None
     """Stages and micro-batches when the mesh has a pipeline axis (``solver/pipeline.py``)."""
     exposed_comm_time: float | None = None
     """Communication the two-stream simulator could not hide behind compute (None: all)."""
-    candidates: list = field(default_factory=list)
+    candidates: list[Candidate] = field(default_factory=list)
     """Mesh-shape search: every (pp, dp, tp) tried (``solver/mesh_search.py``); saved without
     their wall-clock planning seconds."""
     timings: dict[str, float] = field(default_factory=dict)
     """Wall seconds per planning phase (capture, enumerate, price, shrink, solve...)."""
-    serving: object | None = None
+    serving: ServingSummary | None = None
     """``serving.ServingReport`` of a prefill/decode plan (batch, latency, tokens/s,
     roofline); never serialised."""
-    idle: object | None = None
-    """``solver.idle.IdleDevices``: devices the free plan leaves repeating the same work, why
-    (modelled), and the data-parallel alternative's step (``sp.plan(..., prefer=...)``);
-    None when every device does its own share. Saved with the plan (an optional key)."""
-    assignments: dict[int, tuple] = field(default_factory=dict)
+    idle: IdleDevices | None = None
+    """Devices the free plan leaves repeating the same work, why (modelled), and the
+    data-parallel alternative's step (``sp.plan(..., prefer=...)``); None when every device
+    does its own share. Saved with the plan (an optional key)."""
+    assignments: dict[int, tuple[tuple[str, tuple[str, ...]], ...]] = field(default_factory=dict)
     """Op index -> its chosen choice's factor -> mesh axes pairs (``Choice.assignment``):
     what each op splits, which its layouts alone do not always say (a result's layout is
     what consumers see: pinned or reduced). Read by ``batch.microbatch_fits``; never
     serialised (a loaded plan's is empty and its layouts are read instead)."""
 
-    def memory_breakdown(self):
-        """The modelled peak: bytes by kind and the largest values live at it (memory model)."""
-        from ..costmodel.memory import MemoryProfile
+    def with_context(self, context: FrontendContext | None) -> Plan:
+        """This plan carrying ``context`` (a capture's, for the emitters)."""
+        return dataclasses.replace(self, frontend_context=context)
 
-        if isinstance(self.memory_profile, MemoryProfile):
+    def memory_breakdown(self) -> MemoryProfile:
+        """The modelled peak: bytes by kind and the largest values live at it (memory model)."""
+        if self.memory_profile is not None:
             return self.memory_profile
         return MemoryProfile(self.peak_memory_bytes, 0, dict(self.memory), ())
 
@@ -178,10 +251,6 @@ class Plan:
         """Pipeline stages (one stage covering everything when not pipelined)."""
         return list(self.pipeline.stages) if self.pipeline is not None else []
 
-    def pipeline_split_spec(self):
-        """``{"model.layers.8": SplitPoint.BEGINNING, ...}`` for torch.distributed.pipelining."""
-        return _torch_emit().pipeline_split_spec(self)
-
     def sharding_of(self, name: str) -> Sharding:
         try:
             return self.shardings[name]
@@ -203,6 +272,47 @@ class Plan:
             for v in self.graph.inputs
             if v.role in roles
         }
+
+    # -- emission: the frontends' functions, through the registry (``register_emitter``) ------
+    def apply(self, model: Any, device_mesh: Any) -> Any:
+        """The same module with DTensor parameters and boundary redistribution, trained as
+        planned (``shardplan.frontend.torch.apply``)."""
+        return emitter("apply")(self, model, device_mesh)
+
+    def to_placements(self) -> Any:
+        """``{param_fqn: (Shard|Replicate|Partial, ...) per mesh dim}``."""
+        return emitter("to_placements")(self)
+
+    def to_parallelize_plan(self) -> Any:
+        """``parallelize_module`` styles and ``fully_shard`` calls where the plan is expressible."""
+        return emitter("to_parallelize_plan")(self)
+
+    def pipeline_split_spec(self) -> Any:
+        """``{"model.layers.8": SplitPoint.BEGINNING, ...}`` for torch.distributed.pipelining."""
+        return emitter("pipeline_split_spec")(self)
+
+    def to_torchtitan(self, *args: Any, **kwargs: Any) -> Any:
+        """The torchtitan configuration of the plan, priced (``shardplan.to_torchtitan``)."""
+        return emitter("to_torchtitan")(self, *args, **kwargs)
+
+    def jit(self, fn: Callable[..., Any] | None = None, jax_mesh: Any = None) -> Any:
+        """``jax.jit`` of ``fn`` with planned in/out shardings and internal sharding constraints
+        (``shardplan.frontend.jax.jit``). ``fn`` defaults to the planned function, ``jax_mesh``
+        to ``make_jax_mesh(plan)`` (the first devices, the plan's axis names, Auto axis types).
+        """
+        return emitter("jit")(self, fn, jax_mesh)
+
+    def in_shardings(self, jax_mesh: Any = None) -> Any:
+        """Pytree of NamedSharding matching the example arguments (default mesh as ``jit``)."""
+        return emitter("in_shardings")(self, jax_mesh)
+
+    def out_shardings(self, jax_mesh: Any = None) -> Any:
+        """Pytree of NamedSharding matching the function's outputs (default mesh as ``jit``)."""
+        return emitter("out_shardings")(self, jax_mesh)
+
+    def to_partition_specs(self) -> Any:
+        """Pytree of PartitionSpec for the inputs (for users who build their own jit)."""
+        return emitter("to_partition_specs")(self)
 
     # -- serialisation --------------------------------------------------------------------------
     def to_json(self) -> str:
@@ -263,64 +373,3 @@ def load_plan(path: str | Path) -> Plan:
     from .serialize import plan_from_json
 
     return plan_from_json(read_plan_text(path))
-
-
-def _jax_emit():
-    from ..frontend.jax import emit
-
-    return emit
-
-
-def _torch_emit():
-    from ..frontend.torch import emit
-
-    return emit
-
-
-# Emitters live in frontend/ (the only place torch/jax are imported); Plan forwards to them.
-def _plan_in_shardings(self: Plan, jax_mesh=None):
-    """Pytree of NamedSharding matching the example arguments (default mesh: ``make_jax_mesh``)."""
-    return _jax_emit().in_shardings(self, _jax_emit().mesh_or_default(self, jax_mesh))
-
-
-def _plan_out_shardings(self: Plan, jax_mesh=None):
-    """Pytree of NamedSharding matching the function's outputs (default mesh as above)."""
-    return _jax_emit().out_shardings(self, _jax_emit().mesh_or_default(self, jax_mesh))
-
-
-def _plan_jit(self: Plan, fn=None, jax_mesh=None):
-    """``jax.jit`` of ``fn`` with planned in/out shardings and internal sharding constraints.
-
-    ``fn`` defaults to the planned function, ``jax_mesh`` to ``make_jax_mesh(plan)`` (the first
-    devices, the plan's axis names, Auto axis types)."""
-    emit = _jax_emit()
-    return emit.jit(self, fn or emit.planned_function(self), emit.mesh_or_default(self, jax_mesh))
-
-
-def _plan_to_partition_specs(self: Plan):
-    """Pytree of PartitionSpec for the inputs (for users who build their own jit)."""
-    return _jax_emit().to_partition_specs(self)
-
-
-def _plan_to_placements(self: Plan):
-    """``{param_fqn: (Shard|Replicate|Partial, ...) per mesh dim}``."""
-    return _torch_emit().to_placements(self)
-
-
-def _plan_apply(self: Plan, model, device_mesh):
-    """The same module with DTensor parameters and boundary redistribution, trained as planned."""
-    return _torch_emit().apply(self, model, device_mesh)
-
-
-def _plan_to_parallelize_plan(self: Plan):
-    """``parallelize_module`` styles and ``fully_shard`` calls where the plan is expressible."""
-    return _torch_emit().to_parallelize_plan(self)
-
-
-Plan.in_shardings = _plan_in_shardings  # type: ignore[attr-defined]
-Plan.out_shardings = _plan_out_shardings  # type: ignore[attr-defined]
-Plan.jit = _plan_jit  # type: ignore[attr-defined]
-Plan.to_partition_specs = _plan_to_partition_specs  # type: ignore[attr-defined]
-Plan.to_placements = _plan_to_placements  # type: ignore[attr-defined]
-Plan.apply = _plan_apply  # type: ignore[attr-defined]
-Plan.to_parallelize_plan = _plan_to_parallelize_plan  # type: ignore[attr-defined]

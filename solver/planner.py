@@ -141,8 +141,7 @@ def plan_graph(
     if baseline is not None and baseline.called and best.solver.status != "FALLBACK":
         best = _not_slower(best, baseline())
     graph.mesh = mesh
-    best.timings = dict(clock.seconds)
-    return best
+    return dataclasses.replace(best, timings=dict(clock.seconds))
 
 
 @dataclass(frozen=True, slots=True)
@@ -398,10 +397,10 @@ def _fall_back(fallback, error: NoPlanInTime) -> Plan | None:
         FallbackWarning,
         stacklevel=3,
     )
-    plan.solver = dataclasses.replace(
+    solver = dataclasses.replace(
         plan.solver, status="FALLBACK", objective=plan.step_time, bound=0.0, fallback=name
     )
-    return plan
+    return dataclasses.replace(plan, solver=solver)
 
 
 class _Once:
@@ -459,8 +458,7 @@ def _not_slower(best: Plan, found: tuple[str, Plan] | None) -> Plan:
     if found is None or found[1].step_time >= best.step_time:
         return best
     name, plan = found
-    plan.solver = dataclasses.replace(best.solver, fallback=name)
-    return plan
+    return dataclasses.replace(plan, solver=dataclasses.replace(best.solver, fallback=name))
 
 
 class _Clock:
@@ -511,10 +509,9 @@ def _found(result: object) -> str:
 
 
 def _simulated(plan: Plan) -> Plan:
-    """Set the plan's exposed communication from the two-stream simulator."""
+    """The plan with its exposed communication from the two-stream simulator."""
     result = simulate(plan)
-    plan.exposed_comm_time = result.exposed_comm_time
-    return plan
+    return dataclasses.replace(plan, exposed_comm_time=result.exposed_comm_time)
 
 
 def _capped_hints(

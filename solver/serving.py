@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from ..costmodel.cluster import Cluster, get_cluster
 from ..costmodel.memory import gib
@@ -236,11 +236,11 @@ def plan_serving(
     plan = plans[best.batch]
     cluster = get_cluster(plan.mesh.cluster)
     tokens = best.batch * (seq if mode == "prefill" else 1)
-    plan.serving = ServingReport(
+    report = ServingReport(
         mode, objective, best.batch, context_len, tokens, plan.step_time, plan.mesh.size,
         roofline(plan, cluster), table, _reason(objective, best, table),
     )  # fmt: skip
-    return plan
+    return replace(plan, serving=report)
 
 
 def _reason(objective: str, best: Candidate, table: list[Candidate]) -> str:

@@ -104,14 +104,17 @@ def to_partition_specs(plan: Plan) -> Any:
     return jax.tree_util.tree_unflatten(context.in_tree, specs)
 
 
-def in_shardings(plan: Plan, jax_mesh: jax.sharding.Mesh) -> Any:
-    """Tuple (one entry per positional argument) of NamedSharding pytrees."""
+def in_shardings(plan: Plan, jax_mesh: jax.sharding.Mesh | None = None) -> Any:
+    """Tuple (one entry per positional argument) of NamedSharding pytrees (default mesh:
+    ``make_jax_mesh(plan)``)."""
+    jax_mesh = mesh_or_default(plan, jax_mesh)
     specs = to_partition_specs(plan)
     return jax.tree.map(lambda s: NamedSharding(jax_mesh, s), specs, is_leaf=_is_spec)
 
 
-def out_shardings(plan: Plan, jax_mesh: jax.sharding.Mesh) -> Any:
-    """NamedSharding pytree matching the function's outputs."""
+def out_shardings(plan: Plan, jax_mesh: jax.sharding.Mesh | None = None) -> Any:
+    """NamedSharding pytree matching the function's outputs (default mesh as above)."""
+    jax_mesh = mesh_or_default(plan, jax_mesh)
     context = _context(plan)
     layouts = plan.output_shardings or [plan.sharding_of(n) for n in context.outputs]
     leaves = [NamedSharding(jax_mesh, partition_spec(s)) for s in layouts]
@@ -418,14 +421,20 @@ def planned_function(plan: Plan) -> Callable[..., Any]:
     return fn
 
 
-def jit(plan: Plan, fn: Callable[..., Any], jax_mesh: jax.sharding.Mesh) -> Any:
+def jit(
+    plan: Plan, fn: Callable[..., Any] | None = None, jax_mesh: jax.sharding.Mesh | None = None
+) -> Any:
     """``jax.jit(fn)`` with the planned in/out shardings and every planned intermediate layout.
 
     ``fn`` is traced again inside the jit (so closed-over values are current) and must trace to
     the same equations as the planned function; scans stay scans (their bodies pinned as
-    planned) unless they were captured unrolled.
+    planned) unless they were captured unrolled. ``fn`` defaults to the planned function,
+    ``jax_mesh`` to ``make_jax_mesh(plan)`` (the first devices, the plan's axis names, Auto
+    axis types).
     """
     context = _context(plan)
+    fn = planned_function(plan) if fn is None else fn
+    jax_mesh = mesh_or_default(plan, jax_mesh)
     name = getattr(fn, "__name__", "planned")
     filtered = None
     if context.filtered is not None:  # non-array leaves: jit the array part, recombine

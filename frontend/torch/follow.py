@@ -40,11 +40,11 @@ from torch.utils.weak import WeakIdKeyDictionary
 
 from ...ir import FrontendError, Sharding
 from ...solver.plan import Plan
-from . import (  # modules: emit imports this one too
+from . import (  # modules: apply_mode imports this one too
+    apply_mode,
     bags,
     context_parallel,
     conv_local,
-    emit,
     fallback,
     follow_calls,
     lookup,
@@ -55,6 +55,7 @@ from . import (  # modules: emit imports this one too
 )
 from .capture import VIEW_CALLS, AtenStep, TorchContext, leaves
 from .follow_match import ADD, TraceMatcher, identity_call, in_place_target
+from .plan_layouts import Placements, context_of, placements_of
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
 _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
@@ -112,7 +113,7 @@ def follow_plan(plan: Plan, device_mesh: DeviceMesh) -> Iterator[PlanFollower]:
         follower.matcher.finish()
 
 
-def same_layout(have: emit.Placements, want: emit.Placements) -> bool:
+def same_layout(have: Placements, want: Placements) -> bool:
     """Equal placements, any ``Partial`` reduce op matching a planned partial."""
     return all(
         h == w or (isinstance(h, Partial) and isinstance(w, Partial))
@@ -127,7 +128,7 @@ class PlanFollower(TorchDispatchMode):
         super().__init__()
         self.plan = plan
         self.mesh = device_mesh
-        context: TorchContext = emit.context_of(plan)
+        context: TorchContext = context_of(plan)
         if context.stamped:
             raise FrontendError(
                 "this plan's capture stamped repeated layers instead of tracing them, so there "
@@ -210,7 +211,7 @@ class PlanFollower(TorchDispatchMode):
             return copy
         if step is None:
             if target in _IN_PLACE_ADDS and isinstance(args[0], DTensor):  # e.g. `a += b`
-                args = (args[0], emit.pending_like(args[0], args[1]), *args[2:])
+                args = (args[0], apply_mode.pending_like(args[0], args[1]), *args[2:])
             out = func(*args, **kwargs)
             if target == _ADD and None not in known and isinstance(out, torch.Tensor):
                 self.names[out] = self.matcher.partial_sum(known)  # a sum the trace made otherwise
@@ -336,7 +337,7 @@ class PlanFollower(TorchDispatchMode):
             and isinstance(args[0], DTensor)
             and not lookup.fits(*args[:2])
         ):
-            table = emit.one_vocab_split(args[0])  # DTensor's mask: one vocabulary split
+            table = apply_mode.one_vocab_split(args[0])  # DTensor's mask: one vocabulary split
             if table is not args[0]:
                 self.deviations.append(f"{step.target}: table gathered to {table.placements}")
                 args = (table, *args[1:])
@@ -381,7 +382,7 @@ class PlanFollower(TorchDispatchMode):
             and tuple(t.placements) == tuple(source.placements)
         )
 
-    def _want(self, step: AtenStep, leaf: int) -> emit.Placements:
+    def _want(self, step: AtenStep, leaf: int) -> Placements:
         """Planned layout of operand ``leaf``: how the step's IR ops consume that value."""
         name = step.operands[leaf]
         occurrence = step.operands[:leaf].count(name)
@@ -426,12 +427,12 @@ class PlanFollower(TorchDispatchMode):
                     return into
         return None
 
-    def _placements(self, sharding: Sharding | None, value: str | None) -> emit.Placements:
+    def _placements(self, sharding: Sharding | None, value: str | None) -> Placements:
         if sharding is None:
             sharding = self.plan.shardings[value]
-        return emit.placements_of(sharding, self.plan.mesh, value or "")
+        return placements_of(sharding, self.plan.mesh, value or "")
 
-    def _to(self, t: torch.Tensor, want: emit.Placements, step: AtenStep) -> DTensor:
+    def _to(self, t: torch.Tensor, want: Placements, step: AtenStep) -> DTensor:
         """``t`` as a DTensor at ``want`` (plain tensors are replicated: made on every rank)."""
         if not isinstance(t, DTensor):
             t = DTensor.from_local(t, self.mesh, [Replicate()] * self.mesh.ndim, run_check=False)

@@ -4,7 +4,7 @@
 order, an all-gather where the cost model moves a split with an all-to-all. The follower
 replays the cost model's walk instead (``costmodel.reshard.reshard_steps``): all-gathers,
 reduce-scatters and all-reduces over a group of axes go through ``redistribute`` (one
-collective on the flattened mesh, ``emit.flattened_meshes``); an all-to-all is run on the
+collective on the flattened mesh, ``plan_layouts.flattened_meshes``); an all-to-all runs on the
 group's own 1-D mesh, where DTensor's ``Shard(i) -> Shard(j)`` is exactly one all-to-all, and
 so is a reduce-scatter over several axes (``redistribute`` runs ``Partial -> Shard(d)`` over
 two mesh dims as an all-reduce over the minor one and a reduce-scatter over the major one).
@@ -34,10 +34,10 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ...costmodel.reshard import reshard_steps
 from ...ir import Mesh, Sharding
-from . import emit  # a module import: emit -> follow -> this module
+from .plan_layouts import Placements, flattened_meshes, placements_of
 
 
-def sharding_of(placements: emit.Placements, mesh: Mesh, rank: int) -> Sharding:
+def sharding_of(placements: Placements, mesh: Mesh, rank: int) -> Sharding:
     """The IR sharding DTensor placements mean (each dim's axes in mesh order)."""
     dims: list[tuple[str, ...]] = [() for _ in range(rank)]
     partial = set()
@@ -53,7 +53,7 @@ def _ordered(dims: tuple[tuple[str, ...], ...], mesh: Mesh) -> bool:
     return all(list(a) == sorted(a, key=mesh.axis_index) for a in dims)
 
 
-def reshard(t: DTensor, want: emit.Placements, mesh: Mesh | None = None) -> tuple[DTensor, bool]:
+def reshard(t: DTensor, want: Placements, mesh: Mesh | None = None) -> tuple[DTensor, bool]:
     """``t`` at ``want`` by the cost model's collectives; the flag says whether every step
     ran as priced (False: the rest was left to ``redistribute``). ``mesh``: the plan mesh
     (default: one made from ``t``'s device mesh)."""
@@ -98,7 +98,7 @@ def _step(
         return _all_to_all(t, axes, after, mesh)
     if kind == "reduce-scatter" and len(axes) > 1:
         return _reduce_scatter(t, axes, after, mesh)
-    return t.redistribute(placements=emit.placements_of(after, mesh))
+    return t.redistribute(placements=placements_of(after, mesh))
 
 
 def _reduce_scatter(
@@ -118,10 +118,10 @@ def _reduce_scatter(
     op = partials[0].reduce_op  # type: ignore[union-attr]
     if any(p.reduce_op != op for p in partials):  # type: ignore[union-attr]
         return None
-    group = emit.flattened_meshes(t.device_mesh)[axes]
+    group = flattened_meshes(t.device_mesh)[axes]
     local = DTensor.from_local(t.to_local(), group, [Partial(op)], run_check=False)
     moved = local.redistribute(placements=[Shard(target)]).to_local()
-    return DTensor.from_local(moved, t.device_mesh, emit.placements_of(after, mesh),
+    return DTensor.from_local(moved, t.device_mesh, placements_of(after, mesh),
                               run_check=False, shape=t.shape, stride=t.stride())  # fmt: skip
 
 
@@ -138,13 +138,13 @@ def _all_to_all(t: DTensor, axes: tuple[str, ...], after: Sharding, mesh: Mesh) 
     dims[source.dim] = (*dims[source.dim], *axes)
     if not _ordered(tuple(dims), mesh) or after.dims[target][-len(axes) :] != axes:
         return None
-    staged = emit.placements_of(Sharding(tuple(dims), after.partial), mesh)
+    staged = placements_of(Sharding(tuple(dims), after.partial), mesh)
     if tuple(t.placements) != staged:
         t = t.redistribute(placements=staged)  # free slices of the other axes
-    group = device_mesh[axes[0]] if len(axes) == 1 else emit.flattened_meshes(device_mesh)[axes]
+    group = device_mesh[axes[0]] if len(axes) == 1 else flattened_meshes(device_mesh)[axes]
     local = DTensor.from_local(t.to_local(), group, [Shard(source.dim)], run_check=False)
     moved = local.redistribute(placements=[Shard(target)]).to_local()
-    placements = emit.placements_of(after, mesh)
+    placements = placements_of(after, mesh)
     return DTensor.from_local(moved, device_mesh, placements, run_check=False,
                               shape=t.shape, stride=t.stride())  # fmt: skip
 
@@ -174,7 +174,7 @@ def _permute(
     if before.partial & set(axes):
         return None
     device_mesh: DeviceMesh = t.device_mesh
-    staged = emit.placements_of(before, mesh)
+    staged = placements_of(before, mesh)
     if tuple(t.placements) != staged:
         t = t.redistribute(placements=staged)  # free slices (the walk's staging)
     local = t.to_local().contiguous()
@@ -191,14 +191,14 @@ def _permute(
     splits = per_rank(plan.splits)(list(coordinate), local.numel())
     n = len(splits) // 2
     out_splits, in_splits = list(splits[:n]), list(splits[n:])
-    group = device_mesh[axes[0]] if len(axes) == 1 else emit.flattened_meshes(device_mesh)[axes]
+    group = device_mesh[axes[0]] if len(axes) == 1 else flattened_meshes(device_mesh)[axes]
     moved = funcol.all_to_all_single(local.reshape(-1), out_splits, in_splits, group)
     if isinstance(moved, funcol.AsyncCollectiveTensor):
         moved = moved.wait()
     block = moved.view(local.shape)
     if not _ordered(after.dims, mesh):
         return _Local(block, after)
-    return DTensor.from_local(block, device_mesh, emit.placements_of(after, mesh),
+    return DTensor.from_local(block, device_mesh, placements_of(after, mesh),
                               run_check=False, shape=t.shape, stride=t.stride())  # fmt: skip
 
 
@@ -221,10 +221,10 @@ def _gather(
     if before[d] != (*after.dims[d], *axes) or after.partial != held.layout.partial:
         return None
     device_mesh: DeviceMesh = t.device_mesh
-    group = device_mesh[axes[0]] if len(axes) == 1 else emit.flattened_meshes(device_mesh)[axes]
+    group = device_mesh[axes[0]] if len(axes) == 1 else flattened_meshes(device_mesh)[axes]
     split = DTensor.from_local(held.block, group, [Shard(d)], run_check=False)
     block = split.redistribute(placements=[Replicate()]).to_local()
-    return DTensor.from_local(block, device_mesh, emit.placements_of(after, mesh),
+    return DTensor.from_local(block, device_mesh, placements_of(after, mesh),
                               run_check=False, shape=t.shape, stride=t.stride())  # fmt: skip
 
 

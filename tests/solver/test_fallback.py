@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import importlib
 
 import pytest
@@ -68,7 +69,7 @@ def test_no_solution_in_time_returns_the_best_fitting_baseline(monkeypatch) -> N
     assert (loaded.solver.status, loaded.solver.fallback) == ("FALLBACK", "fsdp")
 
     # issue 15 point 5: the summary of a memory-bound plan says what was traded for memory
-    plan.recompute = {"layers.0": "selective", "layers.1": "selective"}
+    plan = dataclasses.replace(plan, recompute={"layers.0": "selective", "layers.1": "selective"})
     trade = memory_trade(plan)
     assert trade is not None
     assert trade.startswith("selective recomputation of layers.0-1 (2 layers)")

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 
 import pytest
@@ -34,7 +35,7 @@ def test_pipeline_plan_covers_every_layer_once_in_order() -> None:
     from shardplan.solver import pipeline
     from shardplan.solver.costs import op_cost
 
-    plan.mesh = sp.Mesh({"tp": 2}, cluster="h100-sxm")  # the stage mesh the layouts use
+    plan = dataclasses.replace(plan, mesh=sp.Mesh({"tp": 2}, cluster="h100-sxm"))  # stage mesh
     cluster, fused = get_cluster("h100-sxm"), fusion(plan.graph)
     priced: list[int] = []
     real = pipeline.op_cost

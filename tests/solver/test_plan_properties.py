@@ -17,6 +17,7 @@ most 8 devices (1-D, 2-D or 3-D) and checks, independently of the planner's enum
 
 from __future__ import annotations
 
+import dataclasses
 import itertools
 import math
 import os
@@ -247,21 +248,28 @@ def _mlp_plan():
     return plan_graph(b.build(), Mesh({"a": 2, "b": 4}, cluster=CLUSTER), time_limit=5.0)
 
 
+def _with(plan, **changed: dict):  # type: ignore[no-untyped-def]
+    """A copy of ``plan`` (immutable) with entries of its tables replaced."""
+    return dataclasses.replace(
+        plan, **{field: {**getattr(plan, field), **entries} for field, entries in changed.items()}
+    )
+
+
 def test_the_check_rejects_broken_plans() -> None:
     """The legality check is not vacuous: each kind of corruption is caught."""
     check_plan(_mlp_plan())
-    broken = _mlp_plan()  # an operand layout no factor assignment explains with the result
-    dot = next(i for i, op in enumerate(broken.graph.ops) if op.kind == "dot")
-    broken.operand_shardings[(dot, 1)] = Sharding.of("b", "a")
+    plan = _mlp_plan()  # an operand layout no factor assignment explains with the result
+    dot = next(i for i, op in enumerate(plan.graph.ops) if op.kind == "dot")
+    broken = _with(plan, operand_shardings={(dot, 1): Sharding.of("b", "a")})
     with pytest.raises(AssertionError):
         check_plan(broken)
-    broken = _mlp_plan()  # a partial graph input
-    broken.shardings["w"] = Sharding.of(None, None, partial=["a"])
+    broken = _with(_mlp_plan(), shardings={"w": Sharding.of(None, None, partial=["a"])})
     with pytest.raises(AssertionError):
         check_plan(broken)
-    broken = _mlp_plan()  # a layout change with no reshard
-    name = broken.graph.ops[dot].operands[0].name
-    before = broken.shardings[name]
-    broken.shardings[name] = Sharding.of(None, None) if before.used_axes else Sharding.of("a", None)
+    plan = _mlp_plan()  # a layout change with no reshard
+    name = plan.graph.ops[dot].operands[0].name
+    before = plan.shardings[name]
+    moved = Sharding.of(None, None) if before.used_axes else Sharding.of("a", None)
+    broken = _with(plan, shardings={name: moved})
     with pytest.raises(AssertionError):
         check_plan(broken)

@@ -3,6 +3,7 @@ the one-screen summary ``print(plan)`` is tested in test_summary.py."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 import os
 import subprocess
@@ -43,10 +44,13 @@ def test_format_plan_is_deterministic_plain_text():
     interpreter's hash seed; no ANSI escapes; the fixed width holds."""
     plan = _make_plan()
     text = format_plan(plan, full=True)
-    shuffled = _make_plan()
-    shuffled.shardings = dict(reversed(list(shuffled.shardings.items())))
-    shuffled.operand_shardings = dict(reversed(list(shuffled.operand_shardings.items())))
-    shuffled.memory = dict(reversed(list(shuffled.memory.items())))
+    made = _make_plan()
+    shuffled = dataclasses.replace(
+        made,
+        shardings=dict(reversed(list(made.shardings.items()))),
+        operand_shardings=dict(reversed(list(made.operand_shardings.items()))),
+        memory=dict(reversed(list(made.memory.items()))),
+    )
     assert format_plan(shuffled, full=True) == text
     assert _text_in_subprocess("1") == text
     assert _text_in_subprocess("2") == text
@@ -78,11 +82,12 @@ def test_plan_picture_draws_column_and_row_splits():
 
 
 def test_plan_picture_elides_wide_splits_and_shows_partial():
-    plan = _make_plan()
-    plan.mesh = type(plan.mesh)({"dp": 2, "tp": 16})
-    plan.graph.inputs[1].type = type(plan.graph.inputs[1].type)((64, 256), "bf16")
-    plan.shardings["w1"] = Sharding.of(None, ("dp", "tp"))
-    plan.shardings["w2"] = Sharding.of(None, None, partial=["tp"])
+    made = _make_plan()
+    made.graph.inputs[1].type = type(made.graph.inputs[1].type)((64, 256), "bf16")
+    wide = {"w1": Sharding.of(None, ("dp", "tp")), "w2": Sharding.of(None, None, partial=["tp"])}
+    plan = dataclasses.replace(
+        made, mesh=type(made.mesh)({"dp": 2, "tp": 16}), shardings={**made.shardings, **wide}
+    )
     picture = plan_picture(plan)
     assert "+---+---+---+---+---+---+---+---+.." in picture
     assert "partial (pending sum) over tp" in picture

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -67,8 +68,10 @@ def test_plan_json_is_versioned_and_sorted():
 
 def test_plan_json_is_byte_identical_for_equal_plans():
     """Two plans built the same way (different solve times) give the same bytes."""
-    first, second = make_plan(), make_plan()
-    second.solver = SolverStats("OPTIMAL", 4.25e-5, 4.25e-5, 9.99, 42, 3)
+    first = make_plan()
+    second = dataclasses.replace(
+        make_plan(), solver=SolverStats("OPTIMAL", 4.25e-5, 4.25e-5, 9.99, 42, 3)
+    )
     assert plan_to_json(first) == plan_to_json(second)
 
 
@@ -99,8 +102,8 @@ def test_plan_save_and_load_plan(tmp_path):
 
 def test_plan_json_keeps_non_finite_floats():
     """JSON has no inf: it is written as a string and read back."""
-    plan = make_plan()
-    plan.solver = SolverStats("FEASIBLE", 1.0, float("-inf"), 0.0, 1, 1)
+    stats = SolverStats("FEASIBLE", 1.0, float("-inf"), 0.0, 1, 1)
+    plan = dataclasses.replace(make_plan(), solver=stats)
     assert plan_from_json(plan_to_json(plan)).solver.bound == float("-inf")
 
 

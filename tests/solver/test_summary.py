@@ -3,6 +3,7 @@ reshards grouped), checked on hand-built plans whose strategy is known."""
 
 from __future__ import annotations
 
+import dataclasses
 import importlib.util
 from pathlib import Path
 
@@ -78,7 +79,7 @@ def test_fsdp_and_zero_in_words():
         "batch over dp×tp, parameters replicated, ZeRO-style sharded update over dp×tp, "
         "recompute none"
     )
-    zero.recompute = {"layers.0": "full", "layers.1": "full"}
+    zero = dataclasses.replace(zero, recompute={"layers.0": "full", "layers.1": "full"})
     assert strategy_words(zero).endswith("recompute full on 2 layers")
 
 

@@ -29,7 +29,7 @@ def _hand_plan(step, args, mesh: Mesh, layout) -> Plan:
     ]
     stats = SolverStats("TRIVIAL", 0.0, 0.0, 0.0, 0, 0)
     plan = Plan(graph, mesh, shardings, {}, [], 0.0, 0.0, 0, {}, stats, outputs)
-    plan.frontend_context = context
+    plan = plan.with_context(context)
     return plan
 
 

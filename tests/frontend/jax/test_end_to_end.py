@@ -108,7 +108,7 @@ def test_scatter_add_reduced_onto_its_window_dim(axis):
         graph, sp.Mesh({"dp": 8}, cluster="cpu-test"), pins=pins, time_limit=10,
         merge_followers=True, semantics=context.partial_semantics,
     )  # fmt: skip
-    plan.frontend_context = context
+    plan = plan.with_context(context)
     table = plan.graph.inputs[0].type
     reduced = [
         r

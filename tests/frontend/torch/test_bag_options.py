@@ -133,7 +133,7 @@ def _run(layout: str) -> tuple:
     plan = plan_graph(captured.graph, mesh, pins=_pins(captured, layout), time_limit=20,
                       semantics=captured.context.partial_semantics,
                       merge_followers=True)  # fmt: skip
-    plan.frontend_context = captured.context
+    plan = plan.with_context(captured.context)
     simulate.simulated_world(mesh.size)
     device_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
     threads = torch.get_num_threads()

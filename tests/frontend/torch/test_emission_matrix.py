@@ -170,7 +170,7 @@ def _plan(family: Family, mesh: sp.Mesh, kind: str) -> sp.Plan:
     finally:
         for v, sharding, pinned in saved:
             v.sharding, v.pinned = sharding, pinned
-    plan.frontend_context = family.context
+    plan = plan.with_context(family.context)
     return plan
 
 

@@ -72,7 +72,7 @@ def test_fallback_fsdp_numerics_match_plain_model(name: str) -> None:
     pins = sp.strategies.fsdp().pins(graph, mesh)
     plan = plan_graph(graph, mesh, pins=pins, time_limit=30,
                       semantics=context.partial_semantics, merge_followers=True)  # fmt: skip
-    plan.frontend_context = context
+    plan = plan.with_context(context)
     reference = copy.deepcopy(model)
     loss = step_loss(reference, inputs)
     loss.backward()

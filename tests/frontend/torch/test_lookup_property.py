@@ -148,7 +148,7 @@ def _plan(structure: int, layout: str) -> sp.Plan:
     finally:
         for v, sharding, pinned in saved:
             v.sharding, v.pinned = sharding, pinned
-    plan.frontend_context = context
+    plan = plan.with_context(context)
     return plan
 
 

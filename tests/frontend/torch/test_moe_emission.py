@@ -61,7 +61,7 @@ def _plan(family, kind: str, axes: dict[str, int] = MESH) -> sp.Plan:  # type: i
     finally:
         for v, sharding, pinned in saved:
             v.sharding, v.pinned = sharding, pinned
-    plan.frontend_context = context
+    plan = plan.with_context(context)
     return plan
 
 

@@ -26,7 +26,7 @@ def _dp_plan(model: nn.Module, x: torch.Tensor) -> tuple[sp.Plan, object]:
     mesh = sp.Mesh({"dp": 2}, cluster="cpu-test")
     plan = plan_graph(graph, mesh, pins=sp.strategies.dp().pins(graph, mesh), time_limit=20,
                       semantics=context.partial_semantics, merge_followers=True)  # fmt: skip
-    plan.frontend_context = context
+    plan = plan.with_context(context)
     assert plan.shardings[context.input_values[0]].dims[0] == ("dp",)  # the batch is split
     return plan, graph
 
@@ -138,7 +138,7 @@ def test_a_per_pixel_loss_lowers_and_runs_with_a_split_batch(follow: bool) -> No
     mesh = sp.Mesh({"dp": 2}, cluster="cpu-test")
     plan = plan_graph(graph, mesh, pins=sp.strategies.dp().pins(graph, mesh), time_limit=20,
                       semantics=context.partial_semantics, merge_followers=True)  # fmt: skip
-    plan.frontend_context = context
+    plan = plan.with_context(context)
     assert plan.shardings[context.input_values[0]].dims[0] == ("dp",)
     reference = copy.deepcopy(model)
     want = reference(x, labels)

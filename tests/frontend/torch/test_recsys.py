@@ -143,7 +143,7 @@ def _plan(captured: Captured, mesh_name: str, kind: str) -> sp.Plan:
     finally:
         for v, sharding, pinned in saved:
             v.sharding, v.pinned = sharding, pinned
-    plan.frontend_context = captured.context
+    plan = plan.with_context(captured.context)
     check_plan(__file__, f"{mesh_name}-{kind}", plan)
     return plan
 
@@ -273,7 +273,7 @@ def test_torchrec_collection_with_a_keyed_jagged_tensor_runs_as_planned() -> Non
     )
     plan = plan_graph(graph, mesh, pins=strategy.pins(graph, mesh), time_limit=20,
                       semantics=context.partial_semantics, merge_followers=True)  # fmt: skip
-    plan.frontend_context = context
+    plan = plan.with_context(context)
     lookups = [op for op in graph.ops if op.kind == "embedding_bag"]
     assert [str(plan.shardings[op.results[0].name]) for op in lookups] == [
         '[{}, {}] partial={"tp"}', '[{}, {"tp"}]',

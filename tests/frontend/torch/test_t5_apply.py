@@ -42,7 +42,7 @@ def test_t5_labels_row_split_bias_tables_match_plain_model() -> None:
     tables = [f for f in context.param_values if f.endswith("relative_attention_bias.weight")]
     pins = {context.param_values[f]: Sharding(((("dp", "tp")), ())) for f in tables}
     plan = plan_graph(graph, mesh, pins=pins, time_limit=30, semantics=context.partial_semantics)
-    plan.frontend_context = context
+    plan = plan.with_context(context)
     reference = copy.deepcopy(model)
     loss = step_loss(reference, inputs)
     loss.backward()

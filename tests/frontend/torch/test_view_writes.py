@@ -59,7 +59,7 @@ def test_followed_plan_shifts_labels_as_the_plain_model() -> None:
     graph, context = capture(model, **inputs, stamp_layers=False)
     plan = plan_graph(graph, mesh, pins=sp.strategies.fsdp().pins(graph, mesh), time_limit=10,
                       semantics=context.partial_semantics, merge_followers=True)  # fmt: skip
-    plan.frontend_context = context
+    plan = plan.with_context(context)
     reference = copy.deepcopy(model)
     loss = reference(**inputs)
     loss.backward()

@@ -130,7 +130,7 @@ def _solve(family: Family, mesh: sp.Mesh, kind: str, memory_limit: float | None 
     finally:
         for v, sharding, pinned in saved:
             v.sharding, v.pinned = sharding, pinned
-    plan.frontend_context = family.context
+    plan = plan.with_context(family.context)
     return plan
 
 
