@@ -105,9 +105,9 @@ def price_baselines(
     if not priced:
         return None
     best = min(priced, key=lambda p: (p.score, p.index))  # ties: the earlier (simpler) one
-    from .planner import SEED_PLAN, _simulated, build_plan
+    from .build import SEED_PLAN, build_plan, simulated
 
-    plan = _simulated(build_plan(space, cluster, best.solution, base, best.memory))
+    plan = simulated(build_plan(space, cluster, best.solution, base, best.memory))
     space.tables[SEED_PLAN] = (best.solution.choice, dict(best.memory.decisions), plan)
     return best.name, plan
 
