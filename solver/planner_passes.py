@@ -9,6 +9,7 @@ from collections.abc import Callable
 
 from ..passes.annotate import annotate
 from ..passes.planner_registry import (
+    GraphPassStage,
     PlannerPass,
     pipeline_text,
     planner_pass,
@@ -41,6 +42,17 @@ def default_pipeline_text() -> str:
     return pipeline_text(default_pipeline())
 
 
+def describe_pipeline(passes: list[PlannerPass]) -> str:
+    """The pipeline string, then one line per pass: its name, scope and summary."""
+    lines = [pipeline_text(passes)]
+    for stage in passes:
+        summary = (type(stage).__doc__ or "").strip().splitlines()
+        if isinstance(stage, GraphPassStage):
+            summary = [stage.info.summary]
+        lines.append(f"  {stage.name:<18} {stage.scope:<6} {summary[0] if summary else ''}")
+    return "\n".join(lines)
+
+
 @register_planner_pass
 class Annotate(PlannerPass):
     """Apply the options' pins to the graph's values (``passes/annotate.py``)."""
@@ -54,8 +66,10 @@ class Annotate(PlannerPass):
 
 @register_planner_pass
 class Enumerate(PlannerPass):
-    """Enumerate each op's strategies (``costs.build_space``): one space on one- and two-axis
-    meshes, the axis search's neighbourhoods on three or more (``solver/axis_search.py``)."""
+    """Enumerate each op's strategies: the layout spaces the space passes solve.
+
+    One space on one- and two-axis meshes (``costs.build_space``), the axis search's start and
+    neighbourhoods on three or more (``solver/axis_search.py``)."""
 
     name = "enumerate"
 
@@ -94,8 +108,10 @@ class _AxisSearch:
 
 @register_planner_pass
 class Fallback(PlannerPass):
-    """When the solver found no plan in time: the best fitting hand-written strategy (the
-    ``fallback`` option), with a ``FallbackWarning`` and status ``FALLBACK``."""
+    """No plan in time: return the best fitting hand-written strategy instead.
+
+    That strategy comes from the ``fallback`` option, with a ``FallbackWarning`` and status
+    ``FALLBACK``; without one the solver's error is raised."""
 
     name = "fallback"
     runs_on_error = True
@@ -121,9 +137,10 @@ class Fallback(PlannerPass):
 
 @register_planner_pass
 class CompareBaseline(PlannerPass):
-    """The solver's plan unless the priced hand-written strategy is faster under the same
-    simulator (the solver optimises a linear model of the step; the simulator can rank two
-    plans otherwise)."""
+    """Keep the solver's plan unless the priced hand-written strategy simulates faster.
+
+    The solver optimises a linear model of the step; the simulator can rank two plans
+    otherwise."""
 
     name = "compare-baseline"
 
@@ -141,4 +158,7 @@ class CompareBaseline(PlannerPass):
         state.plan = plan
 
 
-__all__ = ["DEFAULT_PIPELINE", "NoPlanInTime", "default_pipeline", "default_pipeline_text"]
+__all__ = [
+    "DEFAULT_PIPELINE", "NoPlanInTime", "default_pipeline", "default_pipeline_text",
+    "describe_pipeline",
+]  # fmt: skip

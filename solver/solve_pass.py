@@ -23,8 +23,10 @@ LPs 1.9-2.5 s one after the other, 1.6-1.9 s side by side, same solutions)."""
 
 @register_planner_pass
 class Solve(SpacePass):
-    """Solve each (objective, merge) variant: shrink, prune, LP, CP-SAT (``ilp.solve``); build
-    and simulate each distinct plan. An axis-search step (``quick``) keeps only its choice."""
+    """Shrink, prune and solve each variant (CP-SAT); build and simulate its plan.
+
+    Variants are (objective, follower merging) pairs (``ilp.solve``); an axis-search step
+    (``quick``) keeps only its choice."""
 
     name = "solve"
 

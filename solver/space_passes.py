@@ -83,8 +83,10 @@ class MergeVariants(SpacePass):
 
 @register_planner_pass
 class WarmStart(SpacePass):
-    """The warm start: pins and hints, a reusable axis-search step, and under a binding memory
-    limit the best fitting hand-written strategy (``solver/seed.py``)."""
+    """The warm start: pins, hints, a reusable step, the best hand-written strategy.
+
+    The hand-written strategies are priced only under a binding memory limit
+    (``solver/seed.py``); an axis-search step proven optimal on this space is reused."""
 
     name = "warm-start"
 
@@ -111,8 +113,10 @@ class OverlapOptions:
 
 @register_planner_pass
 class Overlap(SpacePass):
-    """The objectives: the plain one and, with ``overlap``, a copy with overlap-weighted edge
-    prices (gradient syncs and gathers mostly hidden; ``costmodel.simulate.edge_exposure``)."""
+    """The objectives: the plain one and an overlap-weighted copy.
+
+    With the ``overlap`` option, a copy with overlap-weighted edge prices (gradient syncs and
+    gathers mostly hidden; ``costmodel.simulate.edge_exposure``)."""
 
     name = "overlap"
     options_class = OverlapOptions
