@@ -16,7 +16,7 @@ import dataclasses
 from collections.abc import Sequence
 from typing import Any, ClassVar, Literal
 
-from shardplan.ir.errors import ShardplanError
+from shardplan.ir.errors import ArgumentError, ShardplanError
 
 from .manager import _NAME, NoOptions, PassInfo, PassSpec, _split_top_level, get_pass, list_passes
 from .manager import parse_options as _parse_options
@@ -45,7 +45,7 @@ class PlannerPass:
             options = self.options_class()
         if not isinstance(options, self.options_class):
             got = type(options).__name__
-            raise ShardplanError(
+            raise ArgumentError(
                 f"pass {self.name!r} takes {self.options_class.__name__} options, got {got}"
             )
         self.options = options
@@ -81,7 +81,7 @@ class GraphPassStage(PlannerPass):
     def apply(self, state: Any) -> None:
         result = self.info.fn(state.graph, self.options)
         if result is not None and result is not state.graph:
-            raise ShardplanError(
+            raise ArgumentError(
                 f"graph pass {self.name!r} returned a new graph; in a planner pipeline a graph "
                 "pass must edit the state's graph in place (the plan refers to it)"
             )
@@ -97,11 +97,11 @@ _PLANNER_PASSES: dict[str, type[PlannerPass]] = {}
 def register_planner_pass(cls: type[PlannerPass]) -> type[PlannerPass]:
     """Class decorator: register a ``PlannerPass`` subclass under its ``name``."""
     if not _NAME.match(cls.name):
-        raise ShardplanError(
+        raise ArgumentError(
             f"planner pass name {cls.name!r} must be kebab-case, like 'price-collectives'"
         )
     if not dataclasses.is_dataclass(cls.options_class):
-        raise ShardplanError(
+        raise ArgumentError(
             f"options of planner pass {cls.name!r} must be a frozen dataclass, got "
             f"{cls.options_class!r}"
         )
@@ -130,7 +130,7 @@ def planner_pass(name: str, options: Any = None) -> PlannerPass:
     try:
         info = get_pass(key)
     except ShardplanError:
-        raise ShardplanError(f"unknown pass {name!r}; {_known()}") from None
+        raise ArgumentError(f"unknown pass {name!r}; {_known()}") from None
     return GraphPassStage(info, options)
 
 
@@ -143,14 +143,14 @@ def parse_planner_pipeline(text: str) -> list[PlannerPass]:
             continue
         name, _, rest = entry.partition("{")
         if rest and not rest.rstrip().endswith("}"):
-            raise ShardplanError(f"pipeline entry {entry!r}: missing closing '}}'")
+            raise ArgumentError(f"pipeline entry {entry!r}: missing closing '}}'")
         made = planner_pass(name)
         if rest:
             info = PassInfo(made.name, _unused, made.options_class, "")
             made = made.with_options(_parse_options(info, rest.rstrip()[:-1]))
         passes.append(made)
     if not passes:
-        raise ShardplanError(f"empty pipeline {text!r}; {_known()}")
+        raise ArgumentError(f"empty pipeline {text!r}; {_known()}")
     return passes
 
 
@@ -171,12 +171,12 @@ def normalize_planner_pipeline(pipeline: PipelineLike) -> list[PlannerPass]:
         elif isinstance(entry, str):
             passes.extend(parse_planner_pipeline(entry))
         else:
-            raise ShardplanError(
+            raise ArgumentError(
                 f"a pipeline entry must be a pass name, a PlannerPass or a PassSpec, got "
                 f"{type(entry).__name__}: {entry!r}"
             )
     if not passes:
-        raise ShardplanError(f"empty pipeline; {_known()}")
+        raise ArgumentError(f"empty pipeline; {_known()}")
     return passes
 
 

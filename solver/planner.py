@@ -14,7 +14,7 @@ import time
 from collections.abc import Sequence
 
 from ..costmodel import get_cluster
-from ..ir import Graph, InfeasiblePlanError, Mesh
+from ..ir import Graph, Mesh
 from ..ir.errors import ArgumentError
 from ..passes.planner_registry import PipelineLike, PlannerPass, normalize_planner_pipeline
 from .build import build_plan, evaluate_choice, memory_breakdown
@@ -108,7 +108,7 @@ def run_planner(state: PlanningState, passes: Sequence[PlannerPass]) -> Plan:
     if state.error is not None:
         raise state.error
     if state.plan is None:
-        raise InfeasiblePlanError(
+        raise ArgumentError(
             f"the pipeline {','.join(p.name for p in passes)!r} made no plan: it needs "
             "'enumerate' and the space passes up to 'choose' (the default: "
             "shardplan plan --print-passes)"

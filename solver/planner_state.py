@@ -10,6 +10,7 @@ from typing import TYPE_CHECKING, Any
 from .. import progress
 from ..costmodel.cluster import Cluster
 from ..ir import Graph, InfeasiblePlanError, Mesh, ShardingRule
+from ..ir.errors import ArgumentError
 from .costs import PartialSemantics, Space
 from .ilp import Prepared, Solution
 from .plan import Plan
@@ -137,7 +138,7 @@ class PlanningState:
         """``getattr(self, name)``, or an error saying which pass must run before ``by``."""
         found = getattr(self, name)
         if found is None:
-            raise InfeasiblePlanError(
+            raise ArgumentError(
                 f"planner pass {by!r} needs the {name} that {after!r} makes; put {after!r} "
                 f"before {by!r} in the pipeline (the default: shardplan plan --print-passes)"
             )

@@ -6,6 +6,7 @@ from __future__ import annotations
 import dataclasses
 from concurrent.futures import ThreadPoolExecutor
 
+from ..ir.errors import ArgumentError
 from . import shrinking
 from .build import SEED_PLAN, build_plan, simulated, solver_stats
 from .costs import Space
@@ -66,7 +67,7 @@ class Choose(SpacePass):
         if state.result is not None:  # an axis-search step: its choice only
             return
         if not state.plans:
-            raise NoPlanInTime(
+            raise ArgumentError(
                 "the pipeline built no plan for this space: put 'solve' before 'choose' "
                 "(the default: shardplan plan --print-passes)"
             )
