@@ -11,6 +11,7 @@ only names and parses passes.
 
 from __future__ import annotations
 
+import abc
 import copy
 import dataclasses
 from collections.abc import Sequence
@@ -24,7 +25,7 @@ from .manager import parse_options as _parse_options
 Scope = Literal["graph", "space"]
 
 
-class PlannerPass:
+class PlannerPass(abc.ABC):
     """One planner stage. Subclasses set ``name`` (kebab-case), ``scope``, ``options_class``
     (a frozen dataclass, all fields defaulted) and implement ``apply(state)``, which reads and
     writes the planning state (``solver.planner_state.PlanningState``).
@@ -56,9 +57,9 @@ class PlannerPass:
         PlannerPass.__init__(made, options)
         return made
 
+    @abc.abstractmethod
     def apply(self, state: Any) -> None:
         """Run the pass on ``state`` (a ``PlanningState``), in place."""
-        raise NotImplementedError(f"planner pass {type(self).__name__} does not define apply")
 
     def __str__(self) -> str:
         return str(PassSpec(self.name, self.options))
