@@ -408,8 +408,21 @@ class Parser:
                     rows.append(self.parse_nested_int_list())
                 self.parse_punct("]", "closing the list of lists")
                 return tuple(rows)
+            if self.peek().kind == "ident" and self.peek().text in ("true", "false"):
+                return self.parse_bool_list()  # [true, false]: a gradient mask
             return self.parse_int_list()
         raise self.error("expected an attribute value (int, float, string, bool or [ints])")
+
+    def parse_bool_list(self) -> tuple[bool, ...]:
+        """The rest of ``[true, false]`` after its ``[``."""
+
+        def one() -> bool:
+            token = self.parse_ident("in the list of bools")
+            if token.text not in ("true", "false"):
+                raise self.error(f"expected true or false in the list, got '{token.text}'", token)
+            return token.text == "true"
+
+        return tuple(self.parse_list("]", one, "in the list"))
 
     def parse_int_list(self) -> tuple[int, ...]:
         """The rest of ``[1, 2]`` after its ``[``."""

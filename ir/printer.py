@@ -99,7 +99,7 @@ def attrs_text(attrs: dict[str, AttrValue]) -> str:
 
 def attr_value_text(value: AttrValue) -> str:
     """bool -> true/false, int, float via repr (exact), str quoted, tuple[int] -> [1, 2],
-    tuple[tuple[int]] -> [[1, 1], [0, 0]]."""
+    tuple[bool] -> [true, false] (a gradient mask), tuple[tuple[int]] -> [[1, 1], [0, 0]]."""
     if isinstance(value, bool):
         return "true" if value else "false"
     if isinstance(value, int | float):
@@ -110,11 +110,13 @@ def attr_value_text(value: AttrValue) -> str:
         isinstance(v, int) and not isinstance(v, bool) for v in value
     ):
         return "[" + ", ".join(str(v) for v in value) + "]"
+    if isinstance(value, tuple) and value and all(isinstance(v, bool) for v in value):
+        return "[" + ", ".join(attr_value_text(v) for v in value) + "]"  # output_mask
     if isinstance(value, tuple) and value and all(isinstance(v, tuple) for v in value):
         return "[" + ", ".join(attr_value_text(v) for v in value) + "]"  # conv padding pairs
     raise TypeError(
-        f"attribute value {value!r} is not an int, float, str, bool, tuple of ints or tuple "
-        "of tuples of ints"
+        f"attribute value {value!r} is not an int, float, str, bool, tuple of ints, tuple of "
+        "bools or tuple of tuples of ints"
     )
 
 

@@ -153,6 +153,19 @@ def test_printer_parser_round_trip_float_attrs_exact() -> None:
     assert parsed["k"] == ()
 
 
+def test_printer_parser_round_trip_bool_tuples() -> None:
+    """A gradient mask (``convolution_backward``'s ``output_mask``) prints and parses back as
+    bools: the plan of every conv model is saved with it."""
+    g = Graph("f")
+    x = g.add_input("x", TensorType((2,)))
+    g.add_op("exp", [x], [x.type], attrs={"output_mask": (False, True, True), "p": ((1, 1),)})
+    g.set_outputs([g.ops[0].result])
+    text = round_trip(g)
+    assert "output_mask = [false, true, true]" in text
+    parsed = parse_graph(text).ops[0].attrs["output_mask"]
+    assert parsed == (False, True, True) and all(type(b) is bool for b in parsed)
+
+
 def test_printer_parser_round_trip_result_meta_and_zero_results() -> None:
     g = Graph("meta", Mesh({"x": 2}, cluster="cpu-test"))
     a = g.add_input("a", TensorType((4,)), Role.OPTIMIZER_STATE)

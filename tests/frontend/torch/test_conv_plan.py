@@ -54,6 +54,9 @@ def test_cnn_at_large_batch_plans_data_parallel(axes, level) -> None:  # type: i
         one_node = collective_time(c.kind, c.bytes, "dp", sp.Mesh({"dp": 8}, cluster="h100-sxm"))
         assert c.time > 1.5 * one_node
     assert seconds < 20
+    from shardplan.solver.serialize import plan_from_json
+
+    assert plan_from_json(plan.to_json()).to_json() == plan.to_json()  # saved with grad masks
 
 
 def test_batch_one_high_resolution_convs_split_rows_with_a_halo() -> None:
