@@ -4,6 +4,7 @@
     shardplan plan bert.py --mesh dp=8 --input input_ids=8x128:int64 --input labels=8x128:int64
     shardplan show plan.json
     shardplan passes
+    shardplan plan --print-passes
 
 Exit codes: 0 success (also when a reader such as ``head`` closes the pipe early), 1 an error
 (one line on stderr: a ShardplanError, or any exception raised by the user's file or model; the
@@ -118,6 +119,20 @@ class _Once(argparse.Action):
         setattr(namespace, self.dest, values)
 
 
+class _PrintPasses(argparse.Action):
+    """``--print-passes``: print the planner's default pipeline (the one ``plan`` runs) and
+    exit, as ``--help`` does (no model or mesh needed)."""
+
+    def __init__(self, option_strings, dest, **kwargs) -> None:  # type: ignore[no-untyped-def]
+        super().__init__(option_strings, dest, nargs=0, default=argparse.SUPPRESS, **kwargs)
+
+    def __call__(self, parser, namespace, values, option_string=None) -> None:  # type: ignore[no-untyped-def]
+        from .solver.planner_passes import default_pipeline, describe_pipeline
+
+        print(describe_pipeline(default_pipeline()))
+        parser.exit(0)
+
+
 def _clusters_epilog() -> str:
     from .costmodel.cluster import known_clusters
 
@@ -207,6 +222,13 @@ def build_parser() -> argparse.ArgumentParser:
     )  # fmt: skip
     plan.add_argument(
         "--flavor", help="with --emit torchtitan: torchtitan's model.flavor (debugmodel, 8B, 70B)"
+    )
+    plan.add_argument(
+        "--passes", metavar="PIPELINE", help="the planner's pipeline instead of the default "
+        "(--print-passes): pass names with {options}, comma-separated",
+    )  # fmt: skip
+    plan.add_argument(
+        "--print-passes", action=_PrintPasses, help="print the default pipeline and exit"
     )
     plan.add_argument(
         "--quiet", "-q", action="store_true", help="no progress lines on stderr (by default each "
@@ -444,6 +466,7 @@ def cmd_plan(args: argparse.Namespace, parser: argparse.ArgumentParser) -> int:
                 time_limit=args.time_limit,
                 pins=dict(args.pin) or None,
                 prefer=args.prefer,
+                passes=args.passes,
                 **named,
             )
         except ShardplanError:
@@ -498,6 +521,10 @@ def cmd_passes() -> int:
 
     for name in list_passes():
         print(f"{name:<24} {get_pass(name).summary}")
+    from .solver.planner_passes import default_pipeline, describe_pipeline
+
+    print("\nthe planner's default pipeline (shardplan plan --passes replaces it):")
+    print(describe_pipeline(default_pipeline()))
     return 0
 
 

@@ -41,6 +41,7 @@ def plan(
     max_batch: int | None = None,
     mesh_top_k: int | None = None,
     prefer: str = "step",
+    passes: Any = None,
     **options: Any,
 ) -> Plan:
     """Plan shardings for a model on ``mesh``.
@@ -83,6 +84,10 @@ def plan(
         ``plan.idle`` has both step times; ``idle_devices.py``). Checked for a ``mesh=``
         training or inference plan without a pipeline; a searched mesh and serving plans
         are not checked.
+      passes: the planner's pipeline instead of the default (``shardplan plan
+        --print-passes``): a pipeline string, or a list of pass names, ``PlannerPass`` objects
+        (a research pass: ``passes/planner_registry.py``) and ``PassSpec``s; unknown names list
+        the known passes. Hand-written baselines and the idle-devices check keep the default.
       options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``,
         ``mode="decode", context_len=4096``);
         one the frontend does not take is an ``ArgumentError`` (a Graph takes none).
@@ -96,6 +101,11 @@ def plan(
                  memory_limit=memory_limit, time_limit=time_limit,
                  mesh_top_k=mesh_top_k)  # fmt: skip
     checked = check_plan_call(model_or_fn, given, options)
+    if passes is not None:  # checked before capture: a bad name fails at once
+        from ..passes.planner_registry import normalize_planner_pipeline
+        from ..solver import planner  # noqa: F401  (registers the planner's passes)
+
+        checked = {**checked, "passes": normalize_planner_pipeline(passes)}
     if prefer not in PREFERENCES:
         raise ArgumentError(
             f"prefer={prefer!r}: pass 'step' (the fastest modelled step, the default) or "
@@ -202,13 +212,14 @@ def _plan(
         result = search_mesh(
             graph, devices, cluster, memory_limit, time_limit, pins=pins, semantics=semantics,
             top_k=checked.get("mesh_top_k"), schedule=schedule, microbatches=microbatches,
+            **_passes(checked),
         )  # fmt: skip
     elif pipeline_axis in mesh.axis_names and mesh.axis_size(pipeline_axis) > 1:
         from ..solver.pipeline import plan_pipeline
 
         result = plan_pipeline(
             graph, mesh, pipeline_axis, memory_limit, schedule, microbatches, time_limit,
-            pins=pins, semantics=semantics,
+            pins=pins, semantics=semantics, **_passes(checked),
         )  # fmt: skip
     else:
         from .evaluate import best_baseline
@@ -218,12 +229,17 @@ def _plan(
 
         result = plan_graph(
             graph, mesh, pins=pins, memory_limit=memory_limit, time_limit=time_limit,
-            semantics=semantics, fallback=fallback,
+            semantics=semantics, fallback=fallback, **_passes(checked),
         )  # fmt: skip
     if isinstance(model_or_fn, Graph):
         return result.with_context(context)
     timings = {"capture": capture_seconds, **result.timings}
     return dataclasses.replace(result, frontend_context=context, timings=timings)
+
+
+def _passes(checked: dict) -> dict:
+    """``{"passes": pipeline}`` when ``sp.plan`` was given one (else the default runs)."""
+    return {"passes": checked["passes"]} if checked.get("passes") is not None else {}
 
 
 def _report_binding(context: object) -> None:

@@ -15,7 +15,7 @@ from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any, Literal, TextIO, TypeVar
 
-from shardplan.ir.errors import IRVerifyError, ShardplanError
+from shardplan.ir.errors import IRVerifyError, PassError
 from shardplan.ir.graph import Graph
 
 PassFn = Callable[[Graph, Any], "Graph | None"]
@@ -68,11 +68,9 @@ def register_pass(name: str, options: type = NoOptions) -> Callable[[F], F]:
         options: a frozen dataclass whose fields are the pass options (all with defaults).
     """
     if not _NAME.match(name):
-        raise ShardplanError(f"pass name {name!r} must be kebab-case, like 'enumerate-strategies'")
+        raise PassError(f"pass name {name!r} must be kebab-case, like 'enumerate-strategies'")
     if not dataclasses.is_dataclass(options):
-        raise ShardplanError(
-            f"options of pass {name!r} must be a frozen dataclass, got {options!r}"
-        )
+        raise PassError(f"options of pass {name!r} must be a frozen dataclass, got {options!r}")
 
     def decorate(fn: F) -> F:
         summary = (fn.__doc__ or "").strip().splitlines()[0] if fn.__doc__ else ""
@@ -91,7 +89,7 @@ def get_pass(name: str) -> PassInfo:
     """The registered pass ``name`` (snake_case accepted); unknown names list the known ones."""
     info = _PASSES.get(name) or _PASSES.get(name.replace("_", "-"))
     if info is None:
-        raise ShardplanError(
+        raise PassError(
             f"unknown pass {name!r}; known passes: {', '.join(list_passes()) or '(none)'}"
         )
     return info
@@ -110,7 +108,7 @@ def parse_pipeline(text: str) -> list[PassSpec]:
         name, _, rest = entry.partition("{")
         name = name.strip()
         if rest and not rest.rstrip().endswith("}"):
-            raise ShardplanError(f"pipeline entry {entry!r}: missing closing '}}'")
+            raise PassError(f"pipeline entry {entry!r}: missing closing '}}'")
         info = get_pass(name)
         specs.append(PassSpec(info.name, parse_options(info, rest.rstrip()[:-1] if rest else "")))
     return specs
@@ -128,14 +126,12 @@ def parse_options(info: PassInfo, text: str) -> Any:
         key = key.strip().replace("-", "_")
         if not eq or key not in fields:
             known = ", ".join(fields) or "(none)"
-            raise ShardplanError(
-                f"pass {info.name!r}: bad option {item!r}; its options are: {known}"
-            )
+            raise PassError(f"pass {info.name!r}: bad option {item!r}; its options are: {known}")
         values[key] = _convert(info.name, key, raw.strip(), hints[key])
     try:
         return info.options(**values)
     except (TypeError, ValueError) as err:
-        raise ShardplanError(f"pass {info.name!r}: invalid options {values}: {err}") from err
+        raise PassError(f"pass {info.name!r}: invalid options {values}: {err}") from err
 
 
 def _split_top_level(text: str, separators: str, where: str) -> list[str]:
@@ -147,12 +143,12 @@ def _split_top_level(text: str, separators: str, where: str) -> list[str]:
         elif not quoted and ch in "{}":
             depth += 1 if ch == "{" else -1
             if depth < 0:
-                raise ShardplanError(f"pipeline {where!r}: unbalanced '}}'")
+                raise PassError(f"pipeline {where!r}: unbalanced '}}'")
         elif not quoted and depth == 0 and ch in separators:
             parts.append(text[start:i])
             start = i + 1
     if depth or quoted:
-        raise ShardplanError(f"pipeline {where!r}: unbalanced braces or quotes")
+        raise PassError(f"pipeline {where!r}: unbalanced braces or quotes")
     parts.append(text[start:])
     return parts
 
@@ -166,10 +162,10 @@ def _convert(pass_name: str, key: str, raw: str, hint: object) -> object:
             return None
         hint = next(a for a in args if a is not type(None))
         origin, args = typing.get_origin(hint), typing.get_args(hint)
-    bad = ShardplanError(f"pass {pass_name!r}: option {key}={raw!r} is not a valid {hint}")
+    bad = PassError(f"pass {pass_name!r}: option {key}={raw!r} is not a valid {hint}")
     if origin is Literal:
         if text not in args:
-            raise ShardplanError(f"pass {pass_name!r}: option {key}={raw!r}; choose one of {args}")
+            raise PassError(f"pass {pass_name!r}: option {key}={raw!r}; choose one of {args}")
         return text
     if hint is bool:
         if text.lower() not in ("true", "false", "1", "0"):
@@ -180,7 +176,7 @@ def _convert(pass_name: str, key: str, raw: str, hint: object) -> object:
             return hint(text)  # type: ignore[operator]
         except ValueError:
             raise bad from None
-    raise ShardplanError(
+    raise PassError(
         f"pass {pass_name!r}: option {key!r} of type {hint} cannot be written in a pipeline "
         "string; build the options in Python and pass PassSpec(name, options)"
     )
@@ -270,7 +266,7 @@ def _normalize(pipeline: str | Sequence[PipelineEntry]) -> list[PassSpec]:
             info = get_pass(entry[0])
             if not isinstance(entry[1], info.options):
                 got = type(entry[1]).__name__
-                raise ShardplanError(f"pass {info.name!r} takes {info.options.__name__}, got {got}")
+                raise PassError(f"pass {info.name!r} takes {info.options.__name__}, got {got}")
             specs.append(PassSpec(info.name, entry[1]))
         else:
             specs.extend(parse_pipeline(entry))

@@ -42,7 +42,7 @@ def op_time_bound(  # type: ignore[no-untyped-def]
     """Seconds: no plan of ``space`` (priced as ``problem``) has a smaller sum of op roofline
     times plus exposure-weighted reshards into ops; ``-inf`` when the LP fails or an op repeats
     (a scan body: stage times count one run of it)."""
-    from .planner import shrink
+    from .shrinking import shrink
 
     graph = space.graph
     if any(op.repeat != 1 for op in graph.ops):

@@ -129,7 +129,7 @@ def solve(
     ``prepared`` (``prepare`` of this problem, hints and memory) and ``relaxation``
     (a future of ``relax(prepared)``) let a caller run those steps ahead, e.g. the LP of one
     variant while it prepares the next. ``lp_seed`` (a seeded memory-bound solve whose
-    hand-written strategies gave no warm start, ``planner._plan_space``): a large
+    hand-written strategies gave no warm start, ``space_passes.WarmStart``): a large
     (``MEMORY_BOUND_LAYERS``) binding solve without a complete warm start takes the LP's
     layouts with every layer fully recomputed as its seed when that fits, so the primal
     heuristic, the Lagrangian bound and the ``MEMORY_GAP`` stop apply as after a seed.
@@ -153,6 +153,14 @@ def solve(
                           start, relaxation, cutoff, lp_seed, search, seed_needed)  # fmt: skip
         except _NoSeed:  # ``seed_needed``: no unseeded search
             return Solution([], float("inf"), 0.0, "UNKNOWN", time.perf_counter() - start, 0)
+    return _solve_eliminated(problem, prepared, time_limit, hints, workers, use_lp, work_limit,
+                             start, relaxation)  # fmt: skip
+
+
+def _solve_eliminated(problem: Problem, prepared: Prepared, time_limit, hints, workers, use_lp,
+                      work_limit, start: float, relaxation) -> Solution:  # type: ignore[no-untyped-def]  # fmt: skip
+    """``solve`` without peak rows: the problem reduced by exact elimination, solved, and its
+    choice priced on the original problem (the bound shifted by the eliminated offset)."""
     if prepared.solved_by_elimination:  # a forest: elimination alone solved it
         choice = prepared.reduced.expand([0] * len(problem.node_costs))
         objective = problem.evaluate(choice)
@@ -316,24 +324,8 @@ def _solve_cpsat(
     live = problem.live_nodes()
     scale = _scale(problem)
     model = cp_model.CpModel()
-    x: dict[int, list] = {}
     terms: list[tuple[object, int]] = []
-    constant = 0.0
-    for n in live:
-        costs = problem.node_costs[n]
-        if len(costs) == 1:
-            x[n] = [1]
-            constant += float(costs[0])
-            continue
-        x[n] = [model.NewBoolVar(f"s{n}_{s}") for s in range(len(costs))]
-        model.AddExactlyOne(x[n])
-        for var, c in zip(x[n], costs, strict=True):
-            if not np.isfinite(c):
-                model.Add(var == 0)
-        costs = np.where(np.isfinite(costs), costs, 0.0)
-        base = float(costs.min())
-        constant += base
-        terms += [(var, round((c - base) * scale)) for var, c in zip(x[n], costs, strict=True)]
+    x, constant = _add_nodes(model, problem, live, scale, terms)
     hints = hints or {}
     for e in problem.edges:
         constant += _add_edge(model, e, x, terms, scale, hints)
@@ -365,6 +357,30 @@ def _solve_cpsat(
     nvars = len(model.Proto().variables)
     elapsed = time.perf_counter() - start
     return Solution(problem.expand(choice), objective, bound, name, elapsed, nvars, work)
+
+
+def _add_nodes(model, problem: Problem, live: list[int], scale: float, terms: list):  # type: ignore[no-untyped-def]
+    """One Boolean per strategy of each live node (exactly one true; an infinite cost
+    forbids it), their scaled costs above the node's cheapest into ``terms``: (the
+    variables per node, the constant of the cheapest costs)."""
+    x: dict[int, list] = {}
+    constant = 0.0
+    for n in live:
+        costs = problem.node_costs[n]
+        if len(costs) == 1:
+            x[n] = [1]
+            constant += float(costs[0])
+            continue
+        x[n] = [model.NewBoolVar(f"s{n}_{s}") for s in range(len(costs))]
+        model.AddExactlyOne(x[n])
+        for var, c in zip(x[n], costs, strict=True):
+            if not np.isfinite(c):
+                model.Add(var == 0)
+        costs = np.where(np.isfinite(costs), costs, 0.0)
+        base = float(costs.min())
+        constant += base
+        terms += [(var, round((c - base) * scale)) for var, c in zip(x[n], costs, strict=True)]
+    return x, constant
 
 
 def _status_name(status) -> str:  # type: ignore[no-untyped-def]

@@ -88,8 +88,6 @@ def search_mesh(
 ) -> Plan:
     """The best plan over all mesh shapes (or the predictor's ``top_k``); ``plan.candidates``
     lists every one tried. ``schedule`` and ``microbatches`` apply to shapes with ``pp > 1``."""
-    from .pipeline import plan_pipeline
-
     spec = get_cluster(cluster)
     island = spec.islands[0].devices if spec.islands else None
     table: list[Candidate] = []
@@ -110,29 +108,11 @@ def search_mesh(
         if top_k is not None and planned >= top_k and not _tied(guess, kth):
             table.append(_skipped(shape, guess, spec))
             continue
-        axes = [(name, size) for name, size in shape.items() if size > 1] or [("dp", 1)]
-        mesh = Mesh(axes, cluster=cluster)
-        links = axis_links(mesh, spec)
-        across = tuple(a for a in mesh.axis_names if links[a].startswith("inter-island"))
-        start = time.perf_counter()
-        try:
-            if shape["pp"] > 1:
-                plan = plan_pipeline(
-                    graph, mesh, memory_limit=memory_limit, time_limit=time_limit,
-                    schedule=schedule, microbatches=microbatches, **planner_options,
-                )  # fmt: skip
-            else:
-                from .planner import plan_graph
-
-                plan = plan_graph(
-                    graph, mesh, memory_limit=memory_limit, time_limit=time_limit, **planner_options
-                )
-        except ShardplanError as error:
-            elapsed = time.perf_counter() - start
-            table.append(Candidate(shape, None, None, elapsed, _first_line(error), across))
+        candidate, plan = _plan_shape(graph, shape, cluster, spec, memory_limit, time_limit,
+                                      (schedule, microbatches), planner_options)  # fmt: skip
+        table.append(candidate)
+        if plan is None:
             continue
-        elapsed = time.perf_counter() - start
-        table.append(Candidate(shape, plan.step_time, plan.peak_memory_bytes, elapsed, "", across))
         planned += 1
         if planned == top_k:
             kth = guess  # the k-th place: shapes scored alike with it are planned too
@@ -143,6 +123,37 @@ def search_mesh(
         reasons = "; ".join(f"{c.mesh}: {c.rejected}" for c in table)
         raise InfeasiblePlanError(f"no mesh shape of {devices} devices gives a plan: {reasons}")
     return replace(best, candidates=table)
+
+
+def _plan_shape(graph: Graph, shape: dict[str, int], cluster: str, spec: Cluster,
+                memory_limit, time_limit: float, pipelined: tuple, planner_options: dict):  # type: ignore[no-untyped-def]  # fmt: skip
+    """(the shape's row of the candidate table, its plan or None when it was rejected);
+    ``pipelined``: (schedule, microbatches) for a shape with ``pp > 1``."""
+    from .pipeline import plan_pipeline
+
+    axes = [(name, size) for name, size in shape.items() if size > 1] or [("dp", 1)]
+    mesh = Mesh(axes, cluster=cluster)
+    links = axis_links(mesh, spec)
+    across = tuple(a for a in mesh.axis_names if links[a].startswith("inter-island"))
+    start = time.perf_counter()
+    try:
+        if shape["pp"] > 1:
+            plan = plan_pipeline(
+                graph, mesh, memory_limit=memory_limit, time_limit=time_limit,
+                schedule=pipelined[0], microbatches=pipelined[1], **planner_options,
+            )  # fmt: skip
+        else:
+            from .planner import plan_graph
+
+            plan = plan_graph(
+                graph, mesh, memory_limit=memory_limit, time_limit=time_limit, **planner_options
+            )
+    except ShardplanError as error:
+        elapsed = time.perf_counter() - start
+        return Candidate(shape, None, None, elapsed, _first_line(error), across), None
+    elapsed = time.perf_counter() - start
+    row = Candidate(shape, plan.step_time, plan.peak_memory_bytes, elapsed, "", across)
+    return row, plan
 
 
 def _ranked(

@@ -96,21 +96,27 @@ def price_baselines(
             # from no recomputation; from selective, the LP ignores the recomputed ops' price,
             # so full could recompute cheaper layouts (by at most that price's spread)
             settled[family] = index
-    for index, strategy, restricted, forced, prepared, relaxation in deferred:  # memory binds:
-        if settled.get(strategy.name.split("+")[0], index) < index:  # a search each, unless a
-            continue  # bound rules it out
+    _price_deferred(deferred, settled, priced, problem, memory, time_limit)
+    if not priced:
+        return None
+    best = min(priced, key=lambda p: (p.score, p.index))  # ties: the earlier (simpler) one
+    from .build import SEED_PLAN, build_plan, simulated
+
+    plan = simulated(build_plan(space, cluster, best.solution, base, best.memory))
+    space.tables[SEED_PLAN] = (best.solution.choice, dict(best.memory.decisions), plan)
+    return best.name, plan
+
+
+def _price_deferred(deferred, settled, priced, problem, memory, time_limit: float) -> None:  # type: ignore[no-untyped-def]
+    """The strategies whose LP optimum did not fit (the memory limit binds): a capped search
+    each, cut off at the best score so far, unless their family already settled earlier."""
+    for index, strategy, restricted, forced, prepared, relaxation in deferred:
+        if settled.get(strategy.name.split("+")[0], index) < index:
+            continue  # a bound rules it out
         cutoff = min((p.score for p in priced), default=None)
         solution = solve(restricted, time_limit, memory=forced, work_limit=SEED_WORK,
                          cutoff=cutoff, prepared=prepared, relaxation=relaxation)  # fmt: skip
         _add(priced, index, problem, memory, strategy, solution, forced)
-    if not priced:
-        return None
-    best = min(priced, key=lambda p: (p.score, p.index))  # ties: the earlier (simpler) one
-    from .planner import SEED_PLAN, _simulated, build_plan
-
-    plan = _simulated(build_plan(space, cluster, best.solution, base, best.memory))
-    space.tables[SEED_PLAN] = (best.solution.choice, dict(best.memory.decisions), plan)
-    return best.name, plan
 
 
 def _done(value: object) -> Future:

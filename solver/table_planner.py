@@ -84,8 +84,20 @@ def plan_tables(
             raise _infeasible(classes, world, dense_costs, limit, host) from None
         choices, loads, dense_cost, bound, status = found
         return _plan(choices, loads, world, dense_cost, bound, status, start, limit)
+    best = _solve_by_counts(classes, world, dense_costs, budget, time_limit, start, limit)
+    if best is not None:
+        return best
+    raise _infeasible(classes, world, dense_costs, limit, host)
+
+
+def _solve_by_counts(classes, world: World, dense_costs, budget: Budget, time_limit: float,
+                     start: float, limit: float) -> TablePlan | None:  # type: ignore[no-untyped-def]  # fmt: skip
+    """CP-SAT over per-class counts, then LPT placement, up to ``ATTEMPTS`` times (each retry
+    leaves a largest shard's room when placement failed or full ranks unbalanced the plan);
+    the fastest plan, or None when the counts found none."""
     best: TablePlan | None = None
     first_bound = None
+    host = budget.host
     for _ in range(ATTEMPTS):
         try:
             counts, dense_cost, bound, status = solve_classes(
@@ -108,9 +120,7 @@ def plan_tables(
         if plan.iteration_time <= bound + slack:
             break
         budget = Budget(budget.hbm - largest, budget.host)  # full ranks unbalanced it: retry
-    if best is not None:
-        return best
-    raise _infeasible(classes, world, dense_costs, limit, host)
+    return best
 
 
 def fits(cls: TableClass, hbm: float, host: float) -> TableClass:

@@ -54,7 +54,7 @@ RUNS = [
     Run(
         ("python", "examples/research_pass.py"),
         60,
-        ("planner alone:", "with shard-large-weights:"),
+        ("planner alone:", "with shard-large-weights:", "with price-collectives{factor=8.0}:"),
     ),
     # The README's command line (`./scripts/demo.sh` is the same command on llama_demo.py).
     Run(

@@ -36,3 +36,17 @@ def test_research_pass_example_pins_large_weights_on_their_largest_dim() -> None
         assert value.sharding.dims[largest] == ("dp",)
     plan = sp.plan(graph, mesh=graph.mesh)
     assert all(plan.sharding_of(v.name) == v.sharding for v in params)
+
+
+def test_research_pass_example_adds_a_planner_pass_that_changes_the_plan() -> None:
+    import shardplan as sp
+
+    example = _load("research_pass")
+    mesh = sp.Mesh({"dp": 2, "tp": 4}, cluster="h100-sxm")
+    alone = sp.plan(example._example_graph(), mesh=mesh)
+    slow = example.PriceCollectives(example.PriceCollectivesOptions(factor=8.0))
+    research = sp.plan(example._example_graph(), mesh=mesh, passes=example.with_pass("price", slow))
+    ran = [k.removeprefix("pass:") for k in research.timings if k.startswith("pass:")]
+    assert "price-collectives" in ran
+    assert "price" not in ran
+    assert research.shardings != alone.shardings

@@ -22,8 +22,8 @@ from shardplan.solver.serialize import PLAN_FORMAT, PLAN_FORMAT_VERSION
 ROOT = Path(sp.__file__).resolve().parent
 NOT_PACKAGE = {"tests", "bench", "examples", "scripts", "docs", "data"}
 BARE = {"ValueError", "ShardplanError"}
-PENDING = {"passes/manager.py"}
-"""Still raising bare ShardplanErrors: the passes refactor (issue 39.4) gives them PassError."""
+PENDING: set[str] = set()
+"""Modules allowed to raise bare errors for now: none."""
 
 
 def _package_files() -> list[Path]:

@@ -37,7 +37,7 @@ def test_capping_the_batch_split_reindexes_the_warm_start() -> None:
     x tp plan (IndexError in dominance pruning) or silently hinted another strategy."""
     from shardplan.solver.batch import cap_batch_split
     from shardplan.solver.costs import build_space
-    from shardplan.solver.planner import _capped_hints
+    from shardplan.solver.space_passes import _capped_hints
 
     graph = training_step(GPT_125M, batch=8, layers=1, seq=128)
     mesh = sp.Mesh({"dp": 4, "tp": 2}, cluster="h100-sxm")

@@ -8,7 +8,7 @@ import importlib
 
 import pytest
 import shardplan as sp
-import shardplan.solver.planner as planner
+import shardplan.solver.solve_pass as solve_pass
 from shardplan.ir.models import TransformerConfig, training_step
 from shardplan.solver.ilp import Solution
 from shardplan.solver.planner import FallbackWarning
@@ -25,7 +25,7 @@ def _times_out_once(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
     """The free plan's CP-SAT calls end without a solution, as at a too-short time limit (the LP
     path cannot be cut short deterministically); the baselines' pinned solves (priced first, to
     warm-start the solver when the memory limit binds) solve."""
-    real, calls = planner.solve, []
+    real, calls = solve_pass.solve, []
     real_baseline, inside = evaluate.best_baseline, []
 
     def best_baseline(*args, **kwargs):  # type: ignore[no-untyped-def]
@@ -41,7 +41,7 @@ def _times_out_once(monkeypatch) -> list[str]:  # type: ignore[no-untyped-def]
             return Solution([], float("inf"), float("inf"), "UNKNOWN", time_limit, 0)
         return real(problem, time_limit, *args, **kwargs)
 
-    monkeypatch.setattr(planner, "solve", solve)
+    monkeypatch.setattr(solve_pass, "solve", solve)
     monkeypatch.setattr(evaluate, "best_baseline", best_baseline)
     return calls
 

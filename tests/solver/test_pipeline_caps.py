@@ -20,9 +20,6 @@ def test_later_caps_start_from_the_previous_caps_centre(monkeypatch) -> None:  #
     monkeypatch.setattr(
         axis_search, "_merged_start", lambda *a, **k: merged.append(1) or start(*a, **k)
     )
-    from shardplan.solver import planner
-
-    monkeypatch.setattr(planner, "axis_search", axis_search.axis_search)
     config = TransformerConfig("tiny", 2, 64, 4, 128, 256, 32)
     mesh = sp.Mesh({"pp": 2, "dp": 2, "fsdp": 2, "tp": 2}, cluster="h100-sxm")
     plan = sp.plan(training_step(config, batch=8), mesh=mesh)

@@ -64,16 +64,16 @@ def test_a_proven_memory_bound_plan_skips_the_other_objective(monkeypatch) -> No
     bound), so the overlap-weighted variant is neither prepared nor solved, and the plan fits
     and reports an honest gap."""
     from shardplan.api import idle_devices
-    from shardplan.solver import memory_solve, planner
+    from shardplan.solver import memory_solve, shrinking, solve_pass
 
     monkeypatch.setattr(memory_solve, "MEMORY_GAP", 0.05)
     # the free plan's solves only: the idle-devices check plans its own data-parallel
     # alternatives (tests/test_idle_devices.py)
     monkeypatch.setattr(idle_devices, "check_idle_devices", lambda free, *a, **k: free)
     solves, shrinks = [], []
-    solve, shrink_ = planner.solve, planner.shrink
-    monkeypatch.setattr(planner, "solve", lambda *a, **k: solves.append(1) or solve(*a, **k))
-    monkeypatch.setattr(planner, "shrink", lambda *a, **k: shrinks.append(1) or shrink_(*a, **k))
+    solve, shrink_ = solve_pass.solve, shrinking.shrink
+    monkeypatch.setattr(solve_pass, "solve", lambda *a, **k: solves.append(1) or solve(*a, **k))
+    monkeypatch.setattr(shrinking, "shrink", lambda *a, **k: shrinks.append(1) or shrink_(*a, **k))
     graph = training_step(TransformerConfig("t", 8, 256, 4, 1024, 512, 64), batch=8)
     limit = 164 * 2**20  # the LP optimum peaks at 167.6 MiB (tests/solver/test_memory_gap.py)
     plan = sp.plan(graph, mesh=MESH, memory_limit=limit)

@@ -67,12 +67,12 @@ def test_finish_reuses_the_exact_steps_solve_without_changing_the_plan(
     examples, monkeypatch
 ) -> None:
     """The finish takes the best exact step's optimal plain solve instead of solving it again
-    (solver/planner.py ``_reusable_step``): the plan is the one a re-solve gives."""
-    from shardplan.solver import planner
+    (solver/space_passes.py ``_reusable_step``): the plan is the one a re-solve gives."""
+    from shardplan.solver import space_passes
 
     model, inputs = examples["hf_llama"].make(layers=1)
     mesh = sp.Mesh(MESHES["2x2x2"], cluster="cpu-test")
-    reuse, reused = planner._reusable_step, []
+    reuse, reused = space_passes._reusable_step, []
 
     def spy(space, *args):  # type: ignore[no-untyped-def]
         found = reuse(space, *args)
@@ -83,10 +83,10 @@ def test_finish_reuses_the_exact_steps_solve_without_changing_the_plan(
         space.solved = None
         return None
 
-    monkeypatch.setattr(planner, "_reusable_step", spy)
+    monkeypatch.setattr(space_passes, "_reusable_step", spy)
     plan = sp.plan(model, *inputs, mesh=mesh)
     assert reused[-1]  # the finish (the last solve) reused a step
-    monkeypatch.setattr(planner, "_reusable_step", never)
+    monkeypatch.setattr(space_passes, "_reusable_step", never)
     again = sp.plan(model, *inputs, mesh=mesh)
     assert plan.step_time == again.step_time
     assert plan.solver.objective == again.solver.objective
