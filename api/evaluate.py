@@ -1,4 +1,5 @@
-"""``shardplan.evaluate``: price a hand-written strategy with the planner's own cost model.
+"""``sp.evaluate`` (``shardplan.api.evaluate``): price a hand-written strategy with the
+planner's own cost model.
 
 The strategy's pins fix every graph input's layout and its recomputation policy; the solver
 chooses only what the strategy leaves open (activation layouts inside), so the numbers are

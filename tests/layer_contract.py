@@ -23,12 +23,7 @@ LAYERS = ["ir", "passes|costmodel", "solver", "frontend", "api", "cli_inputs", "
 """Tiers from the bottom up; ``|`` joins the units of one tier. ``passes`` (graph analyses and
 rewrites) and ``costmodel`` (pricing) are peers on the IR: today neither imports the other."""
 
-PENDING = {
-    ("solver/plan.py", "frontend"): (
-        "Plan's apply / jit / emitters import the frontends; issue 39 point 2 moves them behind "
-        "a registry the frontend fills (the `plan` helper's branch)"
-    ),
-}
+PENDING: dict[tuple[str, str], str] = {}
 """Known upward imports, by (file, unit imported), each with the change that removes it."""
 
 OUTSIDE = {"tests", "bench", "examples", "scripts", "docs", "data", "build", "venv", "__pycache__"}

@@ -101,11 +101,11 @@ def test_errors_every_shardplan_error_class_is_defined_in_ir_errors() -> None:
 
 
 def test_errors_classes_live_in_one_module_and_keep_their_builtin_bases() -> None:
+    import shardplan.api.records
     import shardplan.cli
-    import shardplan.predictor
-    import shardplan.records
     import shardplan.solver.explain
-    import shardplan.titan_config
+    import shardplan.solver.predictor
+    import shardplan.solver.titan_config
 
     def walk(cls: type) -> list[type]:
         return [cls, *(c for sub in cls.__subclasses__() for c in walk(sub))]
