@@ -50,8 +50,19 @@ def check_cluster(name: Any, what: str = "cluster") -> str:
     return name
 
 
-def check_mesh(mesh: Any, cluster: str = DEFAULT_CLUSTER, *, allow_none: bool = False) -> Any:
-    """A ``Mesh``; a plain dict ``{"dp": 2}``, or an ``sp.Mesh({...})`` built without
+def resolve_cluster(cluster: Any, what: str = "cluster") -> Any:
+    """The ``Cluster`` a cluster argument means: a cluster object as given (registered or not),
+    a name checked (``check_cluster``) and looked up, once, here at the entry point."""
+    from ..costmodel.cluster import Cluster, get_cluster
+
+    if isinstance(cluster, Cluster):
+        return cluster
+    return get_cluster(check_cluster(cluster, what))
+
+
+def check_mesh(mesh: Any, cluster: Any = DEFAULT_CLUSTER, *, allow_none: bool = False) -> Any:
+    """A ``Mesh`` holding its resolved cluster (``costmodel.cluster.cluster_of`` reads it below
+    the entry points); a plain dict ``{"dp": 2}``, or an ``sp.Mesh({...})`` built without
     ``cluster=``, becomes ``Mesh(axes, cluster=cluster)``: every way of writing a mesh without a
     cluster plans on the same one (``DEFAULT_CLUSTER`` unless the call names another)."""
     from ..ir.mesh import Mesh
@@ -59,15 +70,16 @@ def check_mesh(mesh: Any, cluster: str = DEFAULT_CLUSTER, *, allow_none: bool = 
     if mesh is None and allow_none:
         return None
     if isinstance(mesh, Mapping):
-        mesh = Mesh(mesh, cluster=check_cluster(cluster))
+        mesh = Mesh(mesh, cluster=resolve_cluster(cluster))
     if not isinstance(mesh, Mesh):
         raise ArgumentError(
             f"mesh= must be sp.Mesh({{...}}, cluster=...) or a dict like {{'dp': 2}}, "
             f"got {type(mesh).__name__}"
         )
     if not mesh.cluster_given:
-        mesh = Mesh(mesh.axes, cluster=check_cluster(cluster))
-    check_cluster(mesh.cluster, "mesh cluster")
+        mesh = Mesh(mesh.axes, cluster=resolve_cluster(cluster))
+    if mesh.hardware is None:
+        mesh = Mesh(mesh.axes, cluster=resolve_cluster(mesh.cluster, "mesh cluster"))
     return mesh
 
 
@@ -141,7 +153,7 @@ def check_plan_call(model: Any, args: Mapping[str, Any], options: Mapping[str, A
     check_model(model, "sp.plan()")
     check_options(model, options, "sp.plan()", PLAN_KEYWORDS)
     out = dict(args)
-    out["cluster"] = check_cluster(args["cluster"])
+    out["cluster"] = resolve_cluster(args["cluster"])
     out["mesh"] = check_mesh(args["mesh"], out["cluster"], allow_none=True)
     out["devices"] = check_count(args["devices"], "devices", allow_none=True)
     out["mesh_top_k"] = check_count(args.get("mesh_top_k"), "mesh_top_k", allow_none=True)
@@ -223,4 +235,5 @@ __all__ = [
     "check_plan_call",
     "check_whatif_call",
     "frontend_keywords",
+    "resolve_cluster",
 ]

@@ -15,7 +15,7 @@ import math
 from dataclasses import dataclass, field, replace
 from typing import Any
 
-from ..costmodel import get_cluster
+from ..costmodel import cluster_of
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role, op_flops
 from ..solver import progress
 from ..solver.plan import Plan
@@ -64,7 +64,7 @@ def evaluate(
     )
     strategy.check(mesh)
     graph, context = _graph(model_or_graph, example_args, options, strategy)
-    limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
+    limit = memory_limit if memory_limit is not None else cluster_of(mesh).hbm_capacity
     semantics = getattr(context, "partial_semantics", None)
     solve = functools.partial(_solve, graph, mesh, strategy, time_limit=time_limit,
                               semantics=semantics)  # fmt: skip
@@ -102,7 +102,7 @@ def best_baseline(
     ``sp.plan``'s fallback when the solver finds no plan in time (``solver/planner.py``)."""
     from ..solver.strategies import for_graph
 
-    limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
+    limit = memory_limit if memory_limit is not None else cluster_of(mesh).hbm_capacity
     best: tuple[str, Plan] | None = None
     for strategy in for_graph(graph, mesh):
         try:
@@ -165,9 +165,7 @@ def _solve(
     from ..solver.planner import plan_graph
 
     saved = [(v, v.sharding, v.pinned, v.priority, v.sharding_origin) for v in graph.values()]
-    stage_mesh = Mesh(
-        [(n, s) for n, s in mesh.axes if n != strategy.pipeline_axis], cluster=mesh.cluster
-    )
+    stage_mesh = mesh.with_axes([(n, s) for n, s in mesh.axes if n != strategy.pipeline_axis])
     options = {
         "pins": {**strategy.pins(graph, stage_mesh), **(user_pins or {})},
         "recompute": strategy.recompute_decisions(graph),
@@ -212,7 +210,7 @@ def tokens_per_step(graph: Graph) -> int:
 
 
 def _evaluation(name: str, graph: Graph, mesh: Mesh, plan: Plan, fits: bool, limit: float):
-    cluster = get_cluster(mesh.cluster)
+    cluster = cluster_of(mesh)
     step = plan.step_time
     peak = cluster.peak("bf16") * mesh.size
     flops = model_flops(graph)

@@ -43,11 +43,11 @@ def _times(plan: Plan) -> StepTimes:
 
 def _data_parallel(graph, mesh, axes, pins, memory_limit, semantics) -> tuple[str, Plan] | None:  # type: ignore[no-untyped-def]
     """The first of DP, FSDP over ``axes`` that fits (priced as ``sp.evaluate`` prices them)."""
-    from ..costmodel.cluster import get_cluster
+    from ..costmodel.cluster import cluster_of
     from ..solver.strategies import ParallelStrategy
     from .evaluate import _peak, _solve
 
-    limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
+    limit = memory_limit if memory_limit is not None else cluster_of(mesh).hbm_capacity
     for name, shard in (("dp", False), ("fsdp", True)):
         strategy = ParallelStrategy(name, dp=axes, shard_params=shard)
         inputs = strategy.pins(graph, mesh)
@@ -130,6 +130,6 @@ def check_idle_devices(  # type: ignore[no-untyped-def]
 
 
 def _kernel_floor(mesh: Mesh) -> float:
-    from ..costmodel.cluster import get_cluster
+    from ..costmodel.cluster import cluster_of
 
-    return get_cluster(mesh.cluster).kernel_floor
+    return cluster_of(mesh).kernel_floor

@@ -18,6 +18,7 @@ import dataclasses
 from collections import Counter
 from dataclasses import dataclass, field
 
+from ..costmodel.cluster import cluster_of
 from ..ir import Role
 from ..ir.axes import base_axis
 from ..solver.plan import Plan
@@ -197,7 +198,7 @@ def _layout_differences(plan: Plan, config: TitanConfig) -> list[str]:
     """Parameters the plan stores over other axes than torchtitan's plan would (compared dim
     by dim in torchtitan's axis names: each plan axis renamed to its role)."""
     roles = axis_roles(plan)
-    pins = config.strategy().pins(plan.graph, config.mesh(plan.mesh.cluster))
+    pins = config.strategy().pins(plan.graph, config.mesh(cluster_of(plan.mesh)))
     differ = []
     params = [v for v in plan.graph.inputs if v.role is Role.PARAMETER]
     for v in params:
@@ -229,7 +230,7 @@ def to_torchtitan(
     emission = TitanEmission(config, plan.step_time, None, True, differences)
     if price:
         evaluation = evaluate(
-            plan.graph, mesh=config.mesh(plan.mesh.cluster), strategy=config.strategy(),
+            plan.graph, mesh=config.mesh(cluster_of(plan.mesh)), strategy=config.strategy(),
             time_limit=time_limit,
         )  # fmt: skip
         emission.titan_step = evaluation.step_time
@@ -245,9 +246,8 @@ def _recompute_share(plan: Plan, config: TitanConfig, time_limit: float) -> str:
     from .evaluate import evaluate
 
     strategy = _PlanRecompute(**_fields(config.strategy()), decisions=dict(plan.recompute))
-    step = evaluate(
-        plan.graph, mesh=config.mesh(plan.mesh.cluster), strategy=strategy, time_limit=time_limit
-    ).step_time
+    mesh = config.mesh(cluster_of(plan.mesh))
+    step = evaluate(plan.graph, mesh=mesh, strategy=strategy, time_limit=time_limit).step_time
     return (f"with the plan's per-layer recomputation torchtitan's degrees model "
             f"{step * 1e3:.1f} ms ({step / plan.step_time - 1:+.1%}); the rest of the gap is "
             "the plan's op-level layouts inside the layers")  # fmt: skip

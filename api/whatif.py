@@ -17,8 +17,7 @@ from ..costmodel.cluster import (
     ClusterConfigError,
     IslandLevel,
     LinkLevel,
-    get_cluster,
-    register_cluster,
+    cluster_of,
 )
 from ..costmodel.simulate import simulate
 from ..ir import Graph, Mesh, Sharding, ShardplanError
@@ -170,12 +169,12 @@ def whatif(
     checked = check_whatif_call(model_or_graph, given, options)
     mesh, repeat, time_limit = checked["mesh"], checked["repeat"], checked["time_limit"]
     graph = _graph(model_or_graph, example_args, options)
-    base = get_cluster(mesh.cluster)
+    base = cluster_of(mesh)
     baseline = _layouts(_plan(graph, mesh, strategy, time_limit))
     rows = []
     for parameter, factors in vary.items():
         for factor in factors:
-            cluster = register_cluster(scale_cluster(base, parameter, float(factor)))
+            cluster = scale_cluster(base, parameter, float(factor))
             rows.append(_row(graph, mesh, cluster, parameter, float(factor), strategy,
                              time_limit, repeat, baseline))  # fmt: skip
     result = WhatIf(tuple(rows), base.name, repeat)
@@ -185,7 +184,7 @@ def whatif(
 
 
 def _row(graph, mesh, cluster, parameter, factor, strategy, time_limit, repeat, baseline):
-    scaled = Mesh(mesh.axes, cluster=cluster.name)
+    scaled = Mesh(mesh.axes, cluster=cluster)  # the mesh holds it: nothing is registered
     try:
         plan = _plan(graph, scaled, strategy, time_limit)
     except ShardplanError as exc:

@@ -9,6 +9,7 @@ from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 from shardplan.ir.errors import ClusterConfigError, UnknownClusterError
+from shardplan.ir.mesh import Mesh
 
 
 @dataclass(frozen=True, slots=True)
@@ -214,6 +215,21 @@ def get_cluster(name: str | Cluster) -> Cluster:
             f"unknown cluster {name!r}; known clusters: {known}. "
             "hint: describe your own with load_cluster(path) or register_cluster(Cluster(...))"
         ) from None
+
+
+def cluster_of(mesh: Mesh) -> Cluster:
+    """The cluster ``mesh`` runs on: the object it holds (``Mesh(axes, cluster=Cluster(...))``,
+    or one an entry point resolved), else its ``cluster`` name looked up in the catalogue. The
+    one place below the entry points that reads a mesh's cluster."""
+    held = mesh.hardware
+    if held is not None:
+        if not isinstance(held, Cluster):
+            raise ClusterConfigError(
+                f"mesh cluster {mesh.cluster!r} is a {type(held).__name__}, not a Cluster; "
+                "pass Mesh(axes, cluster=Cluster(...)) or a catalogue name"
+            )
+        return held
+    return get_cluster(mesh.cluster)
 
 
 def known_clusters() -> tuple[str, ...]:

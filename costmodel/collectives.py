@@ -55,7 +55,7 @@ from shardplan.ir.axes import parse_axis
 from shardplan.ir.errors import ArgumentError
 from shardplan.ir.mesh import Mesh
 
-from .cluster import Cluster, get_cluster
+from .cluster import Cluster, cluster_of, get_cluster
 from .links import INTRA_NODE, GroupLink, group_link, in_domain, local_factors
 
 COLLECTIVE_KINDS = (
@@ -114,7 +114,7 @@ def span_start(name: str) -> int:
 
 def resolve_cluster(cluster: Cluster | str | None, mesh: Mesh) -> Cluster:
     """``None`` means the mesh's own cluster; a name is looked up in the catalogue."""
-    return get_cluster(mesh.cluster if cluster is None else cluster)
+    return cluster_of(mesh) if cluster is None else get_cluster(cluster)
 
 
 def collective_time(

@@ -11,7 +11,7 @@ from shardplan.costmodel.conv import conv_work_factor, halo_time
 from shardplan.ir.graph import Graph, Op
 from shardplan.ir.op_cost import op_bytes, op_flops
 
-from .cluster import Cluster, get_cluster
+from .cluster import Cluster, cluster_of
 from .compute import compute_time
 from .engine import launches as engine_launches
 from .fusion import OpFusion, fusion, unfused_penalty
@@ -35,7 +35,7 @@ writes their source layout."""
 
 def plan_op_times(plan: Plan) -> list[float]:
     """Roofline seconds of each op under the plan's layouts (as ``solver.costs.op_cost``)."""
-    cluster = get_cluster(plan.mesh.cluster)
+    cluster = cluster_of(plan.mesh)
     fused = fusion(plan.graph)
     produced = {r.value: r.src for r in plan.reshards if r.consumer.startswith(_AT_PRODUCER)}
     seen: dict[tuple, float] = {}  # the layers of a stack repeat the same op at the same layouts

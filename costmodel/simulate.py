@@ -38,7 +38,7 @@ from shardplan.ir.graph import Graph, Op, Value
 from shardplan.ir.op_cost import VIEW_KINDS
 from shardplan.ir.registry import op_info
 
-from .cluster import get_cluster
+from .cluster import cluster_of
 from .comm_streams import reshard_link
 from .op_times import plan_op_times
 from .phases import layer_blocks, op_phases
@@ -345,7 +345,7 @@ def simulate(
     as for ``simulate_graph``, with a ``"comm"`` entry's index that of ``plan.reshards``."""
     graph = plan.graph
     times = plan_op_times(plan)
-    cluster = get_cluster(plan.mesh.cluster)
+    cluster = cluster_of(plan.mesh)
     by_name = {v.name: v for v in graph.values()}
     position = {op: i for i, op in enumerate(graph.ops)}
     axes = options.tp_overlap_axes if options is not None else ()

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
+from typing import Any
 
 from .errors import ShardingError
 
@@ -19,6 +20,9 @@ class Mesh:
         innermost axes inside a node and the outer ones across nodes.
 
     Example: ``Mesh({"dp": 8, "tp": 8}, cluster="h100-sxm")`` prints as ``<["dp"=8, "tp"=8]>``.
+    ``cluster=`` is a catalogue name or a cluster object (``costmodel.Cluster``): a mesh built
+    with the object holds it (``hardware``), so it plans on that cluster without any registry
+    (``costmodel.cluster.cluster_of(mesh)`` is the one place a mesh's cluster is read).
     """
 
     axes: tuple[tuple[str, int], ...]
@@ -29,6 +33,11 @@ class Mesh:
     way of writing a mesh (a dict ``mesh=``, ``devices=N``, the CLI)."""
     cluster_given: bool = field(default=True, compare=False, repr=False)
     """Whether ``cluster=`` was passed (when not, ``sp.plan(..., cluster=...)`` picks it)."""
+    hardware: Any = field(default=None, compare=False, repr=False)
+    """The resolved cluster object when one was passed (or an entry point resolved the name),
+    else ``None`` (looked up by ``cluster`` name). Duck-typed here: the IR does not import the
+    cost model. Not compared nor hashed: ``cluster`` (its name) stands for it in equality,
+    printing and plan files."""
     _index: dict[str, tuple[int, int]] = field(
         default_factory=dict, init=False, compare=False, repr=False
     )
@@ -39,20 +48,24 @@ class Mesh:
     def __init__(
         self,
         axes: Mapping[str, int] | Iterable[tuple[str, int]],
-        cluster: str | None = None,
+        cluster: Any = None,
     ) -> None:
         from .checks import DEFAULT_CLUSTER, mesh_axes
 
-        if cluster is not None and (not isinstance(cluster, str) or not cluster):
-            raise ShardingError(
-                f"cluster= must be a catalogue name like 'h100-sxm', got {cluster!r}"
-            )
+        name, hardware = _cluster_name(cluster)
         object.__setattr__(self, "axes", mesh_axes(axes))
-        object.__setattr__(self, "cluster", cluster or DEFAULT_CLUSTER)
+        object.__setattr__(self, "cluster", name or DEFAULT_CLUSTER)
         object.__setattr__(self, "cluster_given", cluster is not None)
+        object.__setattr__(self, "hardware", hardware)
         index = {name: (i, size) for i, (name, size) in enumerate(self.axes)}
         object.__setattr__(self, "_index", index)
         object.__setattr__(self, "_names", tuple(name for name, _ in self.axes))
+
+    def with_axes(self, axes: Mapping[str, int] | Iterable[tuple[str, int]]) -> Mesh:
+        """A mesh of other axes on the same cluster (the held object too, when there is one)."""
+        mesh = Mesh(axes, cluster=self.hardware if self.hardware is not None else self.cluster)
+        object.__setattr__(mesh, "cluster_given", self.cluster_given)
+        return mesh
 
     @property
     def axis_names(self) -> tuple[str, ...]:
@@ -114,3 +127,17 @@ class Mesh:
 
     def __repr__(self) -> str:
         return f"Mesh({dict(self.axes)!r}, cluster={self.cluster!r})"
+
+
+def _cluster_name(cluster: Any) -> tuple[str | None, Any]:
+    """(the name, the held object) of ``cluster=``: a catalogue name, or a cluster object (one
+    with a ``name`` and ``devices_per_node``: ``costmodel.Cluster``, duck-typed)."""
+    if cluster is None or (isinstance(cluster, str) and cluster):
+        return cluster, None
+    name = getattr(cluster, "name", None)
+    if isinstance(name, str) and name and hasattr(cluster, "devices_per_node"):
+        return name, cluster
+    raise ShardingError(
+        f"cluster= must be a catalogue name like 'h100-sxm' or a Cluster object "
+        f"(shardplan.costmodel.Cluster), got {cluster!r}"
+    )

@@ -131,9 +131,8 @@ def _merged_start(graph: Graph, mesh: Mesh, semantics, plan_space: PlanSpace, ru
     axes = live_axes(mesh)
     outer, inner = axes[:-1], axes[-1]
     name = "_".join(outer)
-    merged = Mesh(
-        {name: math.prod(mesh.axis_size(a) for a in outer), inner: mesh.axis_size(inner)},
-        mesh.cluster,
+    merged = mesh.with_axes(
+        {name: math.prod(mesh.axis_size(a) for a in outer), inner: mesh.axis_size(inner)}
     )
     with _merged_pins(graph, outer, name):  # pins the merged mesh cannot express are left out
         start_space = build_space(graph, merged, semantics, rules=rules)

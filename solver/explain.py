@@ -22,7 +22,7 @@ import math
 import textwrap
 from dataclasses import dataclass, field
 
-from ..costmodel import get_cluster, reshard_time
+from ..costmodel import cluster_of, reshard_time
 from ..costmodel.fusion import fusion
 from ..costmodel.op_times import _op_time
 from ..ir import Op, Sharding, Value
@@ -134,7 +134,7 @@ class _Pricer:
 
     def __init__(self, plan: Plan) -> None:
         self.plan, self.mesh = plan, plan.stage_mesh
-        self.cluster = get_cluster(plan.mesh.cluster)
+        self.cluster = cluster_of(plan.mesh)
         self.position = {op: i for i, op in enumerate(plan.graph.ops)}
 
     def move(self, src: Sharding, dst: Sharding, value: Value, count: int = 1) -> float:

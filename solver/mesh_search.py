@@ -132,7 +132,7 @@ def _plan_shape(graph: Graph, shape: dict[str, int], cluster: str, spec: Cluster
     from .pipeline import plan_pipeline
 
     axes = [(name, size) for name, size in shape.items() if size > 1] or [("dp", 1)]
-    mesh = Mesh(axes, cluster=cluster)
+    mesh = Mesh(axes, cluster=spec)
     links = axis_links(mesh, spec)
     across = tuple(a for a in mesh.axis_names if links[a].startswith("inter-island"))
     start = time.perf_counter()

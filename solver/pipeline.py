@@ -13,7 +13,7 @@ import itertools
 from dataclasses import dataclass, field, replace
 from functools import partial
 
-from ..costmodel import get_cluster, group_link
+from ..costmodel import cluster_of, group_link
 from ..costmodel.cluster import Cluster
 from ..costmodel.exposure import edge_exposure
 from ..costmodel.fusion import fusion, unfused_penalty
@@ -76,8 +76,8 @@ def plan_pipeline(
 
     _check_schedule(schedule, chunks, stage_bounds, microbatches, mesh.axis_size(axis))
     stages = mesh.axis_size(axis)
-    sub_mesh = Mesh([(n, s) for n, s in mesh.axes if n != axis], cluster=mesh.cluster)
-    limit = memory_limit if memory_limit is not None else get_cluster(mesh.cluster).hbm_capacity
+    sub_mesh = mesh.with_axes([(n, s) for n, s in mesh.axes if n != axis])
+    limit = memory_limit if memory_limit is not None else cluster_of(mesh).hbm_capacity
     if stages == 1:
         return plan_graph(
             graph, sub_mesh, memory_limit=limit, time_limit=time_limit, **planner_options
@@ -117,7 +117,7 @@ def _plan_stages(
     ``m`` and leaves a large bubble and every in-flight activation (GPT-175B found no split).
     """
     batch = batch_size(graph)
-    floor = _compute_floor(graph, sub_mesh, get_cluster(mesh.cluster))
+    floor = _compute_floor(graph, sub_mesh, cluster_of(mesh))
     best: tuple[Plan, LayerSplit, StageAssignment] | None = None
     error: ShardplanError | None = None
     v = _most_chunks(graph, schedule, extra[0], stages)  # the smallest bubble any plan has
@@ -253,14 +253,14 @@ def _plan_cap(
         activation_scale=min(1.0, stages / m_max), batch_split_limit=cap, micro_sizes=micro,
         **_seeded(planner_options),
     )  # fmt: skip
-    split = attribute_layer_costs(inner, get_cluster(mesh.cluster), tp_overlap_axes)
+    split = attribute_layer_costs(inner, cluster_of(mesh), tp_overlap_axes)
     if split.costs.num_layers < stages:
         raise PipelineError(
             f"cannot pipeline {split.costs.num_layers} repeated layers over {axis}={stages} "
             "stages; use fewer stages or a model with a layer stack (module paths layers.<i>)"
         )
     option_list = [microbatches] if microbatches else _microbatch_options(inner, m_max)
-    link = group_link((axis,), mesh, get_cluster(mesh.cluster))
+    link = group_link((axis,), mesh, cluster_of(mesh))
     base, chunk_options = _chunk_options(schedule, chunks, split.costs, stages)
     if stage_bounds is not None:
         best = _fixed_split(

@@ -244,7 +244,7 @@ class Plan:
         if self.pipeline is None:
             return self.mesh
         axes = [(n, s) for n, s in self.mesh.axes if n != self.pipeline.axis]
-        return Mesh(axes, cluster=self.mesh.cluster)
+        return self.mesh.with_axes(axes)
 
     @property
     def stages(self) -> list[StageSpec]:

@@ -13,7 +13,7 @@ import dataclasses
 import time
 from collections.abc import Sequence
 
-from ..costmodel import get_cluster
+from ..costmodel import cluster_of
 from ..ir import Graph, Mesh
 from ..ir.errors import ArgumentError
 from ..passes.planner_registry import PipelineLike, PlannerPass, normalize_planner_pipeline
@@ -61,7 +61,7 @@ def plan_graph(
     options = planner_options(options, fields)
     pipeline = default_pipeline() if passes is None else normalize_planner_pipeline(passes)
     graph.mesh = mesh
-    cluster = get_cluster(mesh.cluster)
+    cluster = cluster_of(mesh)
     limit = options.memory_limit if options.memory_limit is not None else cluster.hbm_capacity
     baseline = Once(options.fallback) if options.fallback is not None else None
     state = PlanningState(graph, mesh, options, cluster, limit, Clock(), baseline)

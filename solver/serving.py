@@ -23,7 +23,7 @@ import math
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 
-from ..costmodel.cluster import Cluster, get_cluster
+from ..costmodel.cluster import Cluster, cluster_of
 from ..costmodel.memory import gib
 from ..ir import Graph, InfeasiblePlanError, Mesh, Role
 from ..ir.errors import ArgumentError
@@ -149,7 +149,7 @@ def roofline(plan: Plan, cluster: Cluster) -> Roofline:
 def check_cache_fits(graph: Graph, mesh: Mesh, memory_limit: float | None) -> None:
     """Refuse a step whose KV cache plus weights exceed the limit even split over every
     device (no layout can fit it), saying by how much and what to change."""
-    cluster = get_cluster(mesh.cluster)
+    cluster = cluster_of(mesh)
     limit = memory_limit if memory_limit is not None else cluster.hbm_capacity
     devices = mesh.size
     cache = sum(v.type.nbytes for v in graph.inputs if v.role is Role.KV_CACHE)
@@ -234,7 +234,7 @@ def plan_serving(
     else:
         best = max(fits, key=lambda c: (c.tokens_per_second_per_device, -c.batch))
     plan = plans[best.batch]
-    cluster = get_cluster(plan.mesh.cluster)
+    cluster = cluster_of(plan.mesh)
     tokens = best.batch * (seq if mode == "prefill" else 1)
     report = ServingReport(
         mode, objective, best.batch, context_len, tokens, plan.step_time, plan.mesh.size,

@@ -17,6 +17,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass
 
+from ..costmodel.cluster import Cluster
 from ..ir import Mesh
 from ..ir.errors import TitanConfigError
 from .strategies import ParallelStrategy, torchtitan
@@ -191,8 +192,9 @@ class TitanConfig:
         return cls(**_fields_from(values))
 
     # -- shardplan's words --------------------------------------------------------------------
-    def mesh(self, cluster: str = "h100-sxm") -> Mesh:
-        """The mesh torchtitan builds, axes of size 1 left out (tp innermost)."""
+    def mesh(self, cluster: str | Cluster = "h100-sxm") -> Mesh:
+        """The mesh torchtitan builds, axes of size 1 left out (tp innermost), on ``cluster``
+        (a catalogue name or a cluster object the mesh then holds)."""
         axes = [(a, n) for a, n in self.degrees().items() if n > 1] or [("dp_shard", 1)]
         return Mesh(axes, cluster=cluster)
 
