@@ -173,11 +173,11 @@ class World:
 
     @property
     def mesh(self) -> Mesh:
-        return world_mesh(self.size, self.cluster.name, self.local)
+        return world_mesh(self.size, self.cluster, self.local)
 
 
 @lru_cache(maxsize=64)
-def world_mesh(size: int, cluster: str, local: int) -> Mesh:
+def world_mesh(size: int, cluster: str | Cluster, local: int) -> Mesh:
     """``{"node": W/local, "local": local}`` (``local`` innermost: inside a node)."""
     if size <= local:
         return Mesh({"local": size}, cluster=cluster)

@@ -78,8 +78,8 @@ class FallbackWarning(UserWarning):
 class PlanningState:
     """What the planner's passes share: the inputs, the options, and what each pass found.
 
-    Invariants: ``graph``, ``mesh``, ``options`` and ``cluster`` (resolved once from
-    ``mesh.cluster``) do not change during a run. The space fields (``space`` to ``result``)
+    Invariants: ``graph``, ``mesh``, ``options`` and ``cluster`` (resolved once,
+    ``cluster_of(mesh)``) do not change during a run. The space fields (``space`` to ``result``)
     belong to the space being solved and are reset before each (``enter_space``).
     """
 
