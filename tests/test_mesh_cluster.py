@@ -122,3 +122,18 @@ def test_whatif_registers_nothing():
     assert by_factor[("flops", 4.0)].compute_time < by_factor[("flops", 1.0)].compute_time
     slow, fast = by_factor[("link_bandwidth", 0.25)], by_factor[("link_bandwidth", 4.0)]
     assert fast.step_time < slow.step_time
+
+
+def test_pipeline_stages_and_mesh_search_keep_the_held_cluster():
+    """Sub-meshes (a pipeline's stage mesh) and searched mesh shapes plan on the held object."""
+    held = _slow()
+    before = _registry()
+    two = replace(TINY, layers=2)
+    piped = sp.plan(training_step(two, batch=8), mesh=Mesh({"pp": 2, "dp": 2}, cluster=held),
+                    time_limit=10)  # fmt: skip
+    assert piped.pipeline is not None
+    assert piped.stage_mesh.hardware is held
+    searched = sp.plan(training_step(two, batch=8), devices=4, cluster=held, time_limit=10)
+    assert searched.mesh.hardware is held
+    assert len(searched.candidates) > 1
+    assert _registry() == before
