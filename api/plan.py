@@ -27,70 +27,92 @@ def _model_name(model: object) -> str:
 def plan(
     model_or_fn: Any,
     *example_args: Any,
+    # where
     mesh: Mesh | None = None,
     devices: int | None = None,
     cluster: str = "h100-sxm",
+    mesh_top_k: int | None = None,
+    # pipeline
     pipeline_axis: str = "pp",
     microbatches: int | None = None,
     schedule: str = "1f1b",
+    # constraints
     pins: Mapping[str, Sharding | Pin] | None = None,
     memory_limit: float | str | None = None,
-    time_limit: float = 30.0,
-    verbose: bool = False,
+    # what "best" means
+    prefer: str = "step",
     objective: str | None = None,
     max_batch: int | None = None,
-    mesh_top_k: int | None = None,
-    prefer: str = "step",
+    # the planner itself
+    time_limit: float = 30.0,
     passes: Any = None,
+    verbose: bool = False,
+    # the frontend's
     **options: Any,
 ) -> Plan:
     """Plan shardings for a model on ``mesh``.
 
-    Args:
+    Every keyword is optional except where to plan (``mesh`` or ``devices``); they come in
+    groups:
+
+    What to plan:
       model_or_fn: an IR ``Graph``, a ``torch.nn.Module`` (training step captured by default),
         or a JAX callable.
       example_args: example inputs; real, meta/fake tensors or ``jax.ShapeDtypeStruct``.
+      options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``,
+        ``mode="decode", context_len=4096``, HF keyword inputs ``input_ids=..., labels=...``);
+        one the frontend does not take is an ``ArgumentError`` (a Graph takes none).
+
+    Where (the devices):
       mesh: the device mesh and cluster (a plain dict ``{"dp": 2}`` plans on ``cluster``). An
-        axis named ``pipeline_axis`` ("pp") is pipelined:
-        stages and micro-batches are chosen too.
+        axis named ``pipeline_axis`` ("pp") is pipelined: stages and micro-batches are chosen
+        too.
       devices: instead of a mesh, a device count: every (pp, dp, tp) shape on ``cluster`` is
         planned and the best returned (``plan.candidates`` has the table).
       cluster: the cluster for ``devices`` or a dict ``mesh`` (default h100-sxm).
+      mesh_top_k: with ``devices``, plan only the ``k`` mesh shapes the learned predictor
+        ranks best (shapes it scores alike share the k-th place; ``solver/predictor.py``;
+        needs scikit-learn) instead of every shape.
+
+    Pipeline (a mesh with a ``pipeline_axis``):
+      pipeline_axis: the axis that is pipelined ("pp").
       microbatches, schedule: pipeline options (>= 1; "1f1b", "gpipe", "interleaved": 1F1B
         with model chunks per device, their count chosen; "auto": 1F1B or interleaved,
         whichever models fastest).
+
+    Constraints:
       pins: value name or origin path -> required sharding (GSPMD-style user constraints), or
         ``sp.Pin(sharding, priority=N)`` with Shardy's user priority (lower propagates first).
       memory_limit: per-device bytes (a number or ``"40GB"`` / ``"512MiB"``); defaults to the
         cluster's device memory.
-      time_limit: solver budget: about this many seconds of search on one idle core,
-        counted in CP-SAT's deterministic time, so the plan does not depend on machine load;
-        the wall clock stops the search only at 10x it (docs/design.md, "Deterministic solves").
-      verbose: print progress on stderr (each phase with the seconds since the call began:
-        capture, enumerate, price, solve with its bound and gap, simulate). Progress always
-        goes to the ``logging`` logger ``"shardplan"`` at INFO (``progress.py``).
-      objective, max_batch: for a serving step (``mode="decode"``/``"prefill"``: torch HF
-        decoders): ``"latency"`` (default) or ``"throughput"`` (tokens/s per device, the
-        batch free in powers of two up to ``max_batch``); ``plan.serving`` reports both
-        (``serving.py``).
-      mesh_top_k: with ``devices``, plan only the ``k`` mesh shapes the learned predictor
-        ranks best (shapes it scores alike share the k-th place; ``predictor.py``; needs
-        scikit-learn) instead of every shape.
+
+    What "best" means:
       prefer: ``"step"`` (default): the fastest modelled step, which on a tiny model may leave
         devices repeating the same work (then ``print(plan)`` says so and an
         ``IdleDevicesWarning`` gives the modelled reason and both step times);
         ``"throughput"``: in that case the data-parallel plan instead (batch split over every
         axis that divides it, parameters replicated or FSDP-sharded as memory needs;
-        ``plan.idle`` has both step times; ``idle_devices.py``). Checked for a ``mesh=``
+        ``plan.idle`` has both step times; ``api/idle_devices.py``). Checked for a ``mesh=``
         training or inference plan without a pipeline; a searched mesh and serving plans
         are not checked.
+      objective, max_batch: for a serving step (``mode="decode"``/``"prefill"``: torch HF
+        decoders): ``"latency"`` (default) or ``"throughput"`` (tokens/s per device, the
+        batch free in powers of two up to ``max_batch``); ``plan.serving`` reports both
+        (``solver/serving.py``).
+
+    The planner itself:
+      time_limit: solver budget: about this many seconds of search on one idle core,
+        counted in CP-SAT's deterministic time, so the plan does not depend on machine load;
+        the wall clock stops the search only at 10x it (docs/design.md, "Deterministic solves").
       passes: the planner's pipeline instead of the default (``shardplan plan
-        --print-passes``): a pipeline string, or a list of pass names, ``PlannerPass`` objects
-        (a research pass: ``passes/planner_registry.py``) and ``PassSpec``s; unknown names list
-        the known passes. Hand-written baselines and the idle-devices check keep the default.
-      options: passed to the frontend (``mode="inference"``, ``loss_fn=``, ``optimizer=``,
-        ``mode="decode", context_len=4096``);
-        one the frontend does not take is an ``ArgumentError`` (a Graph takes none).
+        --print-passes``; docs/architecture.md): a pipeline string, or a list of pass names,
+        ``PlannerPass`` objects (a research pass: ``passes/planner_registry.py``) and
+        ``PassSpec``s; unknown names list the known passes. Hand-written baselines and the
+        idle-devices check keep the default.
+      verbose: print progress on stderr (each phase with the seconds since the call began:
+        capture, enumerate, price, solve with its bound and gap, simulate). Progress always
+        goes to the ``logging`` logger ``"shardplan"`` at INFO (``solver/progress.py``).
+
     Returns:
       the Plan (``print(plan)`` shows it).
     """

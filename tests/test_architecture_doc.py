@@ -53,3 +53,22 @@ def test_every_unit_of_the_layer_table_is_drawn() -> None:
     for tier in LAYERS:
         for unit in tier.split("|"):
             assert unit in drawn, f"the layer drawing lacks {unit!r}"
+
+
+def test_every_keyword_of_sp_plan_is_documented_in_a_group() -> None:
+    import inspect
+
+    import shardplan as sp
+
+    doc = inspect.getdoc(sp.plan) or ""
+    groups = [line for line in doc.splitlines() if line and not line[0].isspace()]
+    assert len(groups) >= 6, groups  # the summary, the groups' intro and one header per group
+    undocumented = [
+        name
+        for name in inspect.signature(sp.plan).parameters
+        if not any(
+            line.strip().startswith((f"{name}:", f"{name},")) or f", {name}:" in line
+            for line in doc.splitlines()
+        )
+    ]
+    assert not undocumented, f"sp.plan's docstring lacks {undocumented}"
