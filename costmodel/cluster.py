@@ -213,7 +213,8 @@ def get_cluster(name: str | Cluster) -> Cluster:
         known = ", ".join(sorted(_REGISTRY))
         raise UnknownClusterError(
             f"unknown cluster {name!r}; known clusters: {known}. "
-            "hint: describe your own with load_cluster(path) or register_cluster(Cluster(...))"
+            "hint: describe your own with load_cluster(path) or register_cluster(Cluster(...)), "
+            "or hand the object to the mesh: Mesh(axes, cluster=Cluster(...))"
         ) from None
 
 
