@@ -18,8 +18,9 @@ from .fusion import OpFusion, fusion, unfused_penalty
 
 
 class Plan(Protocol):
-    """What ``plan_op_times`` reads of a ``shardplan.solver.plan.Plan``: the cost model sits
-    below the solver, so it names the fields it needs instead of importing the solver."""
+    """What the cost model (``plan_op_times``, ``simulate``) reads of a
+    ``shardplan.solver.plan.Plan``: it sits below the solver, so it names the fields it needs
+    instead of importing the solver."""
 
     graph: Graph
     mesh: Any

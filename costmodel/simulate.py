@@ -31,7 +31,6 @@ from __future__ import annotations
 import heapq
 from collections.abc import Sequence
 from dataclasses import dataclass, field, replace
-from typing import Any, Protocol
 
 from shardplan.ir.errors import ArgumentError
 from shardplan.ir.graph import Graph, Op, Value
@@ -40,19 +39,8 @@ from shardplan.ir.registry import op_info
 
 from .cluster import cluster_of
 from .comm_streams import reshard_link
-from .op_times import plan_op_times
+from .op_times import Plan, plan_op_times  # Plan: the fields read of a solver Plan
 from .phases import layer_blocks, op_phases
-
-
-class Plan(Protocol):
-    """What the simulator reads of a ``shardplan.solver.plan.Plan``: the cost model sits below
-    the solver, so it names the fields it needs instead of importing the solver."""
-
-    graph: Graph
-    mesh: Any
-    shardings: Any
-    operand_shardings: Any
-    reshards: Any
 
 
 @dataclass(frozen=True, slots=True)

@@ -98,19 +98,28 @@ def get_pass(name: str) -> PassInfo:
 # -- pipeline text --------------------------------------------------------------------------
 
 
-def parse_pipeline(text: str) -> list[PassSpec]:
-    """Parse ``"annotate,propagate{max_iterations=10}"`` into pass specs with typed options."""
-    specs = []
+def pipeline_entries(text: str, error: type[Exception] = PassError) -> list[tuple[str, str | None]]:
+    """``"annotate,propagate{max_iterations=10}"`` -> ``[("annotate", None), ("propagate",
+    "max_iterations=10")]``: each entry's name and the text inside its braces (None without
+    braces); an entry missing its closing brace raises ``error``."""
+    entries = []
     for entry in _split_top_level(text, ",", where=text):
         entry = entry.strip()
         if not entry:
             continue
         name, _, rest = entry.partition("{")
-        name = name.strip()
         if rest and not rest.rstrip().endswith("}"):
-            raise PassError(f"pipeline entry {entry!r}: missing closing '}}'")
+            raise error(f"pipeline entry {entry!r}: missing closing '}}'")
+        entries.append((name.strip(), rest.rstrip()[:-1] if rest else None))
+    return entries
+
+
+def parse_pipeline(text: str) -> list[PassSpec]:
+    """Parse ``"annotate,propagate{max_iterations=10}"`` into pass specs with typed options."""
+    specs = []
+    for name, options in pipeline_entries(text):
         info = get_pass(name)
-        specs.append(PassSpec(info.name, parse_options(info, rest.rstrip()[:-1] if rest else "")))
+        specs.append(PassSpec(info.name, parse_options(info, options or "")))
     return specs
 
 

@@ -19,7 +19,7 @@ from typing import Any, ClassVar, Literal
 
 from shardplan.ir.errors import ArgumentError, ShardplanError
 
-from .manager import _NAME, NoOptions, PassInfo, PassSpec, _split_top_level, get_pass, list_passes
+from .manager import _NAME, NoOptions, PassInfo, PassSpec, get_pass, list_passes, pipeline_entries
 from .manager import parse_options as _parse_options
 
 Scope = Literal["graph", "space"]
@@ -138,17 +138,11 @@ def planner_pass(name: str, options: Any = None) -> PlannerPass:
 def parse_planner_pipeline(text: str) -> list[PlannerPass]:
     """Parse ``"annotate,enumerate,price{...},..."`` into planner pass objects."""
     passes = []
-    for entry in _split_top_level(text, ",", where=text):
-        entry = entry.strip()
-        if not entry:
-            continue
-        name, _, rest = entry.partition("{")
-        if rest and not rest.rstrip().endswith("}"):
-            raise ArgumentError(f"pipeline entry {entry!r}: missing closing '}}'")
+    for name, options in pipeline_entries(text, error=ArgumentError):
         made = planner_pass(name)
-        if rest:
+        if options is not None:
             info = PassInfo(made.name, _unused, made.options_class, "")
-            made = made.with_options(_parse_options(info, rest.rstrip()[:-1]))
+            made = made.with_options(_parse_options(info, options))
         passes.append(made)
     if not passes:
         raise ArgumentError(f"empty pipeline {text!r}; {_known()}")
