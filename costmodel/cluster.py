@@ -98,6 +98,11 @@ class Cluster:
     """Fraction of dense peak a full-tile implicit-GEMM convolution reaches (cuDNN); 0 means
     ``compute_efficiency`` (a GEMM's). Tile quantisation comes on top (``costmodel/conv.py``).
     """
+    nchw_convolutions: bool = False
+    """Convolutions read and write NCHW (PyTorch's default contiguous format) while their
+    kernels run NHWC: cuDNN's tensor-core implicit GEMMs take channels last, so each call
+    transposes its NCHW activations in and its result out (``costmodel.conv.layout_bytes``).
+    False: activations are channels last (``torch.channels_last``, XLA's layout assignment)."""
     kernel_floor: float = 0.0
     """Seconds: the least any non-empty kernel takes (launch + tail)."""
     engine: str = "eager"
@@ -254,6 +259,18 @@ def tf32_matmuls(cluster: Cluster | str) -> Cluster:
         )
     peaks["f32"] = peaks["tf32"]
     return replace(base, name=f"{base.name}+tf32", peak_flops=peak_table(peaks))
+
+
+def nchw_convolutions(cluster: Cluster | str) -> Cluster:
+    """``cluster`` running its convolutions on NCHW activations (``<name>+nchw``): a PyTorch
+    run that never calls ``.to(memory_format=torch.channels_last)``, such as NVIDIA's ResNet-50
+    TF32 recipe (``--memory-format`` defaults to ``nchw``; only its AMP config sets ``nhwc``).
+    cuDNN converts each NCHW operand of a tensor-core convolution to NHWC and its result back
+    (the transposes channels-last removes: MosaicML Composer's "Channels Last" method card,
+    NVIDIA's "Tensor Layouts In Memory: NCHW vs NHWC"); ``costmodel.conv.layout_time`` prices
+    them at HBM bandwidth."""
+    base = get_cluster(cluster)
+    return replace(base, name=f"{base.name}+nchw", nchw_convolutions=True)
 
 
 def peak_table(peaks: Mapping[str, float]) -> tuple[tuple[str, float], ...]:

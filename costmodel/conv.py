@@ -104,6 +104,53 @@ def conv_work_factor(op: Op, cluster: Cluster | str | None = None) -> float:
     return kernel / used
 
 
+def layout_bytes(
+    op: Op, operands: Sequence[Sharding], results: Sequence[Sharding], mesh: Mesh
+) -> list[int]:
+    """Local bytes of each activation a tensor-core convolution transposes between NCHW and
+    NHWC (``Cluster.nchw_convolutions``), one entry per transpose, as cuDNN is called: the
+    forward converts its input and its result; a backward's data-gradient call converts the
+    output gradient and the input gradient, its weight-gradient call the output gradient and
+    the input (each call its own). Weights are small and left out; a depthwise convolution
+    (a direct NCHW kernel, no GEMM) transposes nothing."""
+    if op.kind not in CONV_KINDS or conv_work_factor(op) == 0 or not operands:
+        return []
+
+    def local(value_type: TensorType, sharding: Sharding) -> int:
+        return value_type.nbytes // sharding.shard_count(mesh)
+
+    if op.kind == "convolution":
+        return [local(op.operands[0].type, operands[0]), local(op.results[0].type, results[0])]
+    mask = tuple(op.attrs.get("output_mask", (True, True, True)))  # type: ignore[call-overload]
+    grad, x = local(op.operands[0].type, operands[0]), local(op.operands[1].type, operands[1])
+    found = []
+    if mask[0] and op.results:  # the input gradient is the first result
+        found += [grad, local(op.results[0].type, results[0])]
+    if len(mask) > 1 and mask[1]:
+        found += [grad, x]
+    return found
+
+
+def layout_time(
+    op: Op,
+    operands: Sequence[Sharding],
+    results: Sequence[Sharding],
+    mesh: Mesh,
+    cluster: Cluster | str,
+) -> float:
+    """Seconds of ``layout_bytes``'s transposes on a ``nchw_convolutions`` cluster (0 on
+    others): each reads and writes its tensor once at HBM bandwidth, one kernel apiece."""
+    if op.kind not in CONV_KINDS:
+        return 0.0
+    c = get_cluster(cluster)
+    if not c.nchw_convolutions:
+        return 0.0
+    bandwidth = c.hbm_bandwidth * c.memory_efficiency
+    return sum(
+        max(2 * b / bandwidth, c.kernel_floor) for b in layout_bytes(op, operands, results, mesh)
+    )
+
+
 def halo_collectives(
     op: Op, operands: Sequence[Sharding], mesh: Mesh, saved_input: bool = False
 ) -> list[Collective]:

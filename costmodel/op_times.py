@@ -7,7 +7,7 @@ import math
 from typing import Any, Protocol
 
 from shardplan.costmodel.context_parallel import attention_work_factor
-from shardplan.costmodel.conv import conv_work_factor, halo_time
+from shardplan.costmodel.conv import conv_work_factor, halo_time, layout_time
 from shardplan.ir.graph import Graph, Op
 from shardplan.ir.op_cost import op_bytes, op_flops
 
@@ -75,4 +75,5 @@ def _op_time(op: Op, operands, results, mesh, cluster: Cluster, fused: OpFusion 
     nbytes = op_bytes(op.kind, ins, outs, *counts, *on_chip, attrs=op.attrs, split=split)
     launches = engine_launches(op.kind, fused is None or fused.launches, cluster)
     halo = halo_time(op, operands, mesh, cluster)  # a spatially split convolution
+    halo += layout_time(op, operands, results, mesh, cluster)  # NCHW <-> NHWC transposes
     return halo + compute_time(flops, nbytes, (outs or ins)[0].dtype, cluster, launches=launches)

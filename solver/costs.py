@@ -12,7 +12,7 @@ import numpy as np
 from ..costmodel import compute_time
 from ..costmodel.cluster import Cluster, get_cluster
 from ..costmodel.context_parallel import attention_work_factor
-from ..costmodel.conv import conv_work_factor, halo_time
+from ..costmodel.conv import conv_work_factor, halo_time, layout_time
 from ..costmodel.engine import launches as engine_launches
 from ..costmodel.fusion import Fusion, OpFusion, fusion, unfused_penalty
 from ..costmodel.reshard import ReshardPricer
@@ -300,6 +300,7 @@ def op_cost(
     )
     dtype = (outs or ins)[0].dtype
     halo = halo_time(op, strategy.operands, mesh, cluster)  # a spatially split convolution
+    halo += layout_time(op, strategy.operands, strategy.results, mesh, cluster)  # NCHW convs
     launches = engine_launches(op.kind, fused is None or fused.launches, get_cluster(cluster))
     return halo + compute_time(flops, nbytes, dtype, cluster, launches=launches)
 

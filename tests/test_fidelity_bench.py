@@ -90,17 +90,20 @@ def test_product_predicts_published_runs_end_to_end():
 
 @pytest.mark.slow
 @pytest.mark.torch
-def test_resnet50_row_within_20_percent():
-    """ResNet-50 v1.5 AMP on 8x A100 80GB (DeepLearningExamples): the whole captured model
-    under data parallelism predicts the published step within 20% (measured -16.7% with the
-    batch-norm lowering merged). Batch norm must lower (not run replicated) for the batch to
-    split; without that lowering the row measures something else and is skipped."""
+@pytest.mark.parametrize("row", [0, 1], ids=["amp", "tf32"])
+def test_resnet50_row_within_20_percent(row: int) -> None:
+    """ResNet-50 v1.5 on 8x A100 80GB (DeepLearningExamples): the whole captured model under
+    data parallelism predicts the published step within 20%. AMP (fp16, channels last):
+    measured -17.4%. TF32 (fp32 on TF32 Tensor Cores, NCHW as the recipe runs it, so cuDNN
+    transposes around each convolution): -3.8%; without the transposes it was -32.1%. Batch
+    norm must lower (not run replicated) for the batch to split; without that lowering the
+    row measures something else and is skipped."""
     from shardplan.frontend.torch.ops import TABLE
 
     if "native_batch_norm" not in TABLE:
         pytest.skip("needs the batch-norm lowering (aten.native_batch_norm)")
     import fidelity_cnn
 
-    (r,) = fidelity_cnn.cnn_results(fidelity_cnn.cnn_rows()[:1])  # the AMP row (TF32: bench)
+    (r,) = fidelity_cnn.cnn_results([fidelity_cnn.cnn_rows()[row]])
     assert "batch over dp" in r["strategy"]
     assert abs(r["product_error"]) <= 0.20, r["product_error"]

@@ -69,3 +69,43 @@ def test_conv_efficiency_is_fitted_from_microbench_rows_and_applied() -> None:
     raw = op_flops(full.kind, full.rule, [v.type for v in full.operands],
                    [r.type for r in full.results], full.attrs)  # fmt: skip
     assert seconds == pytest.approx(raw / (cluster.peak("f16") * 0.55))
+
+
+def test_nchw_convolutions_pay_a_transpose_of_each_activation_per_cudnn_call() -> None:
+    """On a ``nchw_convolutions`` cluster a forward convolution transposes its input and its
+    result (each read and written once at HBM bandwidth); a backward's data-gradient call the
+    output gradient and the input gradient, its weight-gradient call the output gradient and
+    the input. Split over the batch, each device transposes its shard. A depthwise
+    convolution (a direct kernel) and a channels-last cluster transpose nothing."""
+    from shardplan.costmodel.cluster import nchw_convolutions
+    from shardplan.costmodel.conv import layout_bytes, layout_time
+    from shardplan.ir import Mesh, Sharding
+
+    base = get_cluster("a100-80gb")
+    nchw = nchw_convolutions(base)
+    assert nchw.name == "a100-80gb+nchw"
+    assert not base.nchw_convolutions
+    mesh = Mesh({"dp": 4}, cluster="a100-80gb")
+    x_shape, y_shape = (256, 64, 56, 56), (256, 128, 56, 56)
+    fwd = _conv(x_shape, (128, 64, 3, 3), y_shape)
+    batch, whole = Sharding((("dp",), (), (), ())), Sharding.replicated(4)
+    x_bytes, y_bytes = T(x_shape, "f16").nbytes // 4, T(y_shape, "f16").nbytes // 4
+    assert layout_bytes(fwd, [batch, whole], [batch], mesh) == [x_bytes, y_bytes]
+    bandwidth = base.hbm_bandwidth * base.memory_efficiency
+    seconds = layout_time(fwd, [batch, whole], [batch], mesh, nchw)
+    assert seconds == pytest.approx(2 * (x_bytes + y_bytes) / bandwidth)
+    assert layout_time(fwd, [batch, whole], [batch], mesh, base) == 0.0
+
+    g = Graph("b")
+    grad, x, w = (g.add_input(n, T(s, "f16")) for n, s in
+                  (("g", y_shape), ("x", x_shape), ("w", (128, 64, 3, 3))))  # fmt: skip
+    for mask, expected in (
+        ((True, True, False), [y_bytes, x_bytes, y_bytes, x_bytes]),
+        ((False, True, False), [y_bytes, x_bytes]),  # the first layer: no input gradient
+    ):
+        outs = ([T(x_shape, "f16")] if mask[0] else []) + [T((128, 64, 3, 3), "f16")]
+        bwd = g.add_op("convolution_backward", [grad, x, w], outs, attrs={"output_mask": mask})
+        results = [batch] * mask[0] + [whole]
+        assert layout_bytes(bwd, [batch, batch, whole], results, mesh) == expected
+    dw = _conv((256, 64, 56, 56), (64, 1, 3, 3), (256, 64, 56, 56), groups=64)
+    assert layout_bytes(dw, [batch, whole], [batch], mesh) == []

@@ -90,3 +90,88 @@ def test_batch_one_high_resolution_convs_split_rows_with_a_halo() -> None:
             Collective("collective-permute", ("x",), row_bytes)
         ]
         assert halo_time(op, operands, mesh, "h100-sxm") == pytest.approx(exchanges * permute)
+
+
+def _bn_cnn() -> nn.Module:
+    """A ResNet-style stem and stages: strided convolutions, training-mode batch norms, a wide
+    last stage (large weights, little compute: its gradients are ready last) and a classifier."""
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 7, stride=2, padding=3), nn.BatchNorm2d(64),
+                               nn.ReLU(), nn.MaxPool2d(3, stride=2, padding=1)]  # fmt: skip
+    for c_in, c_out in ((64, 128), (128, 256), (256, 512), (512, 1024)):
+        layers += [nn.Conv2d(c_in, c_out, 3, stride=2, padding=1), nn.BatchNorm2d(c_out),
+                   nn.ReLU(), nn.Conv2d(c_out, c_out, 3, padding=1), nn.BatchNorm2d(c_out),
+                   nn.ReLU()]  # fmt: skip
+    return nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten(), nn.Linear(1024, 1000))
+
+
+def _gradient_reductions(plan, timeline) -> tuple[list[tuple[float, float, int]], float]:  # type: ignore[no-untyped-def]
+    """(ready time, seconds, gradient bytes) of each simulated gradient collective (a backward
+    result read by the update) and when the backward's last op ends."""
+    from shardplan.costmodel.phases import Phase, op_phases
+
+    graph, phases = plan.graph, op_phases(plan.graph)
+    ends = {i: end for kind, i, _, end in timeline if kind == "compute"}
+    position = {op: i for i, op in enumerate(graph.ops)}
+    by_name = {v.name: v for v in graph.values()}
+    backward_end = max(ends[i] for i, op in enumerate(graph.ops) if phases[op] is Phase.BACKWARD)
+    out = []
+    for kind, n, start, end in timeline:
+        r = plan.reshards[n] if kind == "comm" else None
+        if r is None or not r.consumer.startswith("op:"):
+            continue
+        producer = by_name[r.value].producer
+        consumer = graph.ops[int(r.consumer.split(":")[1])]
+        backward = producer is not None and phases[producer] is Phase.BACKWARD
+        if backward and phases[consumer] is Phase.UPDATE:
+            out.append((ends[position[producer]], end - start, by_name[r.value].type.nbytes))
+    return out, backward_end
+
+
+def test_batch_norm_cnn_on_8_nodes_hides_its_gradient_reductions() -> None:
+    """Batch 2048 of 224x224 images through a batch-norm CNN on 64 H100s (8 nodes), ZeRO-1
+    (the update sharded over dp, as the free plan of ResNet-50 there has it).
+
+    Each batch norm's statistics are summed over the split batch (SyncBatchNorm's global
+    statistics) by one all-reduce per sum, never a reduce-scatter whose every reader then
+    all-gathers the statistic back (follower merging used to pick it: a few bytes cheaper).
+    The gradient reductions run under the rest of the backward, as DDP's bucketed all-reduces
+    do: what the step still waits for after the backward is at most the last bucket's
+    reductions (the gradients ready last, up to DDP's 25 MB ``bucket_cap_mb``; the model runs
+    one collective per gradient, so their latencies add up) plus whatever the backward left
+    after the first gradient cannot cover."""
+    from shardplan.costmodel.simulate import simulate
+
+    with torch.device("meta"):
+        model = _bn_cnn()
+    mesh = sp.Mesh({"dp": 64}, cluster="h100-sxm")
+    x = torch.empty(2048, 3, 224, 224, device="meta")
+    plan = sp.evaluate(model, x, mesh=mesh, strategy=sp.strategies.zero(1)).plan
+    graph = plan.graph
+    (pixels,) = [v for v in graph.inputs if v.role is Role.INPUT]
+    assert plan.shardings[pixels.name].dims[0] == ("dp",)
+    stats = [i for i, op in enumerate(graph.ops) if op.kind == "batch_norm_stat"]
+    assert len(stats) >= 2 * 9  # mean and inverse deviation of each of the 9 batch norms
+    channel_stats = {op.operands[0].name for op in graph.ops if op.kind == "batch_norm_stat"}
+    channel_stats |= {r.name for i in stats for r in graph.ops[i].results}
+    moved = [r for r in plan.reshards if r.value in channel_stats]
+    kinds = sorted({c.kind for r in moved for c in r.collectives})
+    assert kinds == ["all-reduce"], kinds
+    summed = [r for r in moved if r.collectives]
+    assert len(summed) == 2 * 9, [(r.value, r.consumer) for r in summed]  # one per sum
+
+    timeline: list = []
+    result = simulate(plan, timeline=timeline)
+    grads, backward_end = _gradient_reductions(plan, timeline)
+    total = sum(t for _, t, _ in grads)
+    first = min(ready for ready, _, _ in grads)
+    last, held = 0.0, 0
+    for _, seconds, nbytes in sorted(grads, reverse=True):  # DDP's last bucket: ready last
+        if held + nbytes > 25 * 2**20:
+            break
+        last, held = last + seconds, held + nbytes
+    cover = backward_end - first  # the backward still to run once the first gradient is ready
+    assert len(grads) > 10
+    assert cover > total > 1.5 * last  # reduced all at the end, the step would wait ~total
+    waited = result.exposed_by_phase.get("update", 0.0) + result.exposed_by_phase.get("tail", 0.0)
+    assert waited <= max(0.0, total - cover) + last + 1e-9, (waited, total, cover, last)
+    assert waited < 0.5 * total
