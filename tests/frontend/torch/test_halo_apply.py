@@ -189,11 +189,12 @@ def test_an_upsample_between_row_split_convolutions_keeps_its_window_whole_and_r
 @pytest.mark.parametrize("follow", [False, True], ids=["apply", "follow"])
 def test_pools_between_row_split_convolutions_keep_the_rows_split(follow: bool):
     """A 2x2 max pool and a 2x2 average pool (every window inside its own stride step)
-    between row-split convolutions on 4 ranks (128x128, 16 channels): both and their backwards pool each rank's slab
-    of rows, with no collective of their own. ``apply`` and ``follow_plan`` give the plain
-    model's loss and gradients; ``follow_plan`` issues exactly the plan's collectives, and
-    ``apply`` exactly its halo exchanges (the max pool's indices, positions in the whole
-    input, are converted to and from the slab's around the local kernels)."""
+    between row-split convolutions on 4 ranks (128x128, 16 channels): both and their
+    backwards pool each rank's slab of rows, with no collective of their own. ``apply`` and
+    ``follow_plan`` give the plain model's loss and gradients; ``follow_plan`` issues exactly
+    the plan's collectives, and ``apply`` exactly its halo exchanges (the max pool's indices,
+    positions in the whole input, are converted to and from the slab's around the local
+    kernels)."""
     model, x = _pooled_net(upsample=False), torch.randn(1, 3, 128, 128)
     plan = _pooled_plan(model, x)  # at 128x128 the backward convolutions split rows too
     assert set(_window_splits(plan).values()) == {True}
