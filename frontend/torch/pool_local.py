@@ -28,7 +28,14 @@ POOLS = {
 }
 """``torch.nn.functional`` pools run here under ``plan.apply`` -> their spatial rank."""
 MAX_ARGS = ("kernel_size", "stride", "padding", "dilation", "ceil_mode", "return_indices")
-AVG_ARGS = ("kernel_size", "stride", "padding", "ceil_mode", "count_include_pad", "divisor")
+AVG_ARGS = (
+    "kernel_size",
+    "stride",
+    "padding",
+    "ceil_mode",
+    "count_include_pad",
+    "divisor_override",
+)
 
 
 def split_window_dims(x: Any, spatial: int) -> list[int]:

@@ -210,6 +210,7 @@ def test_pools_between_row_split_convolutions_keep_the_rows_split(follow: bool):
     else:
         planned = Counter((c.kind, c.axes, c.bytes) for c in simulate.planned_halos(plan, True))
         assert _permutes(counts) == planned
+        assert not [k for k in counts if k[0] == "all-gather"]  # the pools ran on the slabs
 
 
 def _segmentation_net() -> nn.Module:
