@@ -33,10 +33,13 @@ from collections.abc import Sequence
 from ..ir import Mesh, Op, Sharding, TensorType
 from ..ir.conv import halos
 from ..ir.halo import halo_rows as halo_rows  # re-exported: the runtimes size halos with it
+from ..ir.window import POOL_KINDS, window_halos
 from .cluster import Cluster, get_cluster
 from .collectives import Collective, collective_time
 
 CONV_KINDS = ("convolution", "convolution_backward")
+HALO_KINDS = (*CONV_KINDS, *POOL_KINDS)
+"""Ops whose spatial splits exchange halos (``halo_collectives``)."""
 TILE_N = 64
 """Output channels per threadblock tile (the narrowest CUTLASS/cuDNN implicit-GEMM tile)."""
 TILE_K = 32
@@ -154,22 +157,23 @@ def layout_time(
 def halo_collectives(
     op: Op, operands: Sequence[Sharding], mesh: Mesh, saved_input: bool = False
 ) -> list[Collective]:
-    """The halo exchanges of a convolution split along its spatial rows (``ir.halo``): per
-    split spatial dim of the input, one collective-permute per direction of the rows the
-    window reaches into the neighbouring shards (``lo`` rows to the next device, ``hi`` to
-    the previous one, along the splitting axes; XLA's SPMD partitioner and
-    ``frontend/torch/halo.py`` both move the two blocks separately). A torch backward
-    exchanges the input's rows again for the weight gradient (as XLA's weight-gradient
-    convolution does; not with ``saved_input``: ``plan.apply``'s autograd keeps the forward's
-    extended slab) and, when it computes the input gradient, sends that gradient's halo rows
-    back to their owners."""
-    if op.kind not in CONV_KINDS or not operands:
+    """The halo exchanges of a convolution or a pooling window (``ir.window``) split along its
+    spatial rows (``ir.halo``): per split spatial dim of the input, one collective-permute
+    per direction of the rows the window reaches into the neighbouring shards (``lo`` rows
+    to the next device, ``hi`` to the previous one, along the splitting axes; XLA's SPMD
+    partitioner and ``frontend/torch/halo.py`` both move the two blocks separately). A torch
+    backward exchanges the input's rows again for the weight gradient (as XLA's
+    weight-gradient convolution does; not with ``saved_input``: ``plan.apply``'s autograd
+    keeps the forward's extended slab) and, when it computes the input gradient, sends that
+    gradient's halo rows back to their owners."""
+    if op.kind not in HALO_KINDS or not operands:
         return []
     backward = op.kind == "convolution_backward"
     lhs, sharding = op.operands[int(backward)].type, operands[int(backward)]
-    ins = [v.type for v in op.operands]
+    ins, outs = [v.type for v in op.operands], [v.type for v in op.results]
+    split = window_halos if op.kind in POOL_KINDS else halos
     found: list[Collective] = []
-    for dim, halo in halos(op.kind, ins, [v.type for v in op.results], op.attrs):
+    for dim, halo in split(op.kind, ins, outs, op.attrs):
         axes = sharding.dims[dim] if dim < len(sharding.dims) else ()
         if not axes:
             continue

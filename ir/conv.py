@@ -266,17 +266,33 @@ def windowed(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
     mixes neighbouring rows, so it needs replication in every operand; in the results it is an
     output-only factor (one per distinct size, shared by results of that size: a max pool's
     values and indices): a device may compute a slab of output rows from the whole input.
+    With ``attrs["disjoint_windows"]`` (a max / avg pool whose every window lies inside its own
+    stride step: kernel <= stride, no padding, no dilation) a window dim whose long tensors
+    are exactly ``stride`` times its short ones splits in every tensor instead: the pooled
+    rows are one factor, the long dims ``(rows, stride)`` with the stride part whole, and
+    each device pools its own slab with no halo (a max pool's indices name positions in the
+    whole input; ``follow_plan`` converts them, ``frontend/torch/conv_local.py``).
     """
-    rank = max(t.rank for t in (*ins, *outs))
+    tensors = (*ins, *outs)
+    rank = max(t.rank for t in tensors)
+    if any(t.rank != rank for t in tensors):
+        raise IRVerifyError(
+            f"a pooling/resampling op needs operands and results of one rank, got "
+            f"{[str(t) for t in tensors]}"
+        )
     window = {int(d) % rank for d in attrs.get("window_dims", ())}  # type: ignore[union-attr]
     fs = _Factors()
+    split = _disjoint_rows(fs, tensors, window) if attrs.get("disjoint_windows") else {}
     shared: dict[int, str] = {}
     out_window: dict[tuple[int, int], str] = {}
-    need: set[str] = set()
+    need: set[str] = {f for dims in split.values() for fs_ in dims.values() for f in fs_[1:]}
 
     def dims_of(t: TensorType, result: bool) -> list[tuple[str, ...]]:
         dims: list[tuple[str, ...]] = []
         for d, size in enumerate(t.shape):
+            if d in split:
+                dims.append(fs.dim(*split[d][size]))
+                continue
             if d in window and result:
                 f = out_window.setdefault((d, size), fs.new(size))
             elif d in window or (d in shared and fs.sizes[shared[d]] != size):
@@ -287,14 +303,28 @@ def windowed(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:
             dims.append(fs.dim(f))
         return dims
 
-    if any(t.rank != rank for t in (*ins, *outs)):
-        raise IRVerifyError(
-            f"a pooling/resampling op needs operands and results of one rank, got "
-            f"{[str(t) for t in (*ins, *outs)]}"
-        )
     operands = [dims_of(t, False) for t in ins]
     results = [dims_of(t, True) for t in outs]
     return _make(operands, results, fs.sizes, need)
+
+
+def _disjoint_rows(
+    fs: _Factors, tensors: tuple[TensorType, ...], window: set[int]
+) -> dict[int, dict[int, tuple[str, ...]]]:
+    """Per window dim whose sizes are ``rows`` and ``rows * stride`` only: size -> factors
+    (the shared rows, then the whole stride part of the long size)."""
+    found: dict[int, dict[int, tuple[str, ...]]] = {}
+    for d in sorted(window):
+        sizes = {t.shape[d] for t in tensors}
+        short, long = min(sizes), max(sizes)
+        if len(sizes) > 2 or short < 1 or long % short:
+            continue
+        rows = fs.new(short)
+        found[d] = {
+            short: (rows,),
+            long: (rows, fs.new(long // short)) if long > short else (rows,),
+        }
+    return found
 
 
 def pixel_shuffle(ins: Types, outs: Types, attrs: Attrs) -> ShardingRule:

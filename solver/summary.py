@@ -14,7 +14,7 @@ import textwrap
 from collections import defaultdict
 from dataclasses import dataclass, field
 
-from shardplan.costmodel.conv import CONV_KINDS, halo_collectives
+from shardplan.costmodel.conv import HALO_KINDS, halo_collectives
 from shardplan.ir import Graph, Mesh, Role
 
 from .plan import Plan, Reshard
@@ -127,10 +127,11 @@ def _zero_axes(plan: Plan) -> tuple[list[str], float, float]:
 
 
 def halo_axes(plan: Plan) -> list[str]:
-    """Mesh axes some convolution's spatial rows are split over (``ir/halo.py``)."""
+    """Mesh axes some convolution's or pooling window's spatial rows are split over
+    (``ir/halo.py``)."""
     axes: set[str] = set()
     for i, op in enumerate(plan.graph.ops):
-        if op.kind in CONV_KINDS:
+        if op.kind in HALO_KINDS:
             operands = [plan.operand_shardings[(i, j)] for j in range(len(op.operands))]
             axes.update(a for c in halo_collectives(op, operands, plan.mesh) for a in c.axes)
     return _ordered(plan.mesh, axes)

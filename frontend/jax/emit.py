@@ -6,14 +6,16 @@ capture (``walk.Walker``), binding each equation and pinning its results with
 rather than by its own propagation. Partial (pending-sum) layouts cannot be written in ``Auto``
 mode: those values stay unconstrained and the consumer's planned operand layout is pinned
 instead, which is where the plan puts the reduction. Dots, ``reduce_sum``s over several split
-dims and embedding gradients over ids split on several dims are bound as explicit pending
-sums instead (``pending.py``: XLA would reduce them otherwise than planned). Other
-scatter-adds are the exception: XLA would move the updates rather than reduce, so their
-pending sums are pinned replicated first (``_Emit._scatter_add``). A layout with a Shardy
-sub-axis (``"x":(1)2``) has no ``NamedSharding`` either (jax 0.10 exposes none): an
-intermediate with one is left to XLA's own propagation, which reaches the same sub-axis from
-the pinned neighbours, and the function's inputs and outputs take the whole-axis prefix, as
-Shardy does at a jit boundary (``solver.summary.sub_axis_note`` says so in the plan's summary).
+dims and embedding gradients over ids split on several dims are bound as explicit pending sums
+instead (``pending.py``: XLA would reduce them otherwise than planned). Other scatter-adds are
+the exception: XLA would move the updates rather than reduce, so their pending sums are pinned
+replicated first (``_Emit._scatter_add``). Two convolution layouts XLA would partition
+otherwise (a grouped convolution's split batch, a staged pending sum of split input features)
+are bound per device in a ``shard_map`` (``local_conv.py``). A layout with a Shardy sub-axis
+(``"x":(1)2``) has no ``NamedSharding`` either (jax 0.10 exposes none): an intermediate with
+one is left to XLA's own propagation, which reaches the same sub-axis from the pinned
+neighbours, and the function's inputs and outputs take the whole-axis prefix, as Shardy does at
+a jit boundary (``solver.summary.sub_axis_note`` says so in the plan's summary).
 """
 
 from __future__ import annotations
@@ -28,11 +30,18 @@ from jax.sharding import AxisType, NamedSharding, PartitionSpec
 from ...ir import FrontendError, Mesh, Op, Sharding, Value
 from ...solver.plan import Plan
 from .capture import JaxContext
+from .local_conv import explicit_conv
 from .paths import pinned_layouts
 from .pending import Pending, explicit_dot, explicit_reduce, explicit_scatter_rows, sum_axes
 from .walk import Walker
 
 SCATTER_ADD = frozenset({"scatter-add", "scatter_add"})
+EXPLICIT = {
+    "dot_general": "dot_general",
+    "reduce_sum": "reduce_sum",
+    "conv_general_dilated": "convolution",
+}
+"""Primitives the emitter may bind otherwise than captured -> their IR op kind (``_explicit``)."""
 
 
 def make_jax_mesh(plan_or_mesh: Plan | Mesh) -> jax.sharding.Mesh:
@@ -255,13 +264,18 @@ class _Emit(Walker[Any]):
     def pin_outputs(self, outs: list[Any]) -> list[Any]:
         return [_plain(self._pin_path(x, self.outputs.get(i, []))) for i, x in enumerate(outs)]
 
-    def _planned(self, name: str | None) -> tuple[Op, Sharding, list[Sharding]] | None:
+    def _planned(
+        self, name: str | None, partial: bool = True
+    ) -> tuple[Op, Sharding, list[Sharding]] | None:
         """The producer of value ``name``, its planned (produced) layout when that is a pending
-        sum, and its operands' planned layouts; None for any other value."""
+        sum (any layout unless ``partial``), and its operands' planned layouts; None for any
+        other value."""
         value = self.values.get(name) if name else None
         result = self.produced.get(name) or self.plan.shardings.get(name) if name else None
         op = value.producer if value is not None else None
-        if result is None or not result.partial or op is None or id(op) not in self.op_index:
+        if result is None or (partial and not result.partial):
+            return None
+        if op is None or id(op) not in self.op_index:
             return None
         i = self.op_index[id(op)]
         layouts = [
@@ -272,20 +286,24 @@ class _Emit(Walker[Any]):
             return None
         return op, result, layouts  # type: ignore[return-value]
 
-    def _explicit(self, eqn: Any, ins: list[Any], params: dict[str, Any]) -> Pending | None:
+    def _explicit(self, eqn: Any, ins: list[Any], params: dict[str, Any]) -> Any | None:
         """A dot or ``reduce_sum`` whose planned result is a pending sum, bound so that XLA
-        reduces it as planned (``pending.py``); None for any other equation."""
+        reduces it as planned (``pending.py``), or a convolution XLA would partition otherwise
+        than planned (``local_conv.py``); None for any other equation."""
         kind = eqn.primitive.name
-        if kind not in ("dot_general", "reduce_sum") or len(self.context.steps[self.step]) != 1:
+        if kind not in EXPLICIT or len(self.context.steps[self.step]) != 1:
             return None
-        if (planned := self._planned(self.context.steps[self.step][0])) is None:
+        conv = kind == "conv_general_dilated"
+        if (planned := self._planned(self.context.steps[self.step][0], not conv)) is None:
             return None
         op, result, layouts = planned
-        if op.kind != kind or any(
+        if op.kind != EXPLICIT[kind] or any(
             tuple(getattr(x, "shape", ())) != v.type.shape
             for x, v in zip(ins, op.operands, strict=True)
         ):
             return None
+        if conv:
+            return explicit_conv(eqn, ins, layouts, result, params, self.jax_mesh, self._pin)
         if kind == "reduce_sum":
             (x,) = ins
             return explicit_reduce(x, layouts[0], params["axes"], result, self.plan.mesh, self._pin)

@@ -120,12 +120,39 @@ def window(kind: str, name: str) -> Row:
     def row(low: Lowering, node: fx.Node) -> Lowered:
         operands = low.tensors(node.args)
         rank = operands[0].type.rank
-        attrs = {"window_dims": tuple(range(rank - spatial, rank))}
+        attrs: dict[str, object] = {"window_dims": tuple(range(rank - spatial, rank))}
+        if disjoint_windows(kind, tuple(node.args), spatial):
+            attrs["disjoint_windows"] = True
         if isinstance(node.meta.get("val"), (list, tuple)):
             return _multi(low, kind, operands, node, **attrs)
         return _single(low, kind, operands, node, **attrs)
 
     return row
+
+
+POOL_ARGS = {"max_pool": 4, "avg_pool": 3}
+"""Window arguments (kernel, stride, padding[, dilation]) of the pooling calls that have them,
+after the input (and, in the backward, the output gradient before it)."""
+
+
+def disjoint_windows(kind: str, args: tuple, spatial: int) -> bool:
+    """Whether every window of a max / avg pool call lies inside its own stride step (kernel
+    <= stride, no padding, no dilation): its window dims may then split at multiples of the
+    stride with no halo (``ir.conv.windowed``). ``args``: the aten call's, defaults left out
+    as fx leaves them (an empty stride is the kernel)."""
+    base = kind.removesuffix("_backward")
+    if base not in POOL_ARGS:
+        return False
+    first = 2 if kind.endswith("_backward") else 1
+    given = list(args[first : first + POOL_ARGS[base]])
+    kernel, stride, padding, dilation = [*given, *[None] * (4 - len(given))]
+    k = _ints(kernel, spatial)
+    s = _ints(stride, spatial) if stride else k
+    pads = _ints(padding if padding is not None else 0, spatial)
+    dilations = _ints(dilation if dilation is not None else 1, spatial)
+    return (
+        all(a <= b for a, b in zip(k, s, strict=True)) and not any(pads) and set(dilations) == {1}
+    )
 
 
 def adaptive_avg_pool(name: str) -> Row:

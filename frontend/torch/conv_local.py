@@ -24,7 +24,7 @@ from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
 from ...costmodel.conv import halo_rows
 from ...ir import Sharding
-from . import halo
+from . import halo, pool_local
 
 FORWARD = "aten.convolution.default"
 BACKWARD = "aten.convolution_backward.default"
@@ -138,14 +138,34 @@ def _window(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict) -> A
         grad = local_args[0]
         size = list(local_args[2])
         local_args[2] = [grad.shape[0], grad.shape[1], *size[2:]]
+    op = follower.plan.graph.ops[step.ops[0]]
+    slab = _slab(op, args)
+    if slab is not None and op.kind == "max_pool_backward":  # the indices: global -> slab
+        local_args[7] = pool_local.to_slab(local_args[7], *slab)
     out = func(*local_args, **{k: _local(v) for k, v in kwargs.items()})
-    results = follower.plan.graph.ops[step.ops[0]].results
+    if slab is not None and op.kind == "max_pool":  # the indices: slab -> global
+        out = (out[0], pool_local.to_global(out[1], *slab))
+    results = op.results
     if isinstance(out, torch.Tensor):
         return _wrap_result(follower, out, results[0], step, 0)
     return tuple(
         _wrap_result(follower, t, v, step, k)
         for k, (t, v) in enumerate(zip(out, results, strict=False))
     )
+
+
+def _slab(op: Any, args: tuple) -> tuple | None:
+    """A max pool's (or its backward's) input split along its window dims (``ir.conv``'s
+    disjoint windows): the local and whole spatial shapes and the slab's offsets; None when
+    its indices need no conversion (the input's window dims whole)."""
+    if op.kind not in ("max_pool", "max_pool_backward"):
+        return None
+    x = args[int(op.kind == "max_pool_backward")]
+    spatial = len(op.attrs.get("window_dims", ()))
+    if not pool_local.split_window_dims(x, spatial):
+        return None
+    local, whole = _local(x).shape[-spatial:], x.shape[-spatial:]
+    return tuple(local), tuple(whole), pool_local.slab_offsets(x, spatial)
 
 
 def _strategy_result(plan: Any, index: int, k: int) -> Sharding | None:

@@ -27,7 +27,7 @@ import torch
 import torch.nn.functional as F
 from torch.distributed.tensor import DTensor, Partial, Placement, Replicate, Shard
 
-from . import halo
+from . import halo, pool_local
 
 Placements = tuple[Placement, ...]
 
@@ -77,6 +77,8 @@ def _intercept(func: Any, args: tuple, kwargs: dict) -> Any:
         return rnn(func, args)
     if func in CONVS:
         return conv(func, *args, **kwargs)
+    if func in pool_local.POOLS:
+        return pool_local.pool(func, args, kwargs)
     if getattr(func, "__name__", "") in ACTIVATION_NAMES:
         return elementwise(func, args, kwargs)
     return NotImplemented

@@ -21,7 +21,7 @@ from torch.distributed.tensor import DTensor
 from torch.utils._python_dispatch import TorchDispatchMode  # documented home of dispatch modes
 
 from ...costmodel.collectives import Collective as CostCollective
-from ...costmodel.conv import CONV_KINDS, halo_collectives
+from ...costmodel.conv import HALO_KINDS, halo_collectives
 from ...ir import Sharding
 from ...solver.plan import Plan, Reshard
 from .emit import consumed_layout, context_of
@@ -145,7 +145,7 @@ def planned_halos(plan: Plan, saved_input: bool = False) -> list[CostCollective]
     ``saved_input``: ``plan.apply``'s backward, which keeps the forward's extended slab)."""
     found: list[CostCollective] = []
     for i, op in enumerate(plan.graph.ops):
-        if op.kind in CONV_KINDS:
+        if op.kind in HALO_KINDS:
             operands = [plan.operand_shardings[(i, j)] for j in range(len(op.operands))]
             found += halo_collectives(op, operands, plan.mesh, saved_input)
     return found

@@ -107,17 +107,6 @@ def _unsharded(model: str):
 
 CELLS = [(m, mesh, k) for m in ("flax", "lax") for mesh in MESHES for k in KINDS]
 CELLS += [("grouped", "8", "dp"), ("grouped", "8", "fsdp")]  # grouped / depthwise convs
-_BATCH_GROUPED = (
-    "XLA does not split the contraction (the batch) of a batch-grouped conv (the grouped "
-    "conv's weight gradient): it all-gathers x (32 KiB over dp), which ir/conv.py's rule "
-    "prices as split (numerics match)"
-)
-KNOWN_COLLECTIVE_GAPS = {
-    ("grouped", "8", "dp"): _BATCH_GROUPED,
-    ("grouped", "8", "fsdp"): _BATCH_GROUPED,
-    ("lax", "2x2x2", "dp"): "the plan's all-reduce[dp] + reduce-scatter[tp] of one 216 B "
-    "gradient is one all-reduce[dp,tp] of 432 B in XLA (a staged reduction XLA fuses)",
-}
 
 
 @pytest.mark.slow
@@ -132,15 +121,7 @@ def test_plan_jit_matches_the_unsharded_step_and_shards_a_conv(model, mesh, kind
 
 
 @pytest.mark.slow
-@pytest.mark.parametrize(
-    ("model", "mesh", "kind"),
-    [
-        pytest.param(*c, marks=pytest.mark.xfail(strict=True, reason=KNOWN_COLLECTIVE_GAPS[c]))
-        if c in KNOWN_COLLECTIVE_GAPS
-        else c
-        for c in CELLS
-    ],
-)
+@pytest.mark.parametrize(("model", "mesh", "kind"), CELLS)
 def test_xla_collectives_are_the_planned_ones(model, mesh, kind):
     _, plan, compiled, _ = _cell(model, mesh, kind)
     found = collectives(compiled.as_text(), plan.mesh)  # check_plan_collectives, compiled once

@@ -13,7 +13,7 @@ import numpy as np
 import pytest
 import shardplan as sp
 from jax import lax
-from shardplan.costmodel.conv import halo_collectives
+from shardplan.costmodel.conv import HALO_KINDS, halo_collectives
 from shardplan.frontend.jax.capture import capture
 from shardplan.frontend.jax.emit import make_jax_mesh
 from shardplan.frontend.jax.hlo import collectives, compare
@@ -93,23 +93,28 @@ def _spatial_splits(plan: sp.Plan) -> list[int]:
 
 
 def _halos(plan: sp.Plan) -> list:
+    """The halo collective-permutes of every convolution and pooling window."""
     return [
         c
         for i, op in enumerate(plan.graph.ops)
-        if op.kind == "convolution"
-        for c in halo_collectives(op, [plan.operand_shardings[(i, j)] for j in (0, 1)], plan.mesh)
+        if op.kind in HALO_KINDS
+        for c in halo_collectives(op, _operands(plan, i), plan.mesh)
     ]
 
 
-def _pinned_rows(step, args, axis_dim: int) -> sp.Plan:  # type: ignore[no-untyped-def]
+def _operands(plan: sp.Plan, i: int) -> list[sp.Sharding]:
+    return [plan.operand_shardings[(i, j)] for j in range(len(plan.graph.ops[i].operands))]
+
+
+def _pinned_rows(step, args, axis_dim: int, rows_of=(SIZE,)) -> sp.Plan:  # type: ignore[no-untyped-def]
     """``step`` planned on 4 ``cpu-test`` devices with the rows (dim ``axis_dim``) of every
-    ``SIZE``-row batch-1 value (the activations and their gradients) pinned split."""
+    batch-1 value ``rows_of`` rows long (the activations and their gradients) pinned split."""
     graph, _ = capture(step, *args)
     rows = sp.Sharding(tuple(("x",) if d == axis_dim else () for d in range(4)))
     pins = {
         v.name: rows
         for v in graph.values()
-        if v.type.rank == 4 and v.type.shape[0] == 1 and v.type.shape[axis_dim] == SIZE
+        if v.type.rank == 4 and v.type.shape[0] == 1 and v.type.shape[axis_dim] in rows_of
     }  # not a broadcast bias [1, 1, 1, C]
     return sp.plan(step, *args, mesh=sp.Mesh({"x": 4}, cluster="cpu-test"), pins=pins)
 
@@ -160,4 +165,80 @@ def test_flax_linen_rows_split_matches_and_xla_inserts_the_planned_halos():
     step = _flax_step(model)
     plan = _pinned_rows(step, (params, x), 1)
     assert len(_spatial_splits(plan)) >= 6
+    _check_jit(step, (params, x), plan)
+
+
+# -- a pool between the convolutions (a U-Net encoder step) -------------------------------------
+
+POOLS = {
+    "max 2x2": ((1, 1, 2, 2), (1, 1, 2, 2), "VALID"),  # U-Net: no window crosses a slab edge
+    "max 3x3/2": ((1, 1, 3, 3), (1, 1, 2, 2), ((0, 0), (0, 0), (1, 1), (1, 1))),  # ResNet's stem
+}
+
+
+def _pooled_step(pool: str):  # type: ignore[no-untyped-def]
+    """``_step`` with a max pool after the first convolution (the rest at half the rows)."""
+    window, strides, padding = POOLS[pool]
+
+    def step(params, x):  # type: ignore[no-untyped-def]
+        def loss_fn(p):  # type: ignore[no-untyped-def]
+            h = jax.nn.relu(_conv(x, p[0], DILATIONS[0]))
+            h = lax.reduce_window(h, -jnp.inf, lax.max, window, strides, padding)
+            for w, d in zip(p[1:], DILATIONS[1:], strict=True):
+                h = jax.nn.relu(_conv(h, w, d))
+            return jnp.mean(h**2)
+
+        loss, grads = jax.value_and_grad(loss_fn)(params)
+        return [p - 0.1 * g for p, g in zip(params, grads, strict=True)], loss
+
+    return step
+
+
+def _window_ops(plan: sp.Plan) -> dict[str, sp.Sharding]:
+    """The pooled operand's planned layout of the max pool and of its backward."""
+    return {
+        op.kind: plan.operand_shardings[(i, int(op.kind == "select_and_scatter_add"))]
+        for i, op in enumerate(plan.graph.ops)
+        if op.kind in ("reduce_window_max", "select_and_scatter_add")
+    }
+
+
+def test_a_max_pool_between_convolutions_keeps_the_rows_split():
+    """One 3x1024x1024 image, 64 channels, a 2x2 max pool after the first convolution, on 8
+    H100s: the pool and its backward split a spatial dim with the convolutions (2x2 windows
+    at stride 2 need no halo), so nothing moves but the convolutions' halos and the weight
+    gradients' all-reduces (before, the plan all-to-alled 8 MiB activations to a channel
+    split three times around the pool)."""
+    params, x = _args(64, 1024, abstract=True)
+    plan = sp.plan(_pooled_step("max 2x2"), params, x, mesh=sp.Mesh({"dp": 8}, cluster="h100-sxm"))
+    convs = [i for i, op in enumerate(plan.graph.ops) if op.kind == "convolution"]
+    assert _spatial_splits(plan) == convs
+    pools = _window_ops(plan)
+    assert len(pools) == 2
+    assert all(any(layout.dims[d] for d in (2, 3)) for layout in pools.values()), pools
+    weight = 64 * 64 * 3 * 3 * 4
+    assert all(c.kind == "all-reduce" and c.bytes <= weight for c in plan.collectives())
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("pool", POOLS)
+def test_plan_jit_with_rows_split_through_a_max_pool_matches(pool):
+    """Rows pinned split over 4 devices (16 channels, 128x128, the rows halved by the pool):
+    ``plan.jit`` matches and XLA's collectives are the plan's. The 2x2 pool and its backward
+    run on the row slabs with no exchange; the overlapping 3x3 pool at stride 2 fetches one
+    row from the previous slab (the halo the plan prices) and its backward, whose windows
+    cross the slab edges, moves to a channel split as planned."""
+    step, size = _pooled_step(pool), 128
+    params, x = _args(16, size)
+    plan = _pinned_rows(step, (params, x), 2, rows_of=(size, size // 2))
+    assert len(_spatial_splits(plan)) == 8
+    pools = _window_ops(plan)
+    assert pools["reduce_window_max"].dims[2] == ("x",)
+    pool_op = next(i for i, op in enumerate(plan.graph.ops) if op.kind == "reduce_window_max")
+    halo = halo_collectives(plan.graph.ops[pool_op], _operands(plan, pool_op), plan.mesh)
+    if pool == "max 2x2":
+        assert pools["select_and_scatter_add"].dims[2] == ("x",)
+        assert halo == []
+    else:  # one row of the local [1, 16, 32, 128] slab to the next device
+        assert [(c.kind, c.bytes) for c in halo] == [("collective-permute", 16 * 128 * 4)]
     _check_jit(step, (params, x), plan)

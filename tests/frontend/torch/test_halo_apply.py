@@ -136,33 +136,81 @@ def test_followed_row_split_matches_and_issues_the_plans_collectives(mesh_name: 
     )
 
 
-def test_pooling_between_row_split_convolutions_keeps_its_window_whole_and_runs_right():
-    """A max pool and a nearest upsample between row-split convolutions: their rule needs the
-    window dims whole (no halo split is offered), so the plan moves the rows to a channel
-    split around them; ``apply`` and ``follow_plan`` still give the plain model's loss and
-    gradients. (The moves from a pool's channel-split result to its pinned row-split value
-    run at the op under ``follow_plan``; they are not among the plan's reshards.)"""
+def _pooled_net(upsample: bool) -> nn.Module:
+    """Row-split convolutions around a 2x2 max pool (and a 2x2 average pool, or a nearest
+    upsample)."""
     torch.manual_seed(0)
-    model = nn.Sequential(
+    second = nn.Upsample(scale_factor=2) if upsample else nn.AvgPool2d(2)
+    return nn.Sequential(
         nn.Conv2d(3, 16, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2),
-        nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), nn.Upsample(scale_factor=2),
+        nn.Conv2d(16, 16, 3, padding=1), nn.ReLU(), second,
         nn.Conv2d(16, 4, 3, padding=1, stride=2),
     )  # fmt: skip
-    x = torch.randn(1, 3, 64, 64)
+
+
+def _pooled_plan(model: nn.Module, x: torch.Tensor) -> sp.Plan:
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         graph, _ = capture(model, x)
     rows = sp.Sharding.of(None, None, "x", None)
     pins = {v.name: rows for v in graph.values() if v.type.rank == 4 and v.type.shape[0] == 1}
-    plan = sp.plan(model, x, mesh=sp.Mesh({"x": 4}, cluster="cpu-test"), pins=pins)
-    windows = [i for i, op in enumerate(plan.graph.ops) if op.kind.startswith(("max_pool", "up"))]
-    assert len(windows) == 4
-    assert not any(plan.operand_shardings[(i, 0)].dims[2] for i in windows)
+    return sp.plan(model, x, mesh=sp.Mesh({"x": 4}, cluster="cpu-test"), pins=pins)
+
+
+def _window_splits(plan: sp.Plan) -> dict[str, bool]:
+    """Per pooling / resampling op kind: whether its (pooled) input's rows are split."""
+    found: dict[str, bool] = {}
+    for i, op in enumerate(plan.graph.ops):
+        if op.kind.startswith(("max_pool", "avg_pool", "up")):
+            x = int(op.kind.endswith("_backward") and not op.kind.startswith("up"))
+            found[op.kind] = bool(plan.operand_shardings[(i, x)].dims[2])
+    return found
+
+
+def test_an_upsample_between_row_split_convolutions_keeps_its_window_whole_and_runs_right():
+    """A max pool and a nearest upsample between row-split convolutions: the 2x2 max pool
+    (disjoint windows) keeps the rows split, forward and backward; the upsample's rule needs
+    its window dims whole, so the plan moves the rows to a channel split around it;
+    ``apply`` and ``follow_plan`` still give the plain model's loss and gradients. (The moves
+    from the upsample's channel-split result to its pinned row-split value run at the op
+    under ``follow_plan``; they are not among the plan's reshards.)"""
+    model, x = _pooled_net(upsample=True), torch.randn(1, 3, 64, 64)
+    plan = _pooled_plan(model, x)
+    assert _window_splits(plan) == {
+        "max_pool": True, "max_pool_backward": True, "upsample": False, "upsample_backward": False
+    }  # fmt: skip
     assert simulate.planned_halos(plan)
     want = _reference(model, x)
     for follow in (False, True):
         loss, grads, _ = _run(plan, model, x, follow=follow)
         _check(loss, grads, want)
+
+
+@pytest.mark.parametrize("follow", [False, True], ids=["apply", "follow"])
+def test_pools_between_row_split_convolutions_keep_the_rows_split(follow: bool):
+    """A 2x2 max pool and a 2x2 average pool (every window inside its own stride step)
+    between row-split convolutions on 4 ranks (128x128, 16 channels): both and their
+    backwards pool each rank's slab of rows, with no collective of their own. ``apply`` and
+    ``follow_plan`` give the plain model's loss and gradients; ``follow_plan`` issues exactly
+    the plan's collectives, and ``apply`` exactly its halo exchanges (the max pool's indices,
+    positions in the whole input, are converted to and from the slab's around the local
+    kernels)."""
+    model, x = _pooled_net(upsample=False), torch.randn(1, 3, 128, 128)
+    plan = _pooled_plan(model, x)  # at 128x128 the backward convolutions split rows too
+    assert set(_window_splits(plan).values()) == {True}
+    assert len(_window_splits(plan)) == 4
+    loss, grads, counts = _run(plan, model, x, follow=follow)
+    _check(loss, grads, _reference(model, x))
+    if follow:
+        planned = simulate.planned_collective_list(plan)
+        assert counts == planned, (
+            f"observed:\n{simulate.collective_listing(counts)}\n"
+            f"planned:\n{simulate.collective_listing(planned)}"
+        )
+    else:
+        planned = Counter((c.kind, c.axes, c.bytes) for c in simulate.planned_halos(plan, True))
+        assert _permutes(counts) == planned
+        assert not [k for k in counts if k[0] == "all-gather"]  # the pools ran on the slabs
 
 
 def _segmentation_net() -> nn.Module:
@@ -210,3 +258,27 @@ def test_batch_one_segmentation_plans_a_row_split_that_beats_replicated_and_chan
     assert plan.step_time < 0.5 * replicated.step_time, (plan.step_time, replicated.step_time)
     assert plan.peak_memory_bytes < 0.5 * replicated.peak_memory_bytes
     assert plan.step_time < 0.8 * channels.step_time, (plan.step_time, channels.step_time)
+
+
+def test_batch_one_segmentation_with_a_max_pool_keeps_its_rows_split():
+    """The segmentation stack with a 2x2 max pool after its first convolution (1024x1024 on 8
+    H100s, free plan): every convolution, the pool and its backward run on row slabs, and the
+    only collectives are the weight and bias gradients' all-reduces (modelled 1.44 ms; with
+    the pool's rows whole the plan replicated the first convolution and all-to-alled three
+    8 MiB maps to a channel split and back around the pool, 1.46 ms)."""
+    layers: list[nn.Module] = [nn.Conv2d(3, 64, 3, padding=1), nn.ReLU(), nn.MaxPool2d(2)]
+    for d in (1, 2, 4, 1):
+        layers += [nn.Conv2d(64, 64, 3, padding=d, dilation=d), nn.ReLU()]
+    with torch.device("meta"):
+        model = nn.Sequential(*layers, nn.Conv2d(64, 8, 1))
+    x = torch.empty(1, 3, 1024, 1024, device="meta")
+    plan = sp.plan(model, x, mesh=sp.Mesh({"dp": 8}, cluster="h100-sxm"))
+    windowed = [(i, op) for i, op in enumerate(plan.graph.ops)
+                if op.kind.startswith(("convolution", "max_pool"))]  # fmt: skip
+    assert len(windowed) == 14  # 6 convolutions and their backwards, the pool and its backward
+    for i, op in windowed:
+        x_index = int(op.kind in ("convolution_backward", "max_pool_backward"))
+        assert plan.operand_shardings[(i, x_index)].dims == ((), (), ("dp",), ()), op.kind
+    assert {c.kind for c in plan.collectives()} == {"all-reduce"}
+    weight = 64 * 64 * 3 * 3 * 4
+    assert all(c.bytes <= weight for c in plan.collectives())
