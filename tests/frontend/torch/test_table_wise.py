@@ -17,18 +17,23 @@ from __future__ import annotations
 
 import contextlib
 import copy
+import dataclasses
+import json
 
 import pytest
 import shardplan as sp
 import torch
 from plan_digests import check_plan
 from shardplan.frontend.torch import simulate
+from shardplan.frontend.torch.capture import capture
 from shardplan.frontend.torch.follow import follow_plan
 from shardplan.frontend.torch.train import distribute_loss_inputs
+from shardplan.ir.errors import PlanFileError
 from shardplan.ir.table_wise import TableOwner
 from shardplan.solver.planner import plan_graph
 from shardplan.solver.serialize import plan_from_json
 from test_recsys import _bce, _captured, _device_mesh
+from torch import nn
 
 pytestmark = [pytest.mark.torch]
 
@@ -52,7 +57,17 @@ KINDS = {
 CELLS = [("8", "table_wise"), ("2x4", "table_wise"), ("2x4", "mixed")]
 
 
+_PLANS: dict[tuple[str, str], tuple[sp.Plan, sp.Plan]] = {}
+
+
 def _plan(mesh_name: str, kind: str) -> sp.Plan:
+    """The cell's plan, its tables placed on owners (cached with the solve before placing)."""
+    if (mesh_name, kind) not in _PLANS:
+        _PLANS[(mesh_name, kind)] = _solve(mesh_name, kind)
+    return _PLANS[(mesh_name, kind)][1]
+
+
+def _solve(mesh_name: str, kind: str) -> tuple[sp.Plan, sp.Plan]:
     captured = _captured()
     mesh = sp.Mesh(MESHES[mesh_name], cluster="cpu-test")
     strategy = KINDS[kind]()
@@ -64,9 +79,9 @@ def _plan(mesh_name: str, kind: str) -> sp.Plan:
     finally:
         for v, sharding, pinned in saved:
             v.sharding, v.pinned = sharding, pinned
-    plan = strategy.finish(plan).with_context(captured.context)
-    check_plan(__file__, f"{mesh_name}-{kind}", plan)
-    return plan
+    placed = strategy.finish(plan).with_context(captured.context)
+    check_plan(__file__, f"{mesh_name}-{kind}", placed)
+    return plan, placed
 
 
 def _owner_rank(owner: TableOwner, device_mesh, mesh: sp.Mesh) -> tuple[int, list[int]]:  # type: ignore[no-untyped-def]
@@ -135,3 +150,54 @@ def test_table_wise_plan_runs_as_planned(mesh: str, kind: str) -> None:
     )
     exchanges = sum(n for (k, axes, _), n in planned.items() if k == "all-to-all")
     assert exchanges >= 2 * len(named)
+
+
+def test_table_wise_plan_prices_the_owner() -> None:
+    """On (8,): the tables' state on their owners only, their gradients' collectives over dp
+    gone, a scatter and a gather of each lookup's whole pooled block (256 bags x 16 x f32)."""
+    plan = _plan("8", "table_wise")
+    solved, _ = _PLANS[("8", "table_wise")]
+    tables = {v.name: v for v in plan.graph.inputs if v.origin.path.startswith("emb.")
+              and v.origin.path.endswith(".weight")}  # fmt: skip
+    whole = sum(v.type.nbytes for v in tables.values())
+    largest = max(v.type.nbytes for v in tables.values())  # one table per device
+    assert plan.memory["parameters"] == solved.memory["parameters"] - whole + largest
+    grads = {op.results[0].name for op in plan.graph.ops if op.kind == "embedding_bag_backward"}
+    assert grads
+    assert [r for r in solved.reshards if r.value in grads and r.collectives]  # reduced over dp
+    assert not [r for r in plan.reshards if r.value in grads and r.collectives]
+    planned = simulate.planned_collective_list(plan)
+    assert planned[("all-to-all", ("dp",), 256 * 16 * 4)] >= 2 * len(tables)
+    assert plan.peak_memory_bytes < solved.peak_memory_bytes
+
+
+def test_table_wise_plan_file_with_a_bad_owner_is_refused() -> None:
+    document = json.loads(_plan("8", "table_wise").to_json())
+    document["table_owners"][0]["owner"] = 8
+    with pytest.raises(PlanFileError, match=r"table_owners\[0\].*owner 8 out of range"):
+        plan_from_json(document)
+
+
+class _Odd(nn.Module):
+    """A max-pooling table and a table read with per-sample weights."""
+
+    def __init__(self) -> None:
+        super().__init__()
+        self.maxed = nn.EmbeddingBag(16, 4, mode="max")
+        self.weighted = nn.EmbeddingBag(16, 4, mode="sum")
+
+    def forward(self, ids, offsets, psw):  # type: ignore[no-untyped-def]
+        return self.maxed(ids, offsets) + self.weighted(ids, offsets, per_sample_weights=psw)
+
+
+def test_table_wise_strategy_errors_name_the_table_and_the_fix() -> None:
+    ids, offsets = torch.tensor([1, 2, 3, 4, 5, 6, 7, 8]), torch.tensor([0, 2, 4, 6])
+    graph, _ = capture(_Odd(), ids, offsets, torch.ones(8), stamp_layers=False)
+    mesh = sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test")
+    with pytest.raises(sp.strategies.StrategyError, match=r"'maxed' is looked up with \['max'\]"):
+        sp.strategies.embedding(table_wise=["maxed"]).pins(graph, mesh)
+    with pytest.raises(sp.strategies.StrategyError, match=r"'weighted'.*per-sample weights"):
+        sp.strategies.embedding(table_wise=["weighted"]).pins(graph, mesh)
+    base = dataclasses.replace(sp.strategies.dp(), dp=("dp",))  # tp is no data axis
+    with pytest.raises(sp.strategies.StrategyError, match=r"placed along \['tp'\].*data axes"):
+        sp.strategies.embedding(table_wise={"weighted": ("tp",)}, base=base).table_wise(graph, mesh)
