@@ -404,18 +404,32 @@ def _follow_forward(follower: Any, step: Any, op: Any, args: tuple) -> tuple:
     table, ids, offsets = args[:3]
     psw = args[6] if len(args) > 6 else None
     mesh, opts = follower.mesh, _options(op.attrs)
-    planned = follower._placements(None, step.results[0])
-    layout = Layout(mesh, tuple(table.placements), _bag_dims(planned), _split_ids(op, ids))
+    layout = Layout(mesh, tuple(table.placements), _pooled_bags(follower, step),
+                    _split_ids(op, ids))  # fmt: skip
     out, argmax, _ = lookup(_local(table), tuple(table.shape), _local(ids), _local(offsets),
                             _local(psw), opts, layout)  # fmt: skip
     shape = tuple(op.results[0].type.shape)
     pooled = _wrap(out, mesh, layout.result(), shape)
+    planned = follower._placements(None, step.results[0])
+    if layout.bags != _bag_dims(planned):  # max ids whole, pooled rows split: a local slice
+        pooled = pooled.redistribute(placements=planned)
     n, bags = ids.shape[0], shape[0]
     offset2bag = _replicated(torch.zeros(n, dtype=torch.long), mesh)
     bag_size = _replicated(torch.zeros(bags, dtype=torch.long), mesh)
     if argmax is None:
         return pooled, offset2bag, bag_size, _replicated(torch.zeros(bags, dtype=torch.long), mesh)
     return pooled, offset2bag, bag_size, _wrap(argmax, mesh, layout.result(), shape)
+
+
+def _pooled_bags(follower: Any, step: Any) -> Placements:
+    """The bag split the lookup pools at: its pooled result's, and in max mode only where the
+    max ids are split too (a pin may slice the pooled rows at the producer, for free, and
+    leave the max ids whole: pooling only this rank's bags would make them split)."""
+    bags = _bag_dims(follower._placements(None, step.results[0]))
+    if len(step.results) > 3 and step.results[3] is not None:  # max mode: max_indices
+        ids = _bag_dims(follower._placements(None, step.results[3]))
+        bags = tuple(b if b == i else Replicate() for b, i in zip(bags, ids, strict=True))
+    return bags
 
 
 def _follow_backward(follower: Any, step: Any, op: Any, args: tuple) -> DTensor:
