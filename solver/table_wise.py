@@ -94,11 +94,13 @@ def _check(plan: Plan, table: _Table, axes: tuple[str, ...]) -> None:
         op = plan.graph.ops[i]
         result = plan.shardings[op.results[0].name]
         consumed = plan.operand_shardings[(i, 0)]
-        if stored.used_axes or consumed.used_axes or not set(axes) <= set(result.dims[0]):
+        trailing = result.dims[0][-len(axes) :] == axes  # the owner's share: the other axes
+        if stored.used_axes or consumed.used_axes or not trailing or result.partial:
             raise StrategyError(
                 f"table-wise table {table.module!r}: the plan stores it {stored}, reads it "
                 f"{consumed} and pools {result}; table-wise needs the table whole and its bags "
-                f"split over {list(axes)}: pin it with sp.strategies.embedding(table_wise=...)"
+                f"split over {list(axes)} (minor-most): pin it with "
+                "sp.strategies.embedding(table_wise=...)"
             )
 
 
@@ -206,7 +208,25 @@ def _without_gradient_sums(
         removed += r.time - r.count * sum(c.time for c in moves)
         if src != r.dst:
             reshards.append(dataclasses.replace(r, src=src, collectives=tuple(moves)))
-    return shardings, reshards, removed
+    added = _new_reductions(plan, changed, {r.consumer for r in plan.reshards}, price)
+    return shardings, reshards + added, removed - sum(r.time for r in added)
+
+
+def _new_reductions(plan: Plan, changed: dict, moved: set[str], price) -> list[Reshard]:  # type: ignore[no-untyped-def]
+    """Reshards a gradient now needs where the solve had none: its pending sum over the other
+    bag axes (placed along some of them only) reduced into each op that reads it whole."""
+    out = []
+    for i, op in enumerate(plan.graph.ops):
+        for j, v in enumerate(op.operands):
+            consumer = f"op:{i}:{j}"
+            if v.name not in changed or consumer in moved:
+                continue
+            src, grad = changed[v.name]
+            dst = plan.operand_shardings[(i, j)]
+            if src != dst:
+                moves = price.collectives(src, dst, grad.type) or ()
+                out.append(Reshard(v.name, consumer, src, dst, tuple(moves)))
+    return out
 
 
 def table_exchanges(plan: Plan) -> list:

@@ -50,11 +50,12 @@ def _one_thread():  # type: ignore[no-untyped-def]
 MESHES = {"8": {"dp": 8}, "2x4": {"dp": 2, "tp": 4}}
 KINDS = {
     "table_wise": lambda: sp.strategies.embedding(table_wise=["emb.*"]),
+    "table_wise_tp": lambda: sp.strategies.embedding(table_wise=["emb.*"], axes="tp"),
     "mixed": lambda: sp.strategies.embedding(
         table_wise=["emb.0", "emb.2"], row_wise=["emb.1"], column_wise=["emb.3"]
     ),
 }
-CELLS = [("8", "table_wise"), ("2x4", "table_wise"), ("2x4", "mixed")]
+CELLS = [("8", "table_wise"), ("2x4", "table_wise"), ("2x4", "table_wise_tp"), ("2x4", "mixed")]
 
 
 _PLANS: dict[tuple[str, str], tuple[sp.Plan, sp.Plan]] = {}
