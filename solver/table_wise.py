@@ -95,6 +95,13 @@ def _check(plan: Plan, table: _Table, axes: tuple[str, ...]) -> None:
         result = plan.shardings[op.results[0].name]
         consumed = plan.operand_shardings[(i, 0)]
         trailing = result.dims[0][-len(axes) :] == axes  # the owner's share: the other axes
+        ids = [plan.operand_shardings[(i, j)] for j in range(1, len(op.operands))]
+        if any(layout.used_axes for layout in ids):
+            raise StrategyError(
+                f"table-wise table {table.module!r}: its lookup reads the ids split "
+                f"({', '.join(map(str, ids))}); the owner pools every bag of its share and needs "
+                "them whole: give the ids whole (jagged ids with offsets are pinned whole)"
+            )
         if stored.used_axes or consumed.used_axes or not trailing or result.partial:
             raise StrategyError(
                 f"table-wise table {table.module!r}: the plan stores it {stored}, reads it "
