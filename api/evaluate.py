@@ -182,7 +182,8 @@ def _solve(
                 stage_bounds=uniform_stage_bounds(graph, strategy.pp), micro_sizes=False,
                 **options,
             )  # fmt: skip
-        return plan_graph(graph, mesh, memory_limit=limit, time_limit=time_limit, **options)
+        plan = plan_graph(graph, mesh, memory_limit=limit, time_limit=time_limit, **options)
+        return strategy.finish(plan)
     finally:
         for v, sharding, pinned, priority, why in saved:
             v.sharding, v.pinned, v.priority, v.sharding_origin = sharding, pinned, priority, why

@@ -12,6 +12,7 @@ from ..costmodel.collectives import Collective
 from ..costmodel.memory import MemoryProfile
 from ..ir import FrontendError, Graph, Mesh, Role, Sharding
 from ..ir.errors import ArgumentError, UnknownTensorError
+from ..ir.table_wise import TableOwner
 from .idle import IdleDevices
 
 if TYPE_CHECKING:
@@ -212,6 +213,10 @@ class Plan:
     """Devices the free plan leaves repeating the same work, why (modelled), and the
     data-parallel alternative's step (``sp.plan(..., prefer=...)``); None when every device
     does its own share. Saved with the plan (an optional key)."""
+    table_owners: tuple[TableOwner, ...] = ()
+    """Table-wise embedding tables: where each lives whole (``ir/table_wise.py``; placed and
+    priced by ``solver/table_wise.py``), which the SPMD layouts cannot say. Saved with the plan
+    (an optional key)."""
     assignments: dict[int, tuple[tuple[str, tuple[str, ...]], ...]] = field(default_factory=dict)
     """Op index -> its chosen choice's factor -> mesh axes pairs (``Choice.assignment``):
     what each op splits, which its layouts alone do not always say (a result's layout is

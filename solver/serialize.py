@@ -52,6 +52,11 @@ def plan_to_json(plan: Plan) -> str:
     }
     if plan.idle is not None:  # optional: files without it load with ``idle`` None
         document["idle"] = _idle(plan.idle)
+    if plan.table_owners:  # optional: files without it have no table-wise tables
+        document["table_owners"] = [
+            {"table": o.table, "module": o.module, "axes": list(o.axes), "owner": o.owner}
+            for o in plan.table_owners
+        ]
     return _dump(document) + "\n"
 
 
@@ -263,7 +268,29 @@ def plan_from_json(data: Mapping[str, Any] | str) -> Plan:
             for i, c in enumerate(top.get("candidates", list, []))
         ],
         idle=_read_idle(_Reader(top.data["idle"], "idle")) if "idle" in top.data else None,
+        table_owners=_read_owners(top.get("table_owners", list, []), graph, mesh),
     )
+
+
+def _read_owners(rows: list, graph: Graph, mesh: Mesh) -> tuple:
+    """``table_owners``: each a table input of the graph, placed along the mesh's axes."""
+    from shardplan.ir.table_wise import TableOwner
+
+    names = {v.name for v in graph.inputs}
+    owners = []
+    for i, row in enumerate(rows):
+        r = _Reader(row, f"table_owners[{i}]")
+        axes = r.get("axes", list)
+        if not all(isinstance(a, str) for a in axes) or r.get("table", str) not in names:
+            raise _bad(r.where, "needs a graph input's name as table and mesh axis names as axes")
+        try:
+            owner = TableOwner(r.get("table", str), r.get("module", str), tuple(axes),
+                               r.get("owner", int))  # fmt: skip
+            owner.check(mesh)
+        except ShardplanError as exc:
+            raise _bad(r.where, str(exc)) from None
+        owners.append(owner)
+    return tuple(owners)
 
 
 def _read_idle(r: _Reader):

@@ -17,10 +17,14 @@ from __future__ import annotations
 
 import re
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 from ..ir import Graph, Mesh, Role, Sharding, Value, op_info
 from ..ir.checks import check_choice
 from ..ir.errors import StrategyError
+
+if TYPE_CHECKING:
+    from .plan import Plan
 
 # Names are separated by "." or "_" (torch FQNs) or by pytree brackets (JAX: params['wq']).
 COLUMN = re.compile(
@@ -157,6 +161,11 @@ class ParallelStrategy:
         """Axes sharded parameters and states are split over: the data axes, then ``cp``."""
         cp = (self.cp,) if self.cp and mesh.axis_size(self.cp) > 1 else ()
         return tuple(a for a in self.data_axes(mesh) if a not in self.replicate) + cp
+
+    def finish(self, plan: Plan) -> Plan:
+        """The plan solved under ``pins``, completed with what layouts cannot say (a table
+        strategy's table-wise owners); the plan itself here."""
+        return plan
 
     def pins(self, graph: Graph, mesh: Mesh) -> dict[str, Sharding]:
         """Value name -> layout for every graph input."""

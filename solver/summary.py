@@ -18,6 +18,7 @@ from shardplan.costmodel.conv import HALO_KINDS, halo_collectives
 from shardplan.ir import Graph, Mesh, Role
 
 from .plan import Plan, Reshard
+from .table_wise import table_exchanges
 
 MAX_LAYOUT_ROWS = 14
 """Kinds of parameter listed; the rest are counted in one line."""
@@ -426,8 +427,20 @@ def _collectives_by_kind(plan: Plan) -> str:
         for c in reshard.collectives:
             count[c.kind] += reshard.count
             time[c.kind] += reshard.count * c.time
+    for _, pair in table_exchanges(plan):  # table-wise lookups' scatters and gathers
+        for c in pair:
+            count[c.kind] += 1
+            time[c.kind] += c.time
     kinds = sorted(count, key=lambda k: (-time[k], k))
     return ", ".join(f"{k} ×{count[k]} {format_seconds(time[k])}" for k in kinds)
+
+
+def _owners_text(plan: Plan) -> str:
+    """Each table-wise table and the position along its axes that holds it."""
+    return (
+        ", ".join(f"{o.module} on {'x'.join(o.axes)}={o.owner}" for o in plan.table_owners)
+        + " (whole there; lookups scattered by all-to-all)"
+    )
 
 
 def header_lines(plan: Plan, width: int) -> list[str]:
@@ -460,6 +473,8 @@ def header_lines(plan: Plan, width: int) -> list[str]:
             if (trade := memory_trade(plan)) is not None:
                 lines += _row("memory trade", trade, width)
     lines += _row("strategy", strategy_words(plan), width)
+    if plan.table_owners:
+        lines += _row("table-wise", _owners_text(plan), width)
     if plan.idle is not None:  # solver/idle.py: devices repeating the same work, and why
         text = textwrap.wrap(plan.idle.summary(), max(width - LABEL_WIDTH, 40))
         lines += [f"{'idle devices':<{LABEL_WIDTH}}{text[0]}"]

@@ -8,6 +8,7 @@ default)::
         row_wise=["emb.0", "emb.1"],     # rows (vocabulary) split: masked local lookups,
         column_wise=["emb.2"],           #   the pooled result a pending sum (reduce-scatter)
         data_parallel=["emb.3"],         # columns split; or the table whole, bags split
+        table_wise=["emb.4"],            # the table whole on one device of ``axes`` (owner)
         axes=("dp", "tp"),               # the mesh axes tables split over (default: all)
         base=sp.strategies.dp(),         # the rest
     )
@@ -18,6 +19,12 @@ for several), or given with its own axes as ``{"emb.0": ("tp",)}``. Its optimize
 are laid out like it. The ids and offsets of a jagged lookup are pinned whole (every device
 reads them: the bags a device pools are picked by data; ``ir/embedding_bag.py``); tables not
 named follow ``base``. ``nn.EmbeddingBag`` and ``nn.Embedding`` tables both count.
+
+A table-wise table (``ir/table_wise.py``; bag lookups only) is pinned as a data-parallel one
+(the table whole, its lookups' bags split over the data axes, which must include its axes);
+after the solve, ``finish`` gives each such table an owner along its axes, balanced by bytes
+(``solver/table_wise.py``), and prices it there: the lookups on the owner, the pooled rows'
+exchange, no gradient all-reduce, the table's state on the owner only.
 
 Errors name the table and the fix: a name no table has, a table named twice, a split that
 does not divide the table, and a row-wise max-pooling table (a max over some rows is no part
@@ -31,11 +38,15 @@ import fnmatch
 from collections.abc import Iterable, Mapping
 
 from ..ir import Graph, Mesh, Role, Sharding, Value
+from .plan import Plan
 from .strategies import ParallelStrategy, StrategyError, dp
+from .table_wise import place_tables
 
 LOOKUPS = ("embedding_bag", "embedding")
 """Op kinds whose operand 0 is a table (``embedding``'s is too: torch's ``aten.embedding``)."""
-KINDS = ("row_wise", "column_wise", "data_parallel")
+KINDS = ("row_wise", "column_wise", "data_parallel", "table_wise")
+WHOLE = ("data_parallel", "table_wise")
+"""Kinds whose table is whole (in the SPMD layouts) and whose lookups split their bags."""
 TableSpec = Iterable[str] | Mapping[str, Iterable[str]]
 
 
@@ -72,6 +83,10 @@ class TableStrategy(ParallelStrategy):
                     table.origin.path
                 ):
                     pins[v.name] = layout if v.type == table.type else pins.get(v.name, layout)
+        for module, (kind, _) in chosen.items():
+            if kind == "table_wise":  # the owner updates the table whole: no sliced update
+                for v in update_values(graph, module, tables[module][0]):
+                    pins[v.name] = Sharding.replicated(v.type.rank)
         for v in whole_index_inputs(graph):
             pins[v.name] = Sharding.replicated(v.type.rank)
         data = self.data_axes(mesh)
@@ -80,11 +95,41 @@ class TableStrategy(ParallelStrategy):
             kind = chosen.get(module, ("",))[0]
             if op.kind != "embedding_bag" or not kind:
                 continue
-            if kind == "data_parallel":  # each device pools its own bags
+            if kind == "table_wise" and op.attrs.get("per_sample_weights"):
+                raise StrategyError(
+                    f"{self.name}: table {module!r} is looked up with per-sample weights, which "
+                    "table-wise placement does not run; name it in row_wise or data_parallel"
+                )
+            if kind in WHOLE:  # each device pools (or receives) its own bags
                 pins[op.results[0].name] = _on_bags(op.results[0], data, mesh)
             else:
                 pins[op.results[0].name] = _pooled(pins[op.operands[0].name], kind)
         return pins
+
+    def table_wise(self, graph: Graph, mesh: Mesh) -> dict[str, tuple[str, ...]]:
+        """Table-wise table module -> the mesh axes it is placed along (mesh order)."""
+        chosen = self._assign(table_lookups(graph))
+        data = self.data_axes(mesh)
+        out = {}
+        for module, (kind, axes) in chosen.items():
+            if kind != "table_wise":
+                continue
+            along = axes if axes is not None else self.table_axes
+            if along is None:
+                along = tuple(a for a in data if mesh.axis_size(a) > 1)
+            if not along or not set(along) <= set(data):
+                raise StrategyError(
+                    f"{self.name}: table-wise table {module!r} is placed along "
+                    f"{list(along)}, which must be one or more of the data axes {list(data)} "
+                    "(its lookups' bags split over them); name data axes in axes=..."
+                )
+            out[module] = tuple(a for a in mesh.axis_names if a in along)
+        return out
+
+    def finish(self, plan: Plan) -> Plan:
+        """The solved plan with its table-wise tables placed on owners (``place_tables``)."""
+        requests = self.table_wise(plan.graph, plan.mesh)
+        return place_tables(plan, requests) if requests else plan
 
     def _assign(self, tables: dict) -> dict[str, tuple[str, tuple[str, ...] | None]]:
         """Table module -> (kind, axes), every entry matching at least one table, once."""
@@ -107,7 +152,13 @@ class TableStrategy(ParallelStrategy):
 
     def _layout(self, module: str, table: Value, kind: str, axes: tuple[str, ...] | None,
                 modes: set[str], mesh: Mesh) -> Sharding:  # fmt: skip
-        if kind == "data_parallel":
+        if kind == "table_wise" and modes - {"sum", "mean"}:
+            raise StrategyError(
+                f"{self.name}: table {module!r} is looked up with {sorted(modes - {'sum', 'mean'})}"
+                "; table-wise placement runs sum and mean nn.EmbeddingBag lookups only: name it "
+                "in row_wise, column_wise or data_parallel"
+            )
+        if kind in WHOLE:
             return Sharding.replicated(table.type.rank)
         split = axes if axes is not None else self.table_axes
         if split is None:
@@ -161,6 +212,30 @@ def table_lookups(graph: Graph) -> dict[str, tuple[Value, set[str]]]:
     return out
 
 
+def update_values(graph: Graph, module: str, table: Value) -> list[Value]:
+    """The optimizer's values of a table's update: those of the table's shape it makes from
+    the table, its optimizer states and its gradient (the backward of its lookups)."""
+    todo = [
+        op.results[0]
+        for op in graph.ops
+        if op.kind == "embedding_bag_backward" and op.origin.module == module
+    ]
+    todo += [v for v in graph.inputs if v.origin.path.split("#")[0] == table.origin.path]
+    seen: set[str] = set()
+    out: list[Value] = []
+    while todo:
+        v = todo.pop()
+        for user in v.users:
+            if user.origin.module != "optimizer":
+                continue
+            for r in user.results:
+                if r.name not in seen and r.type.shape == table.type.shape:
+                    seen.add(r.name)
+                    out.append(r)
+                    todo.append(r)
+    return out
+
+
 def whole_index_inputs(graph: Graph) -> list[Value]:
     """Graph inputs the ids, offsets or weights of jagged bag lookups are made from (directly,
     or through views and sums: a torchrec ``KeyedJaggedTensor``'s lengths become offsets)."""
@@ -205,6 +280,7 @@ def embedding(
     row_wise: TableSpec = (),
     column_wise: TableSpec = (),
     data_parallel: TableSpec = (),
+    table_wise: TableSpec = (),
     axes: Iterable[str] | str | None = None,
     base: ParallelStrategy | None = None,
 ) -> TableStrategy:
@@ -213,15 +289,15 @@ def embedding(
     if isinstance(base, TableStrategy):
         raise StrategyError("base= takes a dense strategy (sp.strategies.dp(), fsdp(), ...)")
     entries = []
-    for kind, spec in zip(KINDS, (row_wise, column_wise, data_parallel), strict=True):
+    for kind, spec in zip(KINDS, (row_wise, column_wise, data_parallel, table_wise), strict=True):
         entries += _entries(kind, spec)
     if not entries:
         raise StrategyError(
-            "sp.strategies.embedding() names no table; give row_wise=, column_wise= or "
-            "data_parallel= module paths (e.g. row_wise=['emb.0'])"
+            "sp.strategies.embedding() names no table; give row_wise=, column_wise=, "
+            "data_parallel= or table_wise= module paths (e.g. row_wise=['emb.0'])"
         )
     table_axes = (axes,) if isinstance(axes, str) else tuple(axes) if axes is not None else None
-    short = {"row_wise": "row", "column_wise": "col", "data_parallel": "dp"}
+    short = {"row_wise": "row", "column_wise": "col", "data_parallel": "dp", "table_wise": "tw"}
     label = ";".join(f"{short[k]}:{n}" for n, k, _ in entries)
     fields = {f.name: getattr(base, f.name) for f in dataclasses.fields(base)}
     fields["name"] = f"tables[{label}]+{base.name}"

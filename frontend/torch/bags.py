@@ -206,15 +206,18 @@ def _wrap(local: torch.Tensor, mesh: Any, placements: Placements, shape: tuple) 
 
 
 # -- apply: F.embedding_bag on a DTensor table -------------------------------------------------
-_PLANNED: list[tuple[Placements | None, Placements | None]] = []
-"""(table, result) placements of the ``nn.EmbeddingBag`` running now (``install_hooks``)."""
+_PLANNED: list[tuple[Placements | None, Placements | None, Any]] = []
+"""(table, result) placements of the ``nn.EmbeddingBag`` running now (``install_hooks``), and
+its ``TableOwner`` with the plan's mesh when it is table-wise (``bags_owned``), else None."""
 
 
 def install_hooks(plan: Any, context: Any, model: nn.Module) -> None:
     """Each ``nn.EmbeddingBag`` of the plan tells its lookup the planned layouts: the table as
     the lookup consumes it, the result's split of the bags."""
+    from .bags_owned import owners_by_table
     from .emit import consumed_layout, placements_of
 
+    owners = owners_by_table(plan)
     for path, module in model.named_modules():
         value = context.module_outputs.get(path)
         weight = context.param_values.get(f"{path}.weight" if path else "weight")
@@ -222,7 +225,10 @@ def install_hooks(plan: Any, context: Any, model: nn.Module) -> None:
             continue
         table = placements_of(consumed_layout(plan, weight, path), plan.mesh, weight)
         result = placements_of(plan.shardings[value], plan.mesh, value)
-        planned = (tuple(Replicate() if isinstance(p, Partial) else p for p in table), result)
+        owner = owners.get(weight)
+        placed = None if owner is None else (owner, plan.mesh)
+        planned = (tuple(Replicate() if isinstance(p, Partial) else p for p in table), result,
+                   placed)  # fmt: skip
         module.register_forward_pre_hook(lambda m, a, planned=planned: _PLANNED.append(planned))
         module.register_forward_hook(lambda m, a, o: _PLANNED.pop() and None, always_call=True)
 
@@ -238,7 +244,7 @@ def embedding_bag(
     if max_norm is not None:
         return NotImplemented
     mesh = weight.device_mesh
-    planned_table, planned_result = _PLANNED[-1] if _PLANNED else (None, None)
+    planned_table, planned_result, placed = _PLANNED[-1] if _PLANNED else (None, None, None)
     table = weight
     if planned_table is not None and tuple(weight.placements) != planned_table:
         table = weight.redistribute(placements=planned_table)
@@ -258,6 +264,12 @@ def embedding_bag(
     opts = Options(MODES.index(mode), include_last_offset,
                    None if padding_idx is None else padding_idx % weight.shape[0],
                    scale_grad_by_freq)  # fmt: skip
+    if placed is not None and planned_result is not None:  # table-wise: the owner pools
+        from . import bags_owned
+
+        owner, plan_mesh = placed
+        return bags_owned.embedding_bag(table, _whole(ids, mesh), _whole(offsets, mesh), opts,
+                                        planned_result, owner, plan_mesh)  # fmt: skip
     layout = Layout(mesh, tuple(table.placements), bags, split_ids=False)
     return _Bag.apply(table, _whole(ids, mesh), _whole(offsets, mesh), per_sample_weights,
                       opts, layout)  # fmt: skip
@@ -368,10 +380,20 @@ def _replicated(t: torch.Tensor, mesh: Any) -> DTensor:
 
 def run_step(follower: Any, step: Any, args: tuple) -> Any:
     """One traced bag call under ``follow_plan`` (operands already at their planned layouts)."""
+    from . import bags_owned
+
     op = follower.plan.graph.ops[step.ops[0]]
     if step.target in FORWARD:
+        owner = bags_owned.owners_by_table(follower.plan).get(op.operands[0].name)
+        if owner is not None:  # table-wise: the owner pools, the rows are scattered
+            planned = follower._placements(None, step.results[0])
+            return bags_owned.follow_forward(follower, op, args, _options(op.attrs), planned,
+                                             owner)  # fmt: skip
         return _follow_forward(follower, step, op, args)
     if step.target in BACKWARD:
+        owner = bags_owned.owners_by_module(follower.plan).get(op.origin.module)
+        if owner is not None:
+            return bags_owned.follow_backward(follower, op, args, _options(op.attrs), owner)
         return _follow_backward(follower, step, op, args)
     return _follow_psw(follower, step, op, args)
 
@@ -382,18 +404,32 @@ def _follow_forward(follower: Any, step: Any, op: Any, args: tuple) -> tuple:
     table, ids, offsets = args[:3]
     psw = args[6] if len(args) > 6 else None
     mesh, opts = follower.mesh, _options(op.attrs)
-    planned = follower._placements(None, step.results[0])
-    layout = Layout(mesh, tuple(table.placements), _bag_dims(planned), _split_ids(op, ids))
+    layout = Layout(mesh, tuple(table.placements), _pooled_bags(follower, step),
+                    _split_ids(op, ids))  # fmt: skip
     out, argmax, _ = lookup(_local(table), tuple(table.shape), _local(ids), _local(offsets),
                             _local(psw), opts, layout)  # fmt: skip
     shape = tuple(op.results[0].type.shape)
     pooled = _wrap(out, mesh, layout.result(), shape)
+    planned = follower._placements(None, step.results[0])
+    if layout.bags != _bag_dims(planned):  # max ids whole, pooled rows split: a local slice
+        pooled = pooled.redistribute(placements=planned)
     n, bags = ids.shape[0], shape[0]
     offset2bag = _replicated(torch.zeros(n, dtype=torch.long), mesh)
     bag_size = _replicated(torch.zeros(bags, dtype=torch.long), mesh)
     if argmax is None:
         return pooled, offset2bag, bag_size, _replicated(torch.zeros(bags, dtype=torch.long), mesh)
     return pooled, offset2bag, bag_size, _wrap(argmax, mesh, layout.result(), shape)
+
+
+def _pooled_bags(follower: Any, step: Any) -> Placements:
+    """The bag split the lookup pools at: its pooled result's, and in max mode only where the
+    max ids are split too (a pin may slice the pooled rows at the producer, for free, and
+    leave the max ids whole: pooling only this rank's bags would make them split)."""
+    bags = _bag_dims(follower._placements(None, step.results[0]))
+    if len(step.results) > 3 and step.results[3] is not None:  # max mode: max_indices
+        ids = _bag_dims(follower._placements(None, step.results[3]))
+        bags = tuple(b if b == i else Replicate() for b, i in zip(bags, ids, strict=True))
+    return bags
 
 
 def _follow_backward(follower: Any, step: Any, op: Any, args: tuple) -> DTensor:

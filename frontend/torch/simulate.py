@@ -24,6 +24,7 @@ from ...costmodel.collectives import Collective as CostCollective
 from ...costmodel.conv import HALO_KINDS, halo_collectives
 from ...ir import Sharding
 from ...solver.plan import Plan, Reshard
+from ...solver.table_wise import table_exchanges
 from .emit import consumed_layout, context_of
 from .reshard import per_rank
 
@@ -97,6 +98,15 @@ def rank0(tensor: Any) -> torch.Tensor:
     return tensor.detach()
 
 
+def local_on(tensor: Any, rank: int) -> torch.Tensor:
+    """A (local-)DTensor's local tensor on one simulated rank, as a plain tensor (a table-wise
+    table's gradient: whole on its owner, zero elsewhere, under a replicated layout)."""
+    if isinstance(tensor, DTensor):
+        tensor = tensor.to_local()
+    local = getattr(tensor, "_local_tensors", None)  # LocalTensor: one tensor per rank
+    return (local[rank] if local is not None else tensor).detach()
+
+
 def planned_reshards(plan: Plan) -> list[Reshard]:
     """The reshards one applied forward + backward performs, in graph order.
 
@@ -128,7 +138,8 @@ Collective = tuple[str, tuple[str, ...], int]
 
 def planned_collective_list(plan: Plan) -> Counter[Collective]:
     """The plan's own collectives (its cost model's, one per multi-axis group) for the reshards
-    one applied forward + backward performs, and its convolutions' halo exchanges, as
+    one applied forward + backward performs, its convolutions' halo exchanges and its
+    table-wise lookups' scatters and gathers, as
     ``{(kind, axes, bytes): count}``."""
     counts: Counter[Collective] = Counter()
     for reshard in planned_reshards(plan):
@@ -136,6 +147,9 @@ def planned_collective_list(plan: Plan) -> Counter[Collective]:
             counts[(c.kind, tuple(c.axes), c.bytes)] += reshard.count
     for c in planned_halos(plan):
         counts[(c.kind, tuple(c.axes), c.bytes)] += 1
+    for _, pair in table_exchanges(plan):  # table-wise lookups: priced inside the op
+        for c in pair:
+            counts[(c.kind, tuple(c.axes), c.bytes)] += 1
     return counts
 
 
@@ -174,14 +188,16 @@ class CollectiveLog(TorchDispatchMode):
         namespace = getattr(func, "namespace", "")
         kind = _FUNCTIONAL.get(getattr(func, "__name__", "").split(".")[0])
         if kind is not None and namespace in ("_c10d_functional", "_dtensor"):
-            self._record(kind, args)
+            self._record(kind, args, out)
         return out
 
-    def _record(self, kind: str, args: tuple) -> None:
+    def _record(self, kind: str, args: tuple, out: Any) -> None:
         tensor, group = args[0], args[-1]
-        if kind == "all-to-all" and isinstance(args[2], (list, tuple)) and _one_peer(args[2]):
+        if kind == "all-to-all" and isinstance(args[2], (list, tuple)) and _one_peer(*args[1:3]):
             kind = "collective-permute"  # each rank sends its whole block to one partner
         size = tensor.numel() * tensor.element_size()
+        if kind == "all-to-all":  # a table-wise scatter or gather: the owner's block
+            size = _largest(size, out.numel() * out.element_size())
         n = args[-2] if kind in ("all-gather", "reduce-scatter") else 1
         size = size * n if kind == "all-gather" else size // n
         self.counts[(kind, self._axes_of(group), size)] += 1
@@ -205,16 +221,33 @@ _FUNCTIONAL = {
 }
 
 
-def _one_peer(input_splits: Any) -> bool:
-    """Whether an ``all_to_all_single``'s input splits send everything to one peer on every
-    rank (``reshard``'s collective-permute) rather than a slice to each."""
+def _per_rank_values(value: Any) -> list[int]:
+    """Every simulated rank's value of an int that may differ per rank (an all-to-all in which
+    only a table's owner sends or receives: ``bags_owned``); a plain int is one value.
+    Private: a per-rank int is a ``LocalIntNode`` whose values have no public accessor."""
+    local = getattr(getattr(value, "node", None), "_local_ints", None)
+    if local is None:
+        local = getattr(value, "_local_ints", None)
+    return list(local.values()) if local is not None else [int(value)]
+
+
+def _largest(*sizes: Any) -> int:
+    """The largest of byte counts that may differ per simulated rank."""
+    return max(v for size in sizes for v in _per_rank_values(size))
+
+
+def _one_peer(output_splits: Any, input_splits: Any) -> bool:
+    """Whether an ``all_to_all_single`` sends everything to one peer and receives everything
+    from one on every rank (``reshard``'s collective-permute) rather than a slice to or from
+    each (a table-wise gather sends to one peer but its owner receives from every one)."""
     if len(input_splits) < 2:
         return False
 
-    def peers(splits: list[int]) -> int:
-        return sum(1 for s in splits if s != 0)
+    def one(out: list[int], inp: list[int]) -> int:
+        return int(sum(1 for s in out if s != 0) == 1 and sum(1 for s in inp if s != 0) == 1)
 
-    return per_rank(peers)(list(input_splits)) == 1
+    return all(v == 1 for v in _per_rank_values(per_rank(one)(list(output_splits),
+                                                                 list(input_splits))))  # fmt: skip
 
 
 def axis_groups(device_mesh: DeviceMesh) -> dict[str, tuple[str, ...]]:
