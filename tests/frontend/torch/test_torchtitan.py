@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,29 @@ def test_evaluate_torchtitan_prices_an_override_list(debug_step) -> None:
     assert set(by_flags.plan.recompute.values()) == {"full"}
     with pytest.raises(TitanConfigError, match="global batch of 16"):
         evaluate_torchtitan(debug_step, config.replace(local_batch_size=4))
+
+
+def test_pipelined_fsdp_stages_hold_their_parameters_gathered(debug_step) -> None:
+    """torchtitan under PP keeps each stage's FSDP parameters gathered for the step, with
+    fp32 gradient accumulators of that size until the one reduction after the last backward:
+    ``sp.evaluate`` of a pp 2 x dp_shard 4 configuration puts them in every stage's memory
+    (it counted the sharded parameters only)."""
+    config = TitanConfig(pp=2, dp_shard=4, local_batch_size=2, seq_len=SEQ,
+                         mixed_precision_param="float32")  # fmt: skip
+    plan = evaluate_torchtitan(debug_step, config).plan
+    layers = {s.index: set(s.layers) for s in plan.pipeline.stages}
+    held = dict.fromkeys(layers, 0.0)
+    for v in debug_step.inputs:
+        parts = v.origin.path.split(".")
+        if v.role is sp.Role.PARAMETER and parts[0] == "layers":
+            stage = next(s for s, ids in layers.items() if int(parts[1]) in ids)
+            held[stage] += v.type.numel * (v.type.itemsize + 4)
+    sharded = replace(config.strategy(), pp_gathered=False)  # FSDP's memory without PP's hold
+    plain = sp.evaluate(debug_step, mesh=config.mesh(), strategy=sharded).plan
+    for stage, other in zip(plan.pipeline.stages, plain.pipeline.stages, strict=True):
+        assert held[stage.index] > 0
+        assert stage.memory_bytes - other.memory_bytes >= held[stage.index]
+    assert plan.step_time == pytest.approx(plain.step_time)  # the same layouts, priced alike
 
 
 def test_to_torchtitan_reports_both_steps_and_round_trips(debug_step) -> None:
