@@ -156,6 +156,24 @@ def test_pipelined_fsdp_stages_hold_their_parameters_gathered(debug_step) -> Non
     assert plan.step_time == pytest.approx(plain.step_time)  # the same layouts, priced alike
 
 
+def test_zero1_plan_is_named_even_with_one_sharded_table(debug_step) -> None:
+    """A plan that shards optimizer states and keeps the parameters whole (ZeRO-1/2) is
+    emitted as FSDP and says so, also when one parameter (the embedding table) is sharded
+    over the same axis: the note weighs parameter bytes (it looked for an axis no parameter
+    used, so one sharded table hid the Llama-3-8B free plan's ZeRO-2)."""
+    from shardplan.api.torchtitan import nearest_config
+
+    zero1 = sp.strategies.ParallelStrategy("zero1", dp=("dp",), shard_states=True)
+    plan = sp.evaluate(debug_step, mesh=sp.Mesh({"dp": 8}), strategy=zero1).plan
+    table = next(v for v in debug_step.inputs if v.origin.path == "tok_embeddings.weight")
+    assert plan.shardings[table.name].sharded_axes == frozenset()
+    shardings = {**plan.shardings, table.name: sp.Sharding((("dp",), ()))}
+    for case in (plan, replace(plan, shardings=shardings)):
+        config, differences = nearest_config(case)
+        assert config.dp_shard == 8
+        assert any("ZeRO-1/2" in d for d in differences), differences
+
+
 def test_to_torchtitan_reports_both_steps_and_round_trips(debug_step) -> None:
     """A plan made from a torchtitan configuration emits that configuration back, priced at
     the same modelled step (gap 0)."""
