@@ -219,8 +219,9 @@ def _pipeline_seconds(prof: StepProfile, config: TitanConfig, work: float, n: in
     ``(sum_s t_s / v + (m - 1/v) max_s t_s) / m`` plus ``2 (p v - 1)`` hand-offs of fill and
     drain (the steady state's sends are asynchronous, as torchtitan's schedules post them).
     For equal ``t_s`` this is the SC'21 bubble ``(m + (p - 1) / v) t / m``; a heavier end
-    stage paces every micro-batch (Llama-3-70B's 128K-vocab output and loss on the last
-    stage: ``post`` is 20% of a 20-layer stage's work at pp 4)."""
+    stage paces every micro-batch (Llama-3-70B at pp 4 on 64-device stages: the 128K-vocab
+    output and loss are 6% of a 20-layer stage's work, which the old closed form divided by
+    ``pp`` as if every stage shared it)."""
     p, m, v = config.pp, config.microbatches, config.stages_per_rank
     pre, post = prof.seconds("pre", n), prof.seconds("post", n)
     times = [work + (pre if s == 0 else 0.0) + (post if s == p - 1 else 0.0) for s in range(p)]
