@@ -193,16 +193,14 @@ def price(prof: StepProfile, config: TitanConfig, cluster: str, limit: float) ->
     f = layers * (forward_l + tp_f + cp_f)
     b = layers * (backward_l + tp_b + cp_b)
     if config.pp > 1:
-        exposed = _pipelined_fsdp(config, layers, forward_l, backward_l, (ag, rs, ar))
-    else:
-        # FSDP prefetch hides a layer's gather under the previous layer's compute (and the
-        # gradient reduce-scatter under the next one's backward): only the excess is exposed.
-        exposed = layers * (max(0.0, ag - forward_l) + max(0.0, ag + rs - backward_l) + ar)
-    if config.pp > 1:
         body = _pipeline_seconds(prof, config, f + b, n, _p2p_seconds(prof, config, mesh))
+        exposed = _pipelined_fsdp(config, layers, forward_l, backward_l, (ag, rs, ar))
         other = prof.seconds("update", n * config.pp)
     else:
         body = f + b
+        # FSDP prefetch hides a layer's gather under the previous layer's compute (and the
+        # gradient reduce-scatter under the next one's backward): only the excess is exposed.
+        exposed = layers * (max(0.0, ag - forward_l) + max(0.0, ag + rs - backward_l) + ar)
         other = prof.seconds("other", n)
     step = body + exposed + other
     memory = _memory(prof, config)
@@ -211,7 +209,9 @@ def price(prof: StepProfile, config: TitanConfig, cluster: str, limit: float) ->
     return Priced(config, step, memory, memory <= limit, parts)
 
 
-def _pipeline_seconds(prof: StepProfile, config: TitanConfig, work: float, n: int, p2p: float):  # type: ignore[no-untyped-def]
+def _pipeline_seconds(
+    prof: StepProfile, config: TitanConfig, work: float, n: int, p2p: float
+) -> float:
     """One step of torchtitan's pipeline on equal stages of ``work`` seconds (the whole local
     batch's forward + backward of a stage's layers), the first stage also running the
     embedding and the last the output and loss, every micro-batch (``pre`` / ``post``): the
