@@ -171,7 +171,8 @@ class PlanFollower(TorchDispatchMode):
         self.paused = 0
         self.deviations: list[str] = []
         """Run-time calls not in the trace, skipped trace calls and layouts not as planned."""
-        self.matcher = TraceMatcher(self.steps, self.same, self.empty, self.deviations)
+        shapes = {v.name: tuple(v.type.shape) for v in plan.graph.values()}
+        self.matcher = TraceMatcher(self.steps, self.same, self.empty, self.deviations, shapes)
         self.names: WeakIdKeyDictionary = WeakIdKeyDictionary()
         """Run-time tensor -> the IR value it holds (results of replayed calls)."""
         self.order: list[int] | None = None
@@ -199,7 +200,8 @@ class PlanFollower(TorchDispatchMode):
                 self.names[out] = self.names[tensors[0]]
             return out
         known = [self.names.get(t) for t in tensors]
-        step = self.matcher.match(target, known)
+        shapes = [tuple(t.shape) if isinstance(t, DTensor) else None for t in tensors]
+        step = self.matcher.match(target, known, shapes)
         if step is None and target == _ADD:
             step = self.matcher.match_sum(known)
         if step is None and target == _CLONE and self.names.get(tensors[0]) is not None:

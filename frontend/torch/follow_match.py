@@ -20,9 +20,20 @@ class TraceMatcher:
     """Where a run is in the traced calls (``follow.PlanFollower`` asks it for each call)."""
 
     def __init__(
-        self, steps: list[AtenStep], same: dict[str, str], empty: set[str], deviations: list[str]
+        self,
+        steps: list[AtenStep],
+        same: dict[str, str],
+        empty: set[str],
+        deviations: list[str],
+        shapes: dict[str, tuple[int, ...]] | None = None,
     ) -> None:
         self.steps = steps
+        self.shapes = shapes or {}
+        """IR value -> its shape: a run-time DTensor operand of unknown value matches a traced
+        one only at the same global shape (eager autograd sums a 3-D bias gradient where the
+        trace viewed it to 2-D first; naming that sum after the traced one would relayout the
+        wrong dims)."""
+        self._call_shapes: list[tuple[int, ...] | None] | None = None
         self.same = same
         """Result of a traced identity call -> the value it passes on (one name for matching)."""
         self.empty = empty
@@ -42,9 +53,16 @@ class TraceMatcher:
                 self.sum_terms[s.results[0]] = terms
                 self.sums.setdefault(tuple(sorted(terms)), k)
 
-    def match(self, target: str, known: list[str | None]) -> AtenStep | None:
+    def match(
+        self,
+        target: str,
+        known: list[str | None],
+        shapes: list[tuple[int, ...] | None] | None = None,
+    ) -> AtenStep | None:
         """The next traced call with this target whose operands agree with the values the
-        run-time operands are known to hold; calls skipped on the way are reported."""
+        run-time operands are known to hold (and, for those of unknown value, with their global
+        ``shapes`` where given); calls skipped on the way are reported."""
+        self._call_shapes = shapes
         for k, step in list(self.skipped.items()):  # autograd may run ready nodes in
             fit = self._fit(step, target, known)  # another order
             if fit is not None:
@@ -111,8 +129,15 @@ class TraceMatcher:
         self.skipped.clear()
 
     def _agree(self, traced: tuple[str | None, ...], known: list[str | None]) -> bool:
-        same = self.same
-        return len(traced) == len(known) and all(
+        same, shapes = self.same, self._call_shapes
+        if len(traced) != len(known):
+            return False
+        if shapes is not None and any(
+            k is None and s is not None and t in self.shapes and self.shapes[t] != s
+            for t, k, s in zip(traced, known, shapes, strict=True)
+        ):
+            return False
+        return all(
             k is None or same.get(k, k) == same.get(t or "", t)
             for t, k in zip(traced, known, strict=True)
         )
