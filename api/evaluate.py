@@ -180,6 +180,7 @@ def _solve(
                 chunks=strategy.chunks, microbatches=strategy.microbatches, time_limit=time_limit,
                 tp_overlap_axes=(strategy.tp,) if strategy.tp_comm_overlap and strategy.tp else (),
                 stage_bounds=uniform_stage_bounds(graph, strategy.pp), micro_sizes=False,
+                gathered_axes=strategy.shard_axes(stage_mesh) if strategy.pp_gathered else (),
                 **options,
             )  # fmt: skip
         plan = plan_graph(graph, mesh, memory_limit=limit, time_limit=time_limit, **options)

@@ -57,6 +57,7 @@ def plan_pipeline(
     chunks: int | None = None,
     tp_overlap_axes: tuple[str, ...] = (),
     micro_sizes: bool = True,
+    gathered_axes: tuple[str, ...] = (),
     **planner_options,
 ) -> Plan:
     """Plan ``graph`` on ``mesh`` with pipeline stages along ``axis``.
@@ -71,6 +72,10 @@ def plan_pipeline(
     ``micro_sizes``: size batch factors per micro-batch under each cap (``_sized``); False
     keeps whole-batch sizes, where a cap bounds every batch-carrying split (a hand-written
     strategy's stages, which split a micro-batch's tokens only as its batch split does).
+    ``gathered_axes``: parameters sharded over these axes stay gathered over them for the
+    whole step, their gradients accumulated unsharded in fp32 until one reduction after the
+    last backward (torchtitan's FSDP under PP, ``docs/torchtitan.md``); each stage's memory
+    counts them (``_state_split``).
     """
     from .planner import plan_graph
 
@@ -84,7 +89,8 @@ def plan_pipeline(
         )
     return _plan_stages(
         graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-        stage_bounds, planner_options, (chunks, tuple(tp_overlap_axes)), micro_sizes,
+        stage_bounds, planner_options, (chunks, tuple(tp_overlap_axes), tuple(gathered_axes)),
+        micro_sizes,
     )  # fmt: skip
 
 
@@ -106,7 +112,7 @@ def _check_schedule(schedule: str, chunks, bounds, microbatches, stages: int) ->
 
 def _plan_stages(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, planner_options, extra=(None, ()), micro_sizes=True,
+    stage_bounds, planner_options, extra=(None, (), ()), micro_sizes=True,
 ) -> Plan:  # fmt: skip
     """The best of one sub-mesh plan per batch-split cap, each with its best stages.
 
@@ -237,14 +243,14 @@ def _batch_caps(sub_mesh: Mesh, batch: int, microbatches: int | None) -> list[in
 
 def _plan_cap(
     graph, mesh, sub_mesh, axis, stages, limit, schedule, microbatches, time_limit,
-    stage_bounds, planner_options, cap, extra=(None, ()), micro=True,
+    stage_bounds, planner_options, cap, extra=(None, (), ()), micro=True,
 ) -> tuple[Plan, LayerSplit, StageAssignment]:  # fmt: skip
     """Sub-mesh plan with the batch split at most ``cap``, and its best stages (``extra``:
-    interleaving chunks and TP-overlap axes; ``micro``: enumerate by micro-batch sizes,
-    ``plan_graph``'s ``micro_sizes``)."""
+    interleaving chunks, TP-overlap axes, gathered axes; ``micro``: enumerate by micro-batch
+    sizes, ``plan_graph``'s ``micro_sizes``)."""
     from .planner import plan_graph
 
-    chunks, tp_overlap_axes = extra
+    chunks, tp_overlap_axes, gathered_axes = extra
     # The sub-mesh solve sees the whole batch through every layer: a stage holds 1/stages of
     # the state and at most `stages` of `m` micro-batches of its layers' activations.
     m_max = microbatches or min(batch_size(graph) // cap, MAX_MICROBATCHES)
@@ -253,7 +259,7 @@ def _plan_cap(
         activation_scale=min(1.0, stages / m_max), batch_split_limit=cap, micro_sizes=micro,
         **_seeded(planner_options),
     )  # fmt: skip
-    split = attribute_layer_costs(inner, cluster_of(mesh), tp_overlap_axes)
+    split = attribute_layer_costs(inner, cluster_of(mesh), tp_overlap_axes, gathered_axes)
     if split.costs.num_layers < stages:
         raise PipelineError(
             f"cannot pipeline {split.costs.num_layers} repeated layers over {axis}={stages} "
@@ -393,13 +399,16 @@ class LayerSplit:
 
 
 def attribute_layer_costs(
-    plan: Plan, cluster: Cluster, tp_overlap_axes: tuple[str, ...] = ()
+    plan: Plan,
+    cluster: Cluster,
+    tp_overlap_axes: tuple[str, ...] = (),
+    gathered_axes: tuple[str, ...] = (),
 ) -> LayerSplit:
     """Split a solved plan's time and memory into per-layer, before-stack and after-stack parts.
 
     A recomputed layer (``plan.recompute``) pays its re-run forward ops again and keeps none of
     the values that recomputation frees: in a pipeline those are what each in-flight
-    micro-batch would otherwise hold."""
+    micro-batch would otherwise hold. ``gathered_axes``: as ``plan_pipeline``'s."""
     graph = plan.graph
     stack, layer_ids, layer_of = _stack(graph)
     turn = _turning_point(graph)
@@ -407,7 +416,7 @@ def attribute_layer_costs(
     times = _op_times(plan, cluster, tp_overlap_axes)
     time, pre, post, step = _time_split(plan, times, layer_of, len(layer_ids), turn)
     freed = _recompute(plan, live, times, layer_of, time)
-    state, pre_bytes, post_bytes = _state_split(plan, layer_of, len(layer_ids))
+    state, pre_bytes, post_bytes = _state_split(plan, layer_of, len(layer_ids), gathered_axes)
     act, boundary = _activation_split(plan, layer_of, len(layer_ids), turn, freed)
     costs = LayerCosts(tuple(time), tuple(state), tuple(act), pre, post, pre_bytes, post_bytes,
                        boundary, step)  # fmt: skip
@@ -465,11 +474,15 @@ def _time_split(plan: Plan, times: list[float], layer_of: dict[int, int], n: int
     return time, pre, post, step
 
 
-def _state_split(plan: Plan, layer_of: dict[int, int], n: int):
-    """Parameters (+ their gradients) and optimizer state per layer; the rest split pre/post."""
+def _state_split(plan: Plan, layer_of: dict[int, int], n: int, gathered: tuple[str, ...] = ()):
+    """Parameters (+ their gradients) and optimizer state per layer; the rest split pre/post.
+    A parameter sharded over ``gathered`` axes also holds its copy gathered over them and an
+    fp32 gradient accumulator of that size for the step (``plan_pipeline``)."""
     state, pre, post = [0.0] * n, 0.0, 0.0
     for node, value in enumerate(plan.graph.inputs):
         nbytes = _local(value, plan) * (2 if value.role is Role.PARAMETER else 1)
+        if gathered and value.role is Role.PARAMETER:
+            nbytes += _held(value, plan, gathered)
         if node in layer_of:
             state[layer_of[node]] += nbytes
         elif value.role in (Role.PARAMETER, Role.OPTIMIZER_STATE):
@@ -501,6 +514,17 @@ def _turning_point(graph: Graph) -> int:
         if value.type.rank == 0 and value.producer is not None:
             return next(i for i, op in enumerate(graph.ops) if op is value.producer)
     return len(graph.ops) // 2
+
+
+def _held(value: Value, plan: Plan, gathered: tuple[str, ...]) -> float:
+    """Bytes of ``value`` gathered over the ``gathered`` axes it is split over, plus an fp32
+    gradient of that size (FSDP2 accumulates unsharded gradients in its ``reduce_dtype``)."""
+    layout = plan.sharding_of(value.name)
+    axes = sorted(set(layout.sharded_axes) & set(gathered))
+    if not axes:
+        return 0.0
+    elements = value.type.numel / layout.shard_count(plan.mesh) * plan.mesh.group_size(axes)
+    return elements * (value.type.itemsize + 4)
 
 
 def _local(value: Value, plan: Plan) -> int:

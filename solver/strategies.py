@@ -83,6 +83,11 @@ class ParallelStrategy:
     schedule: str = "1f1b"
     """Pipeline schedule for ``pp > 1``: ``"1f1b"`` or ``"gpipe"`` (``chunks > 1`` is
     interleaved 1F1B)."""
+    pp_gathered: bool = False
+    """Under ``pp > 1``, sharded parameters stay gathered for the whole step and their
+    gradients accumulate unsharded in fp32 until one reduction after the last backward
+    (torchtitan: no reshard after forward under PP, no gradient sync between micro-batches);
+    each stage's memory counts them (``plan_pipeline``'s ``gathered_axes``)."""
 
     def __post_init__(self) -> None:
         if isinstance(self.ep, (str, list)):
@@ -476,6 +481,7 @@ def torchtitan(
         replicate=("dp_replicate",) if fsdp and dp_replicate > 1 else (),
         fsdp_dim0=True,
         tp_size=tp if tp > 1 else None,
+        pp_gathered=fsdp and pp > 1,
     )
 
 

@@ -7,10 +7,11 @@ checkpoint mode) and prices each in closed form from one profile of the graph
 the roofline, per-layer parameter and saved-activation bytes) with the cost model's own
 collective prices (``collective_time`` on the configuration's mesh: FSDP gathers and
 reduce-scatters hidden under the layer's compute where they fit, tensor- and context-parallel
-collectives exposed, torchtitan having no async TP by default) and pipeline bubbles
-(``uniform_step_time``). No configuration is solved: a full 8B-on-64 space prices in about a
-second. ``exact=k`` re-prices the best ``k`` with ``sp.evaluate`` (the pinned solve the rest
-of the project compares with), which is what ``to_torchtitan`` reports.
+collectives exposed, torchtitan having no async TP by default) and pipelines as torchtitan
+runs them (``_pipeline_seconds``, ``_pipelined_fsdp``, ``_gathered_bytes``). No configuration
+is solved: a full 8B-on-64 space prices in about a second. ``exact=k`` re-prices the best
+``k`` with ``sp.evaluate`` (the pinned solve the rest of the project compares with), which is
+what ``to_torchtitan`` reports.
 """
 
 from __future__ import annotations
@@ -22,9 +23,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from ..costmodel import collective_time, get_cluster
+from ..costmodel import cluster_of, collective_time, get_cluster, group_link
 from ..costmodel.compute import compute_time
-from ..costmodel.pipeline import uniform_step_time
 from ..ir import Graph, Role, op_bytes, op_flops
 from ..ir.errors import InfeasiblePlanError
 from ..passes.liveness import Phase, liveness
@@ -92,6 +92,7 @@ def profile(graph: Graph, cluster: str = "h100-sxm") -> StepProfile:
         parts["recompute-" + mode] = list(ops)
     in_layers = set(layer_of) | set(_layer_backward(graph, "", live.phase, layers=True))
     parts["other"] = [i for i in range(len(graph.ops)) if i not in in_layers]
+    parts.update(_ends(graph, parts["other"], min(in_layers), max(in_layers)))
     groups = {
         name: (np.array([times[i][0] for i in ops]), np.array([times[i][1] for i in ops]))
         for name, ops in parts.items()
@@ -117,6 +118,20 @@ def profile(graph: Graph, cluster: str = "h100-sxm") -> StepProfile:
         kv_hidden=wk[0].type.shape[0] if wk else hidden,
         activation_bytes=params[0].type.itemsize,
     )
+
+
+def _ends(graph: Graph, other: list[int], first: int, last: int) -> dict[str, list[int]]:
+    """The ops outside the layers by where a pipeline runs them: ``pre`` (the embedding, its
+    forward before the stack and its gradient after it) on the first stage, ``post`` (final
+    norm, output, loss and their backward) on the last stage, ``update`` (the optimizer) on
+    every stage for its own parameters (``solver/pipeline.py``'s ``_time_split``)."""
+    parts: dict[str, list[int]] = {"pre": [], "post": [], "update": []}
+    for i in other:
+        if graph.ops[i].origin.module == "optimizer":
+            parts["update"].append(i)
+        else:
+            parts["pre" if i < first or i > last else "post"].append(i)
+    return parts
 
 
 def _op_time(op, cluster: str, fused) -> tuple[float, float]:  # type: ignore[no-untyped-def]
@@ -177,25 +192,65 @@ def price(prof: StepProfile, config: TitanConfig, cluster: str, limit: float) ->
     layers = prof.layers // config.pp
     f = layers * (forward_l + tp_f + cp_f)
     b = layers * (backward_l + tp_b + cp_b)
-    # FSDP prefetch hides a layer's gather under the previous layer's compute (and the
-    # gradient reduce-scatter under the next one's backward): only the excess is exposed.
-    gathers = 1 if config.pp > 1 else 2  # torchtitan keeps parameters gathered under PP
-    exposed = layers * (max(0.0, ag - forward_l) + max(0.0, (gathers - 1) * ag + rs - backward_l))
-    exposed += layers * ar
-    other = prof.seconds("other", n * config.pp)
     if config.pp > 1:
-        chunks = config.stages_per_rank
-        m = config.microbatches
-        schedule = SCHEDULES[config.pipeline_schedule]
-        body = uniform_step_time(schedule, config.pp, m, f / m, b / m, chunks)
-        body += _p2p_seconds(prof, config, mesh, cluster) * 2 * (m + config.pp - 1)
+        body = _pipeline_seconds(prof, config, f + b, n, _p2p_seconds(prof, config, mesh))
+        exposed = _pipelined_fsdp(config, layers, forward_l, backward_l, (ag, rs, ar))
+        other = prof.seconds("update", n * config.pp)
     else:
         body = f + b
+        # FSDP prefetch hides a layer's gather under the previous layer's compute (and the
+        # gradient reduce-scatter under the next one's backward): only the excess is exposed.
+        exposed = layers * (max(0.0, ag - forward_l) + max(0.0, ag + rs - backward_l) + ar)
+        other = prof.seconds("other", n)
     step = body + exposed + other
     memory = _memory(prof, config)
     limit *= 1 - MEMORY_HEADROOM
     parts = {"compute_and_tp": body, "fsdp_exposed": exposed, "other": other}
     return Priced(config, step, memory, memory <= limit, parts)
+
+
+def _pipeline_seconds(
+    prof: StepProfile, config: TitanConfig, work: float, n: int, p2p: float
+) -> float:
+    """One step of torchtitan's pipeline on equal stages of ``work`` seconds (the whole local
+    batch's forward + backward of a stage's layers), the first stage also running the
+    embedding and the last the output and loss, every micro-batch (``pre`` / ``post``): the
+    stage formula ``sp.evaluate``'s pipelines use (``solver/stages.py``'s ``evaluate_split``),
+    ``(sum_s t_s / v + (m - 1/v) max_s t_s) / m`` plus ``2 (p v - 1)`` hand-offs of fill and
+    drain (the steady state's sends are asynchronous, as torchtitan's schedules post them).
+    For equal ``t_s`` this is the SC'21 bubble ``(m + (p - 1) / v) t / m``; a heavier end
+    stage paces every micro-batch (Llama-3-70B at pp 4 on 64-device stages: the 128K-vocab
+    output and loss are 6% of a 20-layer stage's work, which the old closed form divided by
+    ``pp`` as if every stage shared it)."""
+    p, m, v = config.pp, config.microbatches, config.stages_per_rank
+    pre, post = prof.seconds("pre", n), prof.seconds("post", n)
+    times = [work + (pre if s == 0 else 0.0) + (post if s == p - 1 else 0.0) for s in range(p)]
+    return (sum(times) / v + (m - 1 / v) * max(times)) / m + 2 * (p * v - 1) * p2p
+
+
+def _pipelined_fsdp(
+    config: TitanConfig, layers: int, forward_l: float, backward_l: float, comms: tuple
+) -> float:
+    """Exposed FSDP seconds of one pipeline stage as torchtitan runs it (``docs/torchtitan.md``,
+    "Pipelines"): the stage's parameters stay gathered for the whole step (torchtitan's
+    ``reshard_after_forward`` is off under PP, and ``torch.distributed.pipelining`` turns
+    ``reshard_after_backward`` and gradient sync off for every micro-batch), so each layer is
+    gathered once, in the first micro-batch's forward, hidden only under that micro-batch's
+    compute of the layer before (``forward_l / m``); the gradients are reduce-scattered (and
+    all-reduced over ``dp_replicate``) once, after the stage's last backward (the schedule's
+    ``REDUCE_GRAD`` action), with nothing left to hide them under on the first stage, which
+    ends the step. Under Interleaved1F1B each chunk reduces after its own last backward: all
+    but the last chunk's reductions overlap the drain of the last one (``min(p, m)`` of its
+    micro-batch backwards)."""
+    ag, rs, ar = comms
+    m, v = config.microbatches, config.stages_per_rank
+    gather = layers * max(0.0, ag - forward_l / m)
+    reduce = layers * (rs + ar)
+    if v > 1:
+        last = reduce / v
+        drain = min(config.pp, m) * backward_l * (layers / v) / m
+        reduce = last + max(0.0, reduce - last - drain)
+    return gather + reduce
 
 
 def _recompute_seconds(prof: StepProfile, config: TitanConfig, n: int) -> float:
@@ -252,19 +307,21 @@ def _fsdp_seconds(prof, config, mesh, cluster) -> tuple[float, float, float]:  #
     return ag, rs, ar
 
 
-def _p2p_seconds(prof, config, mesh, cluster) -> float:  # type: ignore[no-untyped-def]
+def _p2p_seconds(prof, config, mesh) -> float:  # type: ignore[no-untyped-def]
+    """One micro-batch's hand-off to the next stage: the residual stream, split over ``tp``
+    by sequence parallelism, on the ``pp`` axis's link (``plan_pipeline``'s hand-off)."""
     tokens = _local_tokens(prof, config) / config.microbatches / config.tp
-    nbytes = tokens * prof.hidden * prof.activation_bytes
-    return collective_time("all-gather", nbytes, "pp", mesh, cluster) / max(config.pp - 1, 1)
+    link = group_link(("pp",), mesh, cluster_of(mesh))
+    return link.latency + tokens * prof.hidden * prof.activation_bytes / link.p2p_bandwidth
 
 
 def _memory(prof: StepProfile, config: TitanConfig) -> float:
     """Per device: fp32 parameters, gradients and AdamW moments (16 bytes each) sharded over
-    every axis that shards them, two gathered layers, and the saved activations of the layers
-    (of the micro-batches in flight under a pipeline)."""
+    every axis that shards them, the gathered parameters (``_gathered_bytes``), and the saved
+    activations of the layers (of the micro-batches in flight under a pipeline)."""
     sharded = config.tp * config.pp * (config.dp_shard * config.cp)
     state = 16 * prof.params / sharded
-    gathered = 2 * prof.layer_params / config.tp * 2
+    gathered = _gathered_bytes(prof, config)
     mode = config.ac_mode
     per_layer = prof.saved["full" if mode == "full" else mode]
     if mode == "selective" and config.selective_ac_option != "op":
@@ -280,6 +337,20 @@ def _memory(prof: StepProfile, config: TitanConfig) -> float:
         in_flight = config.microbatches if config.pipeline_schedule == "GPipe" else config.pp
         acts *= min(in_flight, config.microbatches) / config.microbatches
     return state + gathered + acts + prof.other_saved / split
+
+
+def _gathered_bytes(prof: StepProfile, config: TitanConfig) -> float:
+    """FSDP's unsharded parameters: two layers at a time (the one computing and the one
+    prefetched), except under a pipeline, where torchtitan keeps the stage's parameters
+    gathered for the step (``_pipelined_fsdp``) and accumulates their gradients unsharded in
+    fp32 (FSDP2's ``reduce_dtype``) until the one reduction: ``param + 4`` bytes per parameter
+    of the fullest stage (its layers and one of embedding / output)."""
+    param_bytes = 2 if config.mixed_precision_param == "bfloat16" else 4
+    if config.pp == 1 or config.dp_shard * config.cp == 1:
+        return 2 * prof.layer_params / config.tp * param_bytes
+    ends = prof.params - prof.layers * prof.layer_params  # embedding and output, one per end
+    stage = prof.layers / config.pp * prof.layer_params + ends / 2
+    return stage / config.tp * (param_bytes + 4)
 
 
 # -- the space ----------------------------------------------------------------------------------

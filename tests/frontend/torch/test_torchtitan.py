@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
+from dataclasses import replace
 from pathlib import Path
 
 import pytest
@@ -130,6 +131,47 @@ def test_evaluate_torchtitan_prices_an_override_list(debug_step) -> None:
     assert set(by_flags.plan.recompute.values()) == {"full"}
     with pytest.raises(TitanConfigError, match="global batch of 16"):
         evaluate_torchtitan(debug_step, config.replace(local_batch_size=4))
+
+
+def test_pipelined_fsdp_stages_hold_their_parameters_gathered(debug_step) -> None:
+    """torchtitan under PP keeps each stage's FSDP parameters gathered for the step, with
+    fp32 gradient accumulators of that size until the one reduction after the last backward:
+    ``sp.evaluate`` of a pp 2 x dp_shard 4 configuration puts them in every stage's memory
+    (it counted the sharded parameters only)."""
+    config = TitanConfig(pp=2, dp_shard=4, local_batch_size=2, seq_len=SEQ,
+                         mixed_precision_param="float32")  # fmt: skip
+    plan = evaluate_torchtitan(debug_step, config).plan
+    layers = {s.index: set(s.layers) for s in plan.pipeline.stages}
+    held = dict.fromkeys(layers, 0.0)
+    for v in debug_step.inputs:
+        parts = v.origin.path.split(".")
+        if v.role is sp.Role.PARAMETER and parts[0] == "layers":
+            stage = next(s for s, ids in layers.items() if int(parts[1]) in ids)
+            held[stage] += v.type.numel * (v.type.itemsize + 4)
+    sharded = replace(config.strategy(), pp_gathered=False)  # FSDP's memory without PP's hold
+    plain = sp.evaluate(debug_step, mesh=config.mesh(), strategy=sharded).plan
+    for stage, other in zip(plan.pipeline.stages, plain.pipeline.stages, strict=True):
+        assert held[stage.index] > 0
+        assert stage.memory_bytes - other.memory_bytes >= held[stage.index]
+    assert plan.step_time == pytest.approx(plain.step_time)  # the same layouts, priced alike
+
+
+def test_zero1_plan_is_named_even_with_one_sharded_table(debug_step) -> None:
+    """A plan that shards optimizer states and keeps the parameters whole (ZeRO-1/2) is
+    emitted as FSDP and says so, also when one parameter (the embedding table) is sharded
+    over the same axis: the note weighs parameter bytes (it looked for an axis no parameter
+    used, so one sharded table hid the Llama-3-8B free plan's ZeRO-2)."""
+    from shardplan.api.torchtitan import nearest_config
+
+    zero1 = sp.strategies.ParallelStrategy("zero1", dp=("dp",), shard_states=True)
+    plan = sp.evaluate(debug_step, mesh=sp.Mesh({"dp": 8}), strategy=zero1).plan
+    table = next(v for v in debug_step.inputs if v.origin.path == "tok_embeddings.weight")
+    assert plan.shardings[table.name].sharded_axes == frozenset()
+    shardings = {**plan.shardings, table.name: sp.Sharding((("dp",), ()))}
+    for case in (plan, replace(plan, shardings=shardings)):
+        config, differences = nearest_config(case)
+        assert config.dp_shard == 8
+        assert any("ZeRO-1/2" in d for d in differences), differences
 
 
 def test_to_torchtitan_reports_both_steps_and_round_trips(debug_step) -> None:
