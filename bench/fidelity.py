@@ -19,10 +19,6 @@ in ``transformer_cost.py`` with ONE calibration per GPU generation
 80GB, AMP and TF32) end to end with ``sp.evaluate`` on the captured HF ResNet-50
 (``fidelity_cnn.py``).
 
-``--recsys`` predicts MLPerf Training v3.0's DLRM-DCNv2 on one DGX H100 (NVIDIA, HugeCTR):
-the 26 Criteo tables by ``sp.plan_tables``, the dense part captured and priced by
-``sp.evaluate`` (``fidelity_recsys.py``).
-
 ``--builder`` predicts the three Llama 3 405B rows (the 8K ones and the 128K context-parallel
 one) end to end with ``sp.evaluate`` on the IR builder's whole training step
 (``fidelity_builder.py``; seconds to build, no torch) and prints predicted vs published TF/GPU.
@@ -477,10 +473,6 @@ def main(argv: list[str] | None = None) -> int:
         help="also predict the ResNet-50 v1.5 row (DeepLearningExamples, 8x A100) end to end",
     )  # fmt: skip
     parser.add_argument(
-        "--recsys", action="store_true",
-        help="also predict MLPerf v3.0 DLRM-DCNv2 on 1x DGX H100 (tables + captured dense part)",
-    )  # fmt: skip
-    parser.add_argument(
         "--builder", action="store_true",
         help="also predict the Llama 3 405B rows with sp.evaluate on the IR builder's model",
     )  # fmt: skip
@@ -501,12 +493,6 @@ def main(argv: list[str] | None = None) -> int:
         cnn = cnn_results()
         print(cnn_report(cnn))
         results = [*results, *cnn]
-    if args.recsys:
-        from fidelity_recsys import recsys_report, recsys_results
-
-        recsys = recsys_results()
-        print(recsys_report(recsys))
-        results = [*results, *recsys]
     if args.json:
         args.json.write_text(json.dumps(results, indent=2) + "\n")
     save_record(args, "fidelity", results=results, wall_times=clock.total())

@@ -1,4 +1,7 @@
-"""A recommendation training run predicted by the product (issue 38, point 6; ``--recsys``).
+"""A recommendation training run predicted by the product (issue 38, point 6).
+
+    .venv/bin/python bench/fidelity_recsys.py [--record bench/records/fidelity_recsys.json]
+
 
 The row: MLPerf Training v3.0, closed division, NVIDIA, ``1xNVIDIA DGX H100`` (8x H100 SXM),
 DLRM-DCNv2 with HugeCTR (mlcommons/training_results_v3.0,
@@ -48,9 +51,16 @@ over 3,456 features, fp16 activations in and out of HBM): the captured dense par
 
 from __future__ import annotations
 
+import argparse
 import itertools
+import sys
 import time
 import warnings
+from pathlib import Path
+
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+
+from shardplan.api.records import WallClock, add_record_argument, save_record
 
 SOURCE = (
     "MLPerf Training v3.0 closed, NVIDIA 1xDGX H100 DLRM-DCNv2 HugeCTR "
@@ -199,3 +209,18 @@ def recsys_report(results: list[dict]) -> str:
         lines.append(f"  tables: {', '.join(r['table_types'])}; dense: {r['strategy']}")
     lines += [f"  source: {r['source']}" for r in results[:1]]
     return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    add_record_argument(parser)
+    args = parser.parse_args(argv)
+    clock = WallClock()
+    results = recsys_results()
+    print(recsys_report(results))
+    save_record(args, "fidelity_recsys", results=results, wall_times=clock.total())
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
