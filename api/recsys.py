@@ -39,7 +39,8 @@ def plan_tables(
         cluster: a catalogue name (``h100-sxm``, ``a100-80gb``, ...).
         batch_per_rank: samples per rank per iteration.
         dense: the dense layers (``DenseSpec``), priced as DDP or FSDP; ``None``: tables only.
-        optimizer: the fused sparse optimizer: ``rowwise_adagrad``, ``adam`` or ``sgd``.
+        optimizer: the fused sparse optimizer: ``rowwise_adagrad``, ``adagrad``, ``adam`` or
+            ``sgd``.
         hbm_limit, host_limit: bytes per rank (defaults: the cluster's HBM; 2 TB per node).
         sharding_types, kernels, dense_modes: restrict the choices.
         pins: table name -> the sharding type it must take.

@@ -2,14 +2,15 @@
 
     .venv/bin/python bench/fidelity.py --cnn --record fidelity.json
     .venv/bin/python bench/fidelity_moe.py --record moe.json
+    .venv/bin/python bench/fidelity_recsys.py --record recsys.json
     .venv/bin/python bench/serving_fidelity.py --record serving.json
     .venv/bin/python bench/fidelity_table.py fidelity.json moe.json serving.json
 
 Each record (``records.py``, ``record.schema.json``) is validated, its rows are normalised to
 (source, configuration, published, predicted, error) and printed as one Markdown table, then
 one summary line per kind of row (dense training, MoE training, convolutional training,
-serving with the engine of record, serving eager). ``docs/costmodel.md`` holds the table and
-the README quotes the summary line.
+recommendation training, serving with the engine of record, serving eager).
+``docs/costmodel.md`` holds the table and the README quotes the summary line.
 """
 
 from __future__ import annotations
@@ -36,6 +37,13 @@ def _cnn(r: dict) -> dict:
             "predicted": r["product_s"], "unit": "s/step", "error": r["product_error"]}  # fmt: skip
 
 
+def _recsys(r: dict) -> dict:
+    return {"kind": "recsys training", "source": r["source"],
+            "configuration": f"{r['row']}, {r['gpus']} GPUs, {r['cluster']}",
+            "published": r["published_s"], "predicted": r["product_s"], "unit": "s/step",
+            "error": r["product_error"]}  # fmt: skip
+
+
 def _moe(r: dict) -> dict:
     return {"kind": "MoE training", "source": r.get("source", ""), "configuration": r["label"],
             "published": r["published_s"], "predicted": r["predicted_s"], "unit": "s/step",
@@ -58,10 +66,12 @@ def rows_of(record: dict) -> list[dict]:
                 for r in results]  # fmt: skip
     if bench == "fidelity_moe":
         return [_moe(r) for r in results]
+    if bench == "fidelity_recsys":
+        return [_recsys(r) for r in results]
     if bench == "serving_fidelity":
         return [_serving(r) for r in results]
     raise ValueError(f"record of {bench!r} is not a fidelity bench (fidelity, fidelity_moe, "
-                     "serving_fidelity)")  # fmt: skip
+                     "fidelity_recsys, serving_fidelity)")  # fmt: skip
 
 
 def load(paths: list[Path]) -> list[dict]:

@@ -27,7 +27,8 @@ shards' times. Per shard (forward + backward):
 - **backward + fused optimizer** (fbgemm's TBE fuses the sparse update into backward): read the
   gradient row, read and write the weight row and its optimizer state, at the same split of
   HBM and host bandwidth: ``ids * (3*D_s*e + 2*state_row)``. Optimizer state per row
-  (``OPTIMIZER_STATE``): row-wise Adagrad one fp32 (4 B); Adam ``2*D`` fp32; SGD none.
+  (``OPTIMIZER_STATE``): row-wise Adagrad one fp32 (4 B); Adagrad (one accumulator per element,
+  HugeCTR's and fbgemm's exact Adagrad) ``D`` fp32; Adam ``2*D`` fp32; SGD none.
 - **input dist**: the all-to-all of ids, ``ids * i`` received per shard.
 - **output dist** and its backward (gradients of the pooled embeddings back): all-to-all
   (table/column-wise), reduce-scatter then all-gather (row-wise), reduce-scatter in the node plus
@@ -64,7 +65,7 @@ SHARDING_TYPES = (
     "grid",
 )
 KERNELS = ("fused", "fused_uvm_caching", "fused_uvm")
-OPTIMIZER_STATE = {"rowwise_adagrad": "row", "adam": "2d", "sgd": "none"}
+OPTIMIZER_STATE = {"rowwise_adagrad": "row", "adagrad": "d", "adam": "2d", "sgd": "none"}
 ID_BYTES = 8
 HOST_BANDWIDTH = 64e9
 """PCIe Gen5 x16 per direction (NVIDIA H100 SXM datasheet; an assumption: not on ref §3)."""
@@ -205,7 +206,7 @@ def make_world(
 def state_row_bytes(table: TableSpec, dim: int, optimizer: str) -> int:
     """Optimizer state bytes per row of a ``dim``-wide shard (module docstring)."""
     kind = OPTIMIZER_STATE[optimizer]
-    return {"row": 4, "2d": 8 * dim, "none": 0}[kind]
+    return {"row": 4, "d": 4 * dim, "2d": 8 * dim, "none": 0}[kind]
 
 
 def bandwidth_time(kind: str, nbytes: float, axes: tuple[str, ...], world: World) -> float:

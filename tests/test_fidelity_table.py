@@ -18,10 +18,21 @@ RECORDS = sorted((ROOT / "bench" / "records").glob("*.json"))
 
 def test_committed_records_make_one_consistent_table():
     """Each committed record validates; every row's error is its predicted over published."""
-    assert {p.stem for p in RECORDS} >= {"fidelity", "fidelity_moe", "serving_fidelity"}
+    assert {p.stem for p in RECORDS} >= {
+        "fidelity",
+        "fidelity_moe",
+        "fidelity_recsys",
+        "serving_fidelity",
+    }
     rows = fidelity_table.load(RECORDS)
     kinds = {r["kind"] for r in rows}
-    assert {"dense training", "CNN training", "MoE training", "serving (engine of record)"} <= kinds
+    assert {
+        "dense training",
+        "CNN training",
+        "MoE training",
+        "recsys training",
+        "serving (engine of record)",
+    } <= kinds
     assert sum(r["kind"] == "dense training" for r in rows) == 19
     for r in rows:
         assert r["error"] == pytest.approx(r["predicted"] / r["published"] - 1, abs=1e-9)

@@ -53,3 +53,13 @@ def test_column_wise_halves_the_shard() -> None:
     assert dict(half.breakdown)["output_dist"] == pytest.approx(
         dict(whole.breakdown)["output_dist"] / 2
     )
+
+
+def test_full_adagrad_keeps_one_accumulator_per_element() -> None:
+    """HugeCTR's (and fbgemm's exact) Adagrad: the update reads and writes a D-wide fp32 state
+    row, and the table holds it, where row-wise Adagrad has one fp32 per row."""
+    world = make_world(4, "cpu-test", batch_per_rank=8, optimizer="adagrad")
+    cost = price(TABLE, Option("table_wise"), world)
+    state = 16 * 4
+    assert dict(cost.breakdown)["lookup"] == pytest.approx(64 * (4 * ROW + 2 * state) / BW)
+    assert cost.hbm == 1000 * (ROW + state) + 64 * 8 + 2 * 32 * ROW
