@@ -155,7 +155,10 @@ def _check_binding(
             "loss_inputs=(y,) with loss_fn=fn(output, y); other inputs go by name "
             f"({', '.join(n + '=' for n in names[:4]) or 'no names'})"
         )
-    for key in kwargs:
+    star = next((p.name for p in signature.parameters.values()
+                 if p.kind is inspect.Parameter.VAR_KEYWORD), "kwargs")  # fmt: skip
+    typed = typed_keywords(model) if takes_any_keyword(signature) else None
+    for key, value in kwargs.items():
         if key in names:
             continue
         hint = did_you_mean(key, names)
@@ -163,6 +166,7 @@ def _check_binding(
             raise ArgumentError(
                 f"{where} has no parameter {key!r};{hint or ''} it takes {', '.join(names)}"
             )
+        _check_keyword_value(model, key, value, typed, star, names)
     for name in positional[: len(args)]:
         if name in kwargs:
             raise ArgumentError(
@@ -197,6 +201,54 @@ def check_read(model: nn.Module, args: tuple, kwargs: Mapping[str, Any], read: C
             f"example input {key!r} goes to {type(model).__name__}.forward's **{star} (no "
             f"parameter names it), and the model never reads it; leave it out or name a "
             f"parameter forward takes: {', '.join(names)}"
+        )
+
+
+def typed_keywords(model: nn.Module) -> set[str] | None:
+    """The keys ``forward``'s ``**kwargs: Unpack[SomeTypedDict]`` declares (Hugging Face's
+    ``TransformersKwargs``), or None when ``**kwargs`` is untyped or its hints cannot be read."""
+    import typing
+
+    try:
+        hints = typing.get_type_hints(model.forward, include_extras=True)
+    except Exception:
+        return None
+    signature = forward_signature(model)
+    star = next((p.name for p in (signature.parameters.values() if signature else ())
+                 if p.kind is inspect.Parameter.VAR_KEYWORD), None)  # fmt: skip
+    hint = hints.get(star or "")
+    if typing.get_origin(hint) is not typing.Unpack:
+        return None
+    declared = typing.get_args(hint)[0]
+    keys = getattr(declared, "__required_keys__", set()) | getattr(
+        declared, "__optional_keys__", set()
+    )
+    return set(keys) or None
+
+
+def _check_keyword_value(
+    model: nn.Module, key: str, value: Any, typed: set[str] | None, star: str, names: list[str]
+) -> None:
+    """A shardplan object given as a model keyword (``strategy=`` is ``sp.evaluate``'s, not
+    ``sp.plan``'s), or a keyword a typed ``**kwargs`` does not declare: an error naming it."""
+    model_name = type(model).__name__
+    if type(value).__module__.split(".")[0] == "shardplan":
+        hint = (
+            "; to price a hand-written strategy call sp.evaluate(model, ..., mesh=mesh, "
+            "strategy=...), or pin its layouts with sp.plan(..., pins=...)"
+            if key == "strategy"
+            else ""
+        )
+        raise ArgumentError(
+            f"{key}= is a shardplan {type(value).__name__}, not an input of {model_name}.forward "
+            f"(which would take it through **{star}): sp.plan has no {key}= keyword{hint}"
+        )
+    if typed is not None and key not in typed:
+        close = difflib.get_close_matches(key, sorted(typed) + names, n=1)
+        raise ArgumentError(
+            f"example input {key!r} goes to {model_name}.forward's **{star}, which declares only "
+            f"{', '.join(sorted(typed))}; forward's parameters are {', '.join(names)}"
+            + (f"; did you mean {close[0]!r}?" if close else "; leave it out")
         )
 
 

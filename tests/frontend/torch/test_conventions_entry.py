@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import dataclasses
 from pathlib import Path
+from typing import TypedDict, Unpack
 
 import pytest
 import shardplan as sp
@@ -66,6 +67,36 @@ class Tagger(nn.Module):
         return nn.functional.cross_entropy(logits.flatten(0, 1), labels.flatten())
 
 
+class Declared(TypedDict, total=False):
+    output_attentions: bool
+
+
+class TypedKeywords(Keywords):
+    """``forward(x, **kwargs: Unpack[Declared])``, as Hugging Face types its ``**kwargs``."""
+
+    def forward(self, x, **kwargs: Unpack[Declared]):  # type: ignore[no-untyped-def]
+        return self.lin(x)
+
+
+def test_a_keyword_a_typed_kwargs_does_not_declare_is_refused_before_tracing() -> None:
+    x = torch.randn(8, 4)
+    capture(TypedKeywords(), x, output_attentions=True)  # declared
+    with pytest.raises(ArgumentError, match=r"'output_atentions' goes to TypedKeywords.forward's "
+                                            r"\*\*kwargs, which declares only output_attentions; "
+                                            r"forward's parameters are x; "
+                                            r"did you mean 'output_attentions'\?"):  # fmt: skip
+        capture(TypedKeywords(), x, output_atentions=True)
+    capture(Keywords(), x, flag=True)  # untyped **kwargs: a non-tensor keyword is not checked
+
+
+def test_sp_plan_given_a_strategy_keyword_points_at_sp_evaluate() -> None:
+    """``strategy=`` is ``sp.evaluate``'s; ``sp.plan`` used to pass it to ``forward``'s
+    ``**kwargs`` as an example input and return a free plan."""
+    with pytest.raises(ArgumentError, match=r"strategy= is a shardplan ParallelStrategy, not an "
+                                            r"input of Keywords.forward.*sp.evaluate"):  # fmt: skip
+        sp.plan(Keywords(), torch.randn(8, 4), mesh=MESH, strategy=sp.strategies.dp())
+
+
 def _ids() -> torch.Tensor:
     return torch.randint(0, 16, (8, 4), generator=torch.Generator().manual_seed(0))
 
@@ -91,7 +122,7 @@ def test_hf_model_refuses_a_keyword_its_kwargs_drop() -> None:
         intermediate_size=32, max_position_embeddings=8,
     )  # fmt: skip
     model, ids = BertForMaskedLM(config), _ids()
-    with pytest.raises(ArgumentError, match=r"'sample_weights'.*never reads it.*labels"):
+    with pytest.raises(ArgumentError, match=r"'sample_weights'.*declares only.*labels"):
         sp.plan(model, input_ids=ids, labels=ids, sample_weights=ids, mesh=MESH, time_limit=5)
 
 
