@@ -63,6 +63,7 @@ _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 _ADD = ADD
 _EMBEDDING = "aten.embedding.default"
 _CLONE = "aten.clone.default"
+_AS_STRIDED = "aten.as_strided.default"
 _COPY = "aten.copy_.default"
 _IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
 _NEW_EMPTY_STRIDED = "aten.new_empty_strided.default"
@@ -311,6 +312,11 @@ class PlanFollower(TorchDispatchMode):
             out = conv_local.run(self, step, func, args, kwargs)
         elif step.target in VIEW_CALLS and (local := follow_calls.local_view(args)) is not None:
             out = local
+        elif (
+            step.target == _AS_STRIDED
+            and (viewed := follow_calls.strided_reshape(args)) is not None
+        ):
+            out = viewed
         elif step.target in _FILLS_LIKE and not any(
             self.plan.graph.ops[i].operands for i in step.ops
         ):
