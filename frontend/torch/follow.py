@@ -51,6 +51,7 @@ from . import (  # modules: apply_mode imports this one too
     losses,
     nn_local,
     reshard,
+    strides,
     view_writes,
 )
 from .capture import VIEW_CALLS, AtenStep, TorchContext, leaves
@@ -104,6 +105,7 @@ def follow_plan(plan: Plan, device_mesh: DeviceMesh) -> Iterator[PlanFollower]:
     Use around the applied module's forward *and* ``backward()``; the optimizer step runs
     outside. Yields the follower, whose ``deviations`` lists what did not go as planned.
     """
+    strides.ensure_view_handler()  # views of shards laid out unlike their DTensor
     follower = PlanFollower(plan, device_mesh)
     _ACTIVE.append(follower)
     try:
