@@ -64,7 +64,6 @@ _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 _ADD = ADD
 _EMBEDDING = "aten.embedding.default"
 _CLONE = "aten.clone.default"
-_CAT = "aten.cat.default"
 _AS_STRIDED = "aten.as_strided.default"
 _COPY = "aten.copy_.default"
 _IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
@@ -207,7 +206,7 @@ class PlanFollower(TorchDispatchMode):
         if step is None and target == _ADD:
             step = self.matcher.match_sum(known)
         if step is None and target == VIEW and (pair := self.matcher.match_copied_reshape(known)):
-            return self._copied_reshape(pair, args)
+            return follow_calls.copied_reshape(self, pair, args)
         if step is None and target == _CLONE and self.names.get(tensors[0]) is not None:
             self.deviations[-1:] = []  # ``.contiguous()`` where a run-time stride differs
             out = func(*args, **kwargs)
@@ -225,16 +224,6 @@ class PlanFollower(TorchDispatchMode):
         step = conv_local.aligned(self.plan, step, args)
         out = self._run(step, func, args, kwargs)
         self._name(step, out, args)
-        return out
-
-    def _copied_reshape(self, pair: tuple[AtenStep, AtenStep], args: tuple) -> Any:
-        """A run-time view run as the trace's copy and view of the copy, each at its planned
-        layouts (``TraceMatcher.match_copied_reshape``)."""
-        copy, view = pair
-        copied = self._run(copy, torch.ops.aten.clone.default, args[:1], {})
-        self._name(copy, copied, args[:1])
-        out = self._run(view, torch.ops.aten._unsafe_view.default, (copied, *args[1:]), {})
-        self._name(view, out, (copied, *args[1:]))
         return out
 
     def _name(self, step: AtenStep, out: Any, args: tuple) -> None:
@@ -344,19 +333,9 @@ class PlanFollower(TorchDispatchMode):
             out = losses.run_step(self, step, args, kwargs)
         elif step.target == _EMBEDDING and lookup.fits(*args[:2]):
             out = lookup.masked_lookup(args[1], args[0])[0]  # the project's, not DTensor's
-        elif step.target in (_CLONE, _CAT):
-            out = self._copy(step, args, kwargs)
+        elif step.target in (_CLONE, follow_calls.CAT):
+            out = follow_calls.local_copy(self, step, args, kwargs)
         return out
-
-    def _copy(self, step: AtenStep, args: tuple, kwargs: dict) -> Any:
-        """A ``clone`` (or a ``cat`` of one operand) on the local shard at its placements: a
-        pending sum stays one (DTensor's ``clone`` reduces it where the plan keeps it
-        pending), a split stays split (DTensor's ``cat`` would gather the cat dim)."""
-        x = args[0][0] if step.target == _CAT else args[0]
-        if not isinstance(x, DTensor) or (step.target == _CAT and len(args[0]) != 1):
-            return None
-        memory = {"memory_format": kwargs["memory_format"]} if "memory_format" in kwargs else {}
-        return self._wrap(x.to_local().clone(**memory), tuple(x.placements))
 
     def _arguments(self, step: AtenStep, call: tuple) -> tuple:
         """The moved ``(args, kwargs)`` as eager ``cat`` and DTensor's embedding take them."""

@@ -253,6 +253,32 @@ def strided_reshape(args: tuple) -> DTensor | None:
     return viewed if viewed is not None else torch.ops.aten.view.default(x, size)
 
 
+CAT = "aten.cat.default"
+
+
+def local_copy(follower: PlanFollower, step: AtenStep, args: tuple, kwargs: dict) -> Any:
+    """A ``clone`` (or a ``cat`` of one operand) on the local shard at its placements: a
+    pending sum stays one (DTensor's ``clone`` reduces it where the plan keeps it pending;
+    HF Swin's attention gradient), a split stays split (DTensor's ``cat`` would gather the
+    cat dim). None: not a DTensor such call."""
+    x = args[0][0] if step.target == CAT else args[0]
+    if not isinstance(x, DTensor) or (step.target == CAT and len(args[0]) != 1):
+        return None
+    memory = {"memory_format": kwargs["memory_format"]} if "memory_format" in kwargs else {}
+    return follower._wrap(x.to_local().clone(**memory), tuple(x.placements))
+
+
+def copied_reshape(follower: PlanFollower, pair: tuple[AtenStep, AtenStep], args: tuple) -> Any:
+    """A run-time view run as the trace's copy and view of the copy, each at its planned
+    layouts (``TraceMatcher.match_copied_reshape``)."""
+    copy, view = pair
+    copied = follower._run(copy, torch.ops.aten.clone.default, args[:1], {})
+    follower._name(copy, copied, args[:1])
+    out = follower._run(view, torch.ops.aten._unsafe_view.default, (copied, *args[1:]), {})
+    follower._name(view, out, (copied, *args[1:]))
+    return out
+
+
 def _out_of_place(func: Any) -> Any:
     """``aten.add.Tensor`` for ``aten.add_.Tensor``."""
     packet = getattr(torch.ops.aten, func._overloadpacket.__name__.removesuffix("_"))

@@ -37,20 +37,6 @@ def convnext() -> tuple:
     return ConvNextForImageClassification(config), _images()
 
 
-def swin() -> tuple:
-    """HF Swin: window partition and reverse (views of a transposed activation), relative
-    position bias, patch merging, the ``adaptive_avg_pool1d`` pooler (a channels-last
-    ``as_strided_`` on CPU)."""
-    from transformers import SwinConfig, SwinForImageClassification
-
-    config = SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
-                        num_heads=[2, 2], window_size=2, num_labels=10)  # fmt: skip
-    pixels = torch.randn(BATCH, 3, 32, 32)
-    return SwinForImageClassification(config), (
-        {"pixel_values": pixels, "labels": torch.randint(0, 10, (BATCH,))},
-    )
-
-
 def _images() -> tuple:
     pixels = torch.randn(BATCH, 3, 16, 16)
     return ({"pixel_values": pixels, "labels": torch.randint(0, 4, (BATCH,))},)
@@ -152,6 +138,20 @@ class Activations(nn.Module):
 
 def activations() -> tuple:
     return Activations(), (torch.randn(BATCH, 16),)
+
+
+def swin() -> tuple:
+    """HF Swin: window partition and reverse (views of a transposed activation), relative
+    position bias, patch merging, the ``adaptive_avg_pool1d`` pooler (a channels-last
+    ``as_strided_`` on CPU)."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    config = SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                        num_heads=[2, 2], window_size=2, num_labels=10)  # fmt: skip
+    pixels = torch.randn(BATCH, 3, 32, 32)
+    return SwinForImageClassification(config), (
+        {"pixel_values": pixels, "labels": torch.randint(0, 10, (BATCH,))},
+    )
 
 
 FAMILIES = {
