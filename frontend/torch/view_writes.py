@@ -13,9 +13,11 @@ decoder read zeros: BART on (8,) free 4.1663 against 4.1289). So the follower re
 each ``slice``/``select`` result that a traced in-place call writes into, the run-time base and
 the view's window; after the write it writes the view's new value into the base at the base's
 own layout (``write_back``; the view's value is moved there first: for the label shift a
-gather of the labels the plan does not price - the IR sees the base as a constant). Only
-slice and select views are written back: a write into a reshape (Falcon's ``mlp_output +=
-attention_output`` into a linear's ``_unsafe_view``) leaves a base nothing reads again.
+gather of the labels the plan does not price - the IR sees the base as a constant). Slice and
+select views are written back, and ``as_strided`` views that reshape their whole base
+(autograd's backward of an in-place ``as_strided_``: HF Swin's pooler); a write into another
+reshape (Falcon's ``mlp_output += attention_output`` into a linear's ``_unsafe_view``) leaves a
+base nothing reads again.
 
 Lowering the write into the IR as ``dynamic_update_slice`` of the base (``ir/writes.py``) was
 tried: it made the plan split the shifted labels with the batch, and ``plan.apply`` of T5 with

@@ -143,11 +143,12 @@ def activations() -> tuple:
 def swin() -> tuple:
     """HF Swin: window partition and reverse (views of a transposed activation), relative
     position bias, patch merging, the ``adaptive_avg_pool1d`` pooler (a channels-last
-    ``as_strided_`` on CPU)."""
+    ``as_strided_`` on CPU). No stochastic depth (its random drops differ between runs)."""
     from transformers import SwinConfig, SwinForImageClassification
 
     config = SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
-                        num_heads=[2, 2], window_size=2, num_labels=10)  # fmt: skip
+                        num_heads=[2, 2], window_size=2, num_labels=10,
+                        drop_path_rate=0.0)  # fmt: skip
     pixels = torch.randn(BATCH, 3, 32, 32)
     return SwinForImageClassification(config), (
         {"pixel_values": pixels, "labels": torch.randint(0, 10, (BATCH,))},
