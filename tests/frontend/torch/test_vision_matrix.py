@@ -47,7 +47,10 @@ from vision_models import FAMILIES
 pytestmark = [pytest.mark.torch, pytest.mark.slow]
 
 TIME_LIMIT = 60
-MESHES = {"8": {"dp": 8}, "2x4": {"dp": 2, "tp": 4}, "2x2x2": {"dp": 2, "fsdp": 2, "tp": 2}}
+MESHES = {
+    "8": {"dp": 8}, "2x4": {"dp": 2, "tp": 4}, "4x2": {"dp": 4, "tp": 2},
+    "2x2x2": {"dp": 2, "fsdp": 2, "tp": 2},
+}  # fmt: skip
 FAMILY_NAMES = ("resnet", "vit", "convnext", "whisper", "mamba", "lstm", "gru", "activations")
 CELLS = [
     *((f, "8", "dp") for f in FAMILY_NAMES),
@@ -55,7 +58,7 @@ CELLS = [
     *((f, "2x4", "fsdp") for f in ("resnet", "vit", "convnext", "mamba", "lstm")),
     ("mamba", "2x4", "channels"),
     ("activations", "2x2x2", "fsdp"), ("lstm", "2x2x2", "dp"), ("mamba", "2x2x2", "channels"),
-    ("wav2vec2", "8", "dp"), ("swin", "2x4", "fsdp"),
+    ("wav2vec2", "8", "dp"), ("swin", "4x2", "fsdp"),
 ]  # fmt: skip
 """Free plans of ViT, the GRU and the LSTM replicate everything and do not fit under half that
 peak, so they have no free cell."""
@@ -66,7 +69,7 @@ UNET_CELLS = [("unet", "8", "dp"), ("unet", "2x4", "fsdp")]
 the plan's; not run in CI for time)."""
 IDS = ["-".join(c) for c in CELLS]
 UNPRICED_COLLECTIVES: dict[tuple[str, str, str], Counter] = {
-    ("swin", "2x4", "fsdp"): Counter({("all-gather", ("dp", "tp"), 1024): 1}),
+    ("swin", "4x2", "fsdp"): Counter({("all-gather", ("dp", "tp"), 1024): 1}),
 }
 """Collectives a followed step issues beyond the plan's, as measured (the comparison adds them
 to the planned ones, so any other difference still fails). Swin: autograd's backward of the
