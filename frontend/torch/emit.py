@@ -20,7 +20,7 @@ from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from ...ir import FrontendError
 from ...solver.plan import Plan
-from . import bags, fallback, follow, inputs
+from . import bags, fallback, follow, inputs, strides
 from .apply_mode import (
     _ApplyMode,
     embedding,
@@ -81,6 +81,7 @@ def apply(plan: Plan, model: nn.Module, device_mesh: DeviceMesh) -> nn.Module:
     context = context_of(plan)
     check_mesh(plan, device_mesh)
     fallback.ensure_strategies(context.traced_ops)  # ops DTensor cannot shard run whole
+    strides.ensure_view_handler()  # views of shards laid out unlike their DTensor
     flattened_meshes(device_mesh)  # multi-axis collectives run as one (see there)
     _distribute_parameters(plan, context, model, device_mesh)
     _install_root_hooks(plan, context, model, device_mesh)

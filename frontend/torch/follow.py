@@ -51,10 +51,11 @@ from . import (  # modules: apply_mode imports this one too
     losses,
     nn_local,
     reshard,
+    strides,
     view_writes,
 )
 from .capture import VIEW_CALLS, AtenStep, TorchContext, leaves
-from .follow_match import ADD, TraceMatcher, identity_call, in_place_target
+from .follow_match import ADD, VIEW, TraceMatcher, identity_call, in_place_target
 from .plan_layouts import Placements, context_of, placements_of
 
 _ATTENTION = ("aten._scaled_dot_product_flash_attention_for_cpu",)
@@ -63,6 +64,7 @@ _TRACED_AS = {"aten.lift_fresh.default": "aten.lift_fresh_copy.default"}
 _ADD = ADD
 _EMBEDDING = "aten.embedding.default"
 _CLONE = "aten.clone.default"
+_AS_STRIDED = "aten.as_strided.default"
 _COPY = "aten.copy_.default"
 _IN_PLACE_ADDS = ("aten.add_.Tensor", "aten.sub_.Tensor")
 _NEW_EMPTY_STRIDED = "aten.new_empty_strided.default"
@@ -103,6 +105,7 @@ def follow_plan(plan: Plan, device_mesh: DeviceMesh) -> Iterator[PlanFollower]:
     Use around the applied module's forward *and* ``backward()``; the optimizer step runs
     outside. Yields the follower, whose ``deviations`` lists what did not go as planned.
     """
+    strides.ensure_view_handler()  # views of shards laid out unlike their DTensor
     follower = PlanFollower(plan, device_mesh)
     _ACTIVE.append(follower)
     try:
@@ -204,6 +207,8 @@ class PlanFollower(TorchDispatchMode):
         step = self.matcher.match(target, known, shapes)
         if step is None and target == _ADD:
             step = self.matcher.match_sum(known)
+        if step is None and target == VIEW and (pair := self.matcher.match_copied_reshape(known)):
+            return follow_calls.copied_reshape(self, pair, args)
         if step is None and target == _CLONE and self.names.get(tensors[0]) is not None:
             self.deviations[-1:] = []  # ``.contiguous()`` where a run-time stride differs
             out = func(*args, **kwargs)
@@ -313,6 +318,11 @@ class PlanFollower(TorchDispatchMode):
             out = conv_local.run(self, step, func, args, kwargs)
         elif step.target in VIEW_CALLS and (local := follow_calls.local_view(args)) is not None:
             out = local
+        elif (
+            step.target == _AS_STRIDED
+            and (viewed := follow_calls.strided_reshape(args)) is not None
+        ):
+            out = viewed
         elif step.target in _FILLS_LIKE and not any(
             self.plan.graph.ops[i].operands for i in step.ops
         ):
@@ -325,8 +335,8 @@ class PlanFollower(TorchDispatchMode):
             out = losses.run_step(self, step, args, kwargs)
         elif step.target == _EMBEDDING and lookup.fits(*args[:2]):
             out = lookup.masked_lookup(args[1], args[0])[0]  # the project's, not DTensor's
-        elif step.target == "aten.cat.default" and len(args[0]) == 1:
-            out = torch.ops.aten.clone.default(args[0][0])  # DTensor would gather the cat dim
+        elif step.target in (_CLONE, follow_calls.CAT):
+            out = follow_calls.local_copy(self, step, args, kwargs)
         return out
 
     def _arguments(self, step: AtenStep, call: tuple) -> tuple:

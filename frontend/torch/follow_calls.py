@@ -12,7 +12,13 @@ import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 from torch.utils.weak import WeakIdKeyDictionary
 
-from . import context_parallel, follow, view_writes, views  # modules: follow imports this one too
+from . import (
+    context_parallel,
+    follow,
+    ops_nn,
+    view_writes,
+    views,
+)  # modules: follow imports this one too
 from .capture import AtenStep, leaves
 
 if TYPE_CHECKING:
@@ -65,14 +71,32 @@ def in_place_view(
     """An in-place view (``nn.GRU``'s ``output.transpose_(0, 1)`` with ``batch_first``)
     of a DTensor, which DTensor has no strategy for: the target is moved to its planned
     operand layout, the view is computed out of place by DTensor at the planned result
-    layout, and the target takes it (``_assign_view``: its shape changes with it)."""
+    layout, and the target takes it (``_assign_view``: its shape changes with it). A restride
+    that keeps every element in place (``restrides_only``) computes nothing."""
     target = args[0]
     want = follower._want(step, 0)
     if not follow.same_layout(tuple(target.placements), want):
         view_writes.assign(target, follower._to(target, want, step))
-    out = follower._results(step, _out_of_place_view(func)(target, *args[1:], **kwargs))
+    if restrides_only(func, target, args[1:], kwargs):
+        out = follower._results(step, target)
+    else:
+        out = follower._results(step, _out_of_place_view(func)(target, *args[1:], **kwargs))
     _assign_view(target, out, func, args[1:], kwargs)
     return target
+
+
+def restrides_only(func: Any, target: torch.Tensor, args: tuple, kwargs: dict) -> bool:
+    """Whether ``func`` is an ``as_strided_`` that keeps ``target``'s sizes, storage offset and
+    the strides of every dim longer than 1: each element stays where it is, only the strides
+    of size-1 dims change (CPU ``adaptive_avg_pool2d`` to ``1x1`` marks a channels-last
+    result so, HF Swin's pooler), and DTensor has no ``as_strided`` at all."""
+    if func is not torch.ops.aten.as_strided_.default or kwargs:
+        return False
+    sizes, strides = list(args[0]), list(args[1])
+    offset = args[2] if len(args) > 2 else None
+    if sizes != list(target.shape) or offset not in (None, target.storage_offset()):
+        return False
+    return all(n == 1 or s == t for n, s, t in zip(sizes, strides, target.stride(), strict=True))
 
 
 def relayout(follower: PlanFollower, step: AtenStep, target: torch.Tensor) -> bool:
@@ -165,6 +189,8 @@ def attention(
             raise NotImplementedError(
                 f"attention operand split along sequence/head dim {tuple(t.placements)}"
             )
+    if isinstance(kwargs.get("attn_mask"), DTensor):
+        kwargs = {**kwargs, "attn_mask": mask_block(kwargs["attn_mask"], q)}
     local_args, local_kwargs = follow._replace(
         (args, kwargs), iter(t.to_local() for t in leaves((args, kwargs), torch.Tensor))
     )
@@ -183,6 +209,23 @@ def attention(
     return follow._replace(out, wrapped)
 
 
+def mask_block(mask: DTensor, q: DTensor) -> DTensor:
+    """An attention mask ``[b|1, h|1, q, k]`` sliced to the rank's block of the batch and
+    heads that ``q`` is split on where the mask is whole there (T5's relative position bias
+    ``[1, h, q, k]`` beside heads split over ``tp``): a local slice, no collective (the plan's
+    whole-to-split reshard is free), as ``apply``'s ``local.attention`` does."""
+    want = tuple(
+        Shard(p.dim)
+        if isinstance(p, Shard) and p.dim < 2 and mask.shape[p.dim] > 1 and isinstance(m, Replicate)
+        else m
+        for p, m in zip(q.placements, mask.placements, strict=True)
+    )
+    if want == tuple(mask.placements):
+        return mask
+    with follow.paused():
+        return mask.redistribute(placements=want)
+
+
 def local_view(args: tuple) -> DTensor | None:
     """A view of a split DTensor as a reshape of its local shard (``views.py``), or None."""
     x = args[0]
@@ -194,6 +237,46 @@ def local_view(args: tuple) -> DTensor | None:
     sizes = tuple(x.device_mesh.shape)
     placements = views.view_placements(tuple(x.shape), shape, tuple(x.placements), sizes)
     return None if placements is None else views.reshape_local(x, shape, placements)
+
+
+def strided_reshape(args: tuple) -> DTensor | None:
+    """``as_strided`` of a contiguous DTensor that reads its elements in order, which the IR
+    lowered as a reshape (``ops_nn.as_strided``; autograd's backward of an in-place view
+    replays one): run as that view. None: not such a call (DTensor has no ``as_strided``)."""
+    x, size, stride = args[0], [int(n) for n in args[1]], [int(s) for s in args[2]]
+    offset = int(args[3]) if len(args) > 3 and args[3] is not None else 0
+    if not isinstance(x, DTensor) or not x.is_contiguous():
+        return None
+    if not ops_nn.reads_in_order(size, stride, offset, x.numel()):
+        return None
+    viewed = local_view((x, size))
+    return viewed if viewed is not None else torch.ops.aten.view.default(x, size)
+
+
+CAT = "aten.cat.default"
+
+
+def local_copy(follower: PlanFollower, step: AtenStep, args: tuple, kwargs: dict) -> Any:
+    """A ``clone`` (or a ``cat`` of one operand) on the local shard at its placements: a
+    pending sum stays one (DTensor's ``clone`` reduces it where the plan keeps it pending;
+    HF Swin's attention gradient), a split stays split (DTensor's ``cat`` would gather the
+    cat dim). None: not a DTensor such call."""
+    x = args[0][0] if step.target == CAT else args[0]
+    if not isinstance(x, DTensor) or (step.target == CAT and len(args[0]) != 1):
+        return None
+    memory = {"memory_format": kwargs["memory_format"]} if "memory_format" in kwargs else {}
+    return follower._wrap(x.to_local().clone(**memory), tuple(x.placements))
+
+
+def copied_reshape(follower: PlanFollower, pair: tuple[AtenStep, AtenStep], args: tuple) -> Any:
+    """A run-time view run as the trace's copy and view of the copy, each at its planned
+    layouts (``TraceMatcher.match_copied_reshape``)."""
+    copy, view = pair
+    copied = follower._run(copy, torch.ops.aten.clone.default, args[:1], {})
+    follower._name(copy, copied, args[:1])
+    out = follower._run(view, torch.ops.aten._unsafe_view.default, (copied, *args[1:]), {})
+    follower._name(view, out, (copied, *args[1:]))
+    return out
 
 
 def _out_of_place(func: Any) -> Any:

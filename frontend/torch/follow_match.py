@@ -12,6 +12,9 @@ import torch
 from .capture import IDENTITY_CALLS, VIEW_CALLS, AtenStep, is_identity
 
 ADD = "aten.add.Tensor"
+VIEW = "aten.view.default"
+COPIED_RESHAPE = ("aten.clone.default", "aten._unsafe_view.default")
+"""How ``reshape`` runs where it cannot view its input: a copy, then a view of the copy."""
 LOOKAHEAD = 64
 """How many captured calls a run-time call may skip to find its match."""
 
@@ -90,6 +93,22 @@ class TraceMatcher:
             kept = tuple(o for o in step.operands if o not in self.empty)
             if self._agree(kept, known):
                 return dataclasses.replace(step, operands=kept)
+        return None
+
+    def match_copied_reshape(self, known: list[str | None]) -> tuple[AtenStep, AtenStep] | None:
+        """A run-time ``view`` where the trace's ``reshape`` copied (``COPIED_RESHAPE``):
+        DTensor's strides allowed the view the eager strides did not (the same values). The
+        traced pair replaces the view; the unmatched view is accounted for. None: no pair."""
+        end = min(self.cursor + LOOKAHEAD, len(self.steps) - 1)
+        for k in range(self.cursor, end):
+            copy, view = self.steps[k], self.steps[k + 1]
+            if (copy.target, view.target) != COPIED_RESHAPE or not copy.results:
+                continue
+            if self._agree(copy.operands, known) and view.operands[:1] == copy.results[:1]:
+                self.skipped.update((j, self.steps[j]) for j in range(self.cursor, k))
+                self.cursor = k + 2
+                self.deviations[-1:] = []  # the unmatched view
+                return copy, view
         return None
 
     def _terms(self, name: str) -> tuple[str, ...]:

@@ -17,7 +17,7 @@ partial over a split batch) and the elementwise input gradient that reads them w
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 from torch import fx
 
@@ -210,15 +210,18 @@ def as_strided(low: Lowering, node: fx.Node) -> Value:
     stride = tuple(int(s) for s in node.args[2])  # type: ignore[union-attr]
     offset = int(_arg(node, 3, "storage_offset", 0) or 0)  # type: ignore[call-overload]
     out = low.result_types(node)[:1]
-    contiguous = tuple(math.prod(size[d + 1 :]) for d in range(len(size)))
-    if offset == 0 and math.prod(size) == x.type.numel and _same_strides(size, stride, contiguous):
+    if reads_in_order(size, stride, offset, x.type.numel):
         return low.emit("reshape", [x], out)[0]
     attrs = {"size": size, "stride": stride, "offset": offset}
     return low.emit("strided_view", [x], out, attrs)[0]
 
 
-def _same_strides(size: tuple, stride: tuple, contiguous: tuple) -> bool:
-    return all(n == 1 or s == c for n, s, c in zip(size, stride, contiguous, strict=True))
+def reads_in_order(size: Sequence[int], stride: Sequence[int], offset: int, numel: int) -> bool:
+    """Whether ``as_strided(x, size, stride, offset)`` of a contiguous ``x`` of ``numel``
+    elements reads them all in order: a reshape (the strides of size-1 dims do not matter)."""
+    contiguous = [math.prod(size[d + 1 :]) for d in range(len(size))]
+    same = all(n == 1 or s == c for n, s, c in zip(size, stride, contiguous, strict=True))
+    return offset == 0 and math.prod(size) == numel and same
 
 
 def rnn_layer(low: Lowering, node: fx.Node) -> list:

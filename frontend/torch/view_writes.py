@@ -13,9 +13,11 @@ decoder read zeros: BART on (8,) free 4.1663 against 4.1289). So the follower re
 each ``slice``/``select`` result that a traced in-place call writes into, the run-time base and
 the view's window; after the write it writes the view's new value into the base at the base's
 own layout (``write_back``; the view's value is moved there first: for the label shift a
-gather of the labels the plan does not price - the IR sees the base as a constant). Only
-slice and select views are written back: a write into a reshape (Falcon's ``mlp_output +=
-attention_output`` into a linear's ``_unsafe_view``) leaves a base nothing reads again.
+gather of the labels the plan does not price - the IR sees the base as a constant). Slice and
+select views are written back, and ``as_strided`` views that reshape their whole base
+(autograd's backward of an in-place ``as_strided_``: HF Swin's pooler); a write into another
+reshape (Falcon's ``mlp_output += attention_output`` into a linear's ``_unsafe_view``) leaves a
+base nothing reads again.
 
 Lowering the write into the IR as ``dynamic_update_slice`` of the base (``ir/writes.py``) was
 tried: it made the plan split the shifted labels with the batch, and ``plan.apply`` of T5 with
@@ -30,15 +32,26 @@ from typing import TYPE_CHECKING, Any
 import torch
 from torch.distributed.tensor import DTensor, Partial, Replicate, Shard
 
+from . import views
+
 if TYPE_CHECKING:
     from .capture import AtenStep
 
-VIEW_TARGETS = ("aten.slice.Tensor", "aten.select.int")
-"""Run-time view calls whose base a write into the view must reach."""
+VIEW_TARGETS = ("aten.slice.Tensor", "aten.select.int", "aten.as_strided.default")
+"""Run-time view calls whose base a write into the view must reach. An ``as_strided`` the
+follower runs is a reshape (``follow_calls.strided_reshape``): autograd's backward of an
+in-place view writes the gradient into ``as_strided(new_zeros(...))`` and reads the buffer
+back (HF Swin's pooler, CPU ``adaptive_avg_pool2d``'s channels-last ``as_strided_``)."""
+
+Window = tuple[int, int, int, int] | None
+"""A slice's ``(dim, start, end, step)``; None: the view is a reshape of its whole base."""
 
 
-def window(target: str, args: tuple) -> tuple[int, int, int, int]:
-    """``(dim, start, end, step)`` of a run-time ``slice``/``select`` call on ``args[0]``."""
+def window(target: str, args: tuple) -> Window:
+    """``(dim, start, end, step)`` of a run-time ``slice``/``select`` call on ``args[0]``;
+    None for a reshape (``as_strided``)."""
+    if target == "aten.as_strided.default":
+        return None
     base = args[0]
     rest = list(args[1:]) + [None] * 4
     dim = int(rest[0] if rest[0] is not None else 0) % base.dim()
@@ -65,12 +78,27 @@ def write_back(follower: Any, step: AtenStep, view: torch.Tensor) -> None:
     """After an in-place ``step`` into ``view``: each base up the chain (``follower.bases``)
     takes the view's new value, at the base's own layout."""
     while (entry := follower.bases.get(view)) is not None:
-        base, (dim, start, end, stride) = entry
+        base, span = entry
+        if span is None:  # a reshape: the base is the view's new value, reshaped back
+            _take(base, follower._to(_reshaped(view, tuple(base.shape)), _layout(base), step))
+            view = base
+            continue
+        dim = span[0]
         update = view.unsqueeze(dim) if view.dim() < base.dim() else view
         whole = base if isinstance(base, DTensor) else follower._to(base, _replicated(view), step)
         update = follower._to(update, tuple(whole.placements), step)
-        _take(base, _scatter(whole, update, (dim, start, end, stride)))
+        _take(base, _scatter(whole, update, span))
         view = base
+
+
+def _reshaped(view: torch.Tensor, shape: tuple) -> torch.Tensor:
+    """``view`` reshaped to ``shape``: on local shards where the split allows (``views.py``)."""
+    local = views.local_view(view, shape) if isinstance(view, DTensor) else None
+    return local if local is not None else view.reshape(shape)
+
+
+def _layout(base: torch.Tensor) -> tuple:
+    return tuple(base.placements) if isinstance(base, DTensor) else _replicated(base)
 
 
 def _replicated(like: torch.Tensor) -> tuple:

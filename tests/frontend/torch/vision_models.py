@@ -140,7 +140,23 @@ def activations() -> tuple:
     return Activations(), (torch.randn(BATCH, 16),)
 
 
+def swin() -> tuple:
+    """HF Swin: window partition and reverse (views of a transposed activation), relative
+    position bias, patch merging, the ``adaptive_avg_pool1d`` pooler (a channels-last
+    ``as_strided_`` on CPU). No stochastic depth (its random drops differ between runs)."""
+    from transformers import SwinConfig, SwinForImageClassification
+
+    config = SwinConfig(image_size=32, patch_size=4, embed_dim=16, depths=[1, 1],
+                        num_heads=[2, 2], window_size=2, num_labels=10,
+                        drop_path_rate=0.0)  # fmt: skip
+    pixels = torch.randn(BATCH, 3, 32, 32)
+    return SwinForImageClassification(config), (
+        {"pixel_values": pixels, "labels": torch.randint(0, 10, (BATCH,))},
+    )
+
+
 FAMILIES = {
     "resnet": resnet, "vit": vit, "convnext": convnext, "whisper": whisper, "mamba": mamba,
     "unet": unet, "lstm": lstm, "gru": gru, "activations": activations, "wav2vec2": wav2vec2,
+    "swin": swin,
 }  # fmt: skip
