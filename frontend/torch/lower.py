@@ -106,7 +106,7 @@ class Lowering:
 
 def _source(node: fx.Node) -> str:
     """``file.py:line`` of the user's code that made the node: the trace's annotation
-    (``trace._SourceLines``), else the innermost user frame of the node's stack trace."""
+    (``trace._TracedCalls``), else the innermost user frame of the node's stack trace."""
     line = node.meta.get("custom", {}).get("source")
     if line:
         return str(line)

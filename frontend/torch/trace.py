@@ -15,6 +15,7 @@ import os
 import sys
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from dataclasses import dataclass, field
+from types import GetSetDescriptorType
 from typing import Any
 
 import torch
@@ -228,8 +229,7 @@ def trace(
     with (
         fx_traceback.preserve_node_meta(),
         collecting() as pins,
-        _FusedAttentionDropout(),
-        _SourceLines(),
+        _TracedCalls(),
     ):
         gm = make_fx(step, tracing_mode="fake")(fake_params, fake_buffers, states, fake_inputs)
     if train and not optimizer_in_trace:
@@ -254,28 +254,33 @@ def _gradients(loss: torch.Tensor, params: list[torch.Tensor], trainable: list[i
     return grads
 
 
-class _FusedAttentionDropout(TorchFunctionMode):
-    """Trace ``scaled_dot_product_attention`` with attention dropout as the fused kernel.
-
-    On a GPU, flash attention applies dropout inside the kernel; on the CPU that traces, a call
-    with ``dropout_p > 0`` takes the math path (score matrices, softmax, dropout as separate ops),
-    which the cost model would price as unfused attention (GPT-2 medium: +69% step time against
-    an H100 measurement). The captured graph is for planning only, so the call is traced with
-    ``dropout_p=0``: the same shapes, FLOPs and layouts as the fused kernel.
-    """
-
-    def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
-        kwargs = dict(kwargs or {})
-        if func is torch.nn.functional.scaled_dot_product_attention:
-            if len(args) > 4:
-                args = (*args[:4], 0.0, *args[5:])
-            elif kwargs.get("dropout_p"):
-                kwargs["dropout_p"] = 0.0
-        return func(*args, **kwargs)
-
-
 _TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _TORCH_MODULES = os.path.join(_TORCH_DIR, "nn", "modules") + os.sep
+
+_METADATA = frozenset(
+    getattr(torch.Tensor, name)
+    for name in (
+        "_is_view", "stride", "storage_offset", "untyped_storage", "is_inference", "is_conj",
+        "is_neg", "numel", "dim", "size",
+    )
+)  # fmt: skip
+_PROPERTIES = frozenset(
+    torch._C.TensorBase.__dict__[name]
+    for name in (
+        "shape", "dtype", "device", "layout", "ndim", "requires_grad", "is_leaf", "grad_fn",
+        "_base", "grad", "output_nr", "_version", "is_meta", "is_cuda", "is_cpu", "is_sparse",
+        "is_quantized", "is_nested", "names",
+    )
+    if name in torch._C.TensorBase.__dict__
+)  # fmt: skip
+"""Tensor methods and properties that read metadata and record no node: ~99% of the
+torch-function calls a CNN's trace makes, answered without the frame walk (a property that
+records a node, ``.T`` or ``.mT``, is not among them)."""
+
+
+def _metadata(func) -> bool:  # type: ignore[no-untyped-def]
+    owner = getattr(func, "__self__", None)
+    return func in _METADATA or (type(owner) is GetSetDescriptorType and owner in _PROPERTIES)
 
 
 def _user_line(frame) -> str:  # type: ignore[no-untyped-def]
@@ -292,20 +297,39 @@ def _user_line(frame) -> str:  # type: ignore[no-untyped-def]
     return ""
 
 
-class _SourceLines(TorchFunctionMode):
-    """Annotate each traced op with the user's source line (``Origin.source``).
+class _TracedCalls(TorchFunctionMode):
+    """What the trace changes about the torch calls it records (one mode: each mode on the
+    stack is a Python call per torch call, ~50k of them in a ResNet-50 step).
 
-    make_fx's ``record_stack_traces`` did this at ~2x the cost of the rest of a small model's
-    capture: a full traceback per node, symbolised, and its file filter imports
-    ``torch.export`` (0.55 s on the first call). Here one frame walk per torch function call
-    finds the same line: the innermost ``forward``'s (backward and optimizer ops get none)."""
+    - **Source lines** (``Origin.source``): each traced op is annotated with the user's line,
+      the innermost ``forward``'s (backward and optimizer ops get none), found by one frame walk
+      per call. make_fx's ``record_stack_traces`` did this at ~2x the cost of the rest of a small
+      model's capture (a full symbolised traceback per node; its file filter imports
+      ``torch.export``, 0.55 s on the first call). Property reads and metadata queries
+      (``_METADATA``) record no node and skip the walk.
+    - **Attention dropout as the fused kernel**: on a GPU, flash attention applies dropout inside
+      the kernel; on the CPU that traces, ``scaled_dot_product_attention`` with ``dropout_p > 0``
+      takes the math path (score matrices, softmax, dropout as separate ops), which the cost
+      model would price as unfused attention (GPT-2 medium: +69% step time against an H100
+      measurement). The captured graph is for planning only, so the call is traced with
+      ``dropout_p=0``: the same shapes, FLOPs and layouts as the fused kernel.
+    """
 
     def __torch_function__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
+        kwargs = kwargs or {}
+        if _metadata(func):
+            return func(*args, **kwargs)
+        if func is torch.nn.functional.scaled_dot_product_attention:
+            kwargs = dict(kwargs)
+            if len(args) > 4:
+                args = (*args[:4], 0.0, *args[5:])
+            elif kwargs.get("dropout_p"):
+                kwargs["dropout_p"] = 0.0
         line = _user_line(sys._getframe(1))
         if not line:
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
         with fx_traceback.annotate({"source": line}):
-            return func(*args, **(kwargs or {}))
+            return func(*args, **kwargs)
 
 
 def _fake_states(mode: FakeTensorMode, spec: optim.OptimizerSpec, p: torch.Tensor) -> list:
