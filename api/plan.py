@@ -43,6 +43,7 @@ def plan(
     prefer: str = "step",
     objective: str | None = None,
     max_batch: int | None = None,
+    latency_bound: float | None = None,
     # the planner itself
     time_limit: float = 30.0,
     passes: Any = None,
@@ -99,6 +100,11 @@ def plan(
         decoders): ``"latency"`` (default) or ``"throughput"`` (tokens/s per device, the
         batch free in powers of two up to ``max_batch``); ``plan.serving`` reports both
         (``solver/serving.py``).
+      latency_bound: for a torch serving step, seconds a step may take (per output token for
+        ``mode="decode"``): continuous batching's throughput regime. The batch is the
+        largest whose step meets the bound and whose KV cache fits (capped by ``max_batch``
+        when given); ``plan.serving.tokens_per_second`` is what it serves. Even batch 1
+        over the bound raises ``InfeasiblePlanError`` with the least latency reached.
 
     The planner itself:
       time_limit: solver budget: about this many seconds of search on one idle core,
@@ -134,19 +140,18 @@ def plan(
             "'throughput' (the data-parallel plan when the fastest step leaves devices idle)"
         )
     serving = options.get("mode") in ("prefill", "decode")
-    if serving or objective is not None or max_batch is not None:
+    if serving or objective is not None or max_batch is not None or latency_bound is not None:
         from ..solver.serving import check_serving_args
 
-        check_serving_args(objective, max_batch, options.get("mode"))
+        check_serving_args(objective, max_batch, options.get("mode"), latency_bound)
+    limits = (max_batch, latency_bound)
     with progress.planning(verbose), _old_objects_frozen():
         kind = frontend_kind(model_or_fn)
         if serving and kind == "torch":
-            result = _plan_serving(
-                model_or_fn, example_args, checked, options, objective, max_batch
-            )
+            result = _plan_serving(model_or_fn, example_args, checked, options, objective, limits)
         elif serving and kind == "jax":
             result = _plan_serving_jax(
-                model_or_fn, example_args, checked, options, objective, max_batch
+                model_or_fn, example_args, checked, options, objective, limits
             )
         else:
             result = _plan(model_or_fn, example_args, checked, options)
@@ -300,8 +305,9 @@ def _check_idle_devices(result: Plan, checked: dict, prefer: str) -> Plan:
     return result
 
 
-def _plan_serving(model, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]
-    """A prefill/decode step planned per candidate batch (``serving.py``)."""
+def _plan_serving(model, example_args, checked, options, objective, limits) -> Plan:  # type: ignore[no-untyped-def]
+    """A prefill/decode step planned per candidate batch (``serving.py``); ``limits``:
+    ``(max_batch, latency_bound)``."""
     from ..frontend.torch.serving import resized_inputs
     from ..solver.serving import check_cache_fits, plan_serving
 
@@ -320,7 +326,9 @@ def _plan_serving(model, example_args, checked, options, objective, max_batch) -
         captured = (graph, context, time.perf_counter() - start)
         return _plan(model, args, checked, options, captured)
 
-    return plan_serving(plan_at, batch, options["mode"], context_len, seq, objective, max_batch)
+    max_batch, bound = limits
+    mode = options["mode"]
+    return plan_serving(plan_at, batch, mode, context_len, seq, objective, max_batch, bound)
 
 
 def _serving_inputs(example_args: tuple, options: dict) -> tuple[tuple, dict]:
@@ -338,8 +346,14 @@ def _serving_inputs(example_args: tuple, options: dict) -> tuple[tuple, dict]:
     return (named,), {k: v for k, v in options.items() if k in known}
 
 
-def _plan_serving_jax(fn, example_args, checked, options, objective, max_batch) -> Plan:  # type: ignore[no-untyped-def]
+def _plan_serving_jax(fn, example_args, checked, options, objective, limits) -> Plan:  # type: ignore[no-untyped-def]
     """A JAX prefill/decode step (``frontend/jax/serving.py``), planned at its own batch."""
+    max_batch, bound = limits
+    if bound is not None:
+        raise ArgumentError(
+            "latency_bound=: a JAX step is planned at the batch of its example arguments; "
+            "the batch search under a bound is for torch models (plan each batch's arguments)"
+        )
     from ..solver.serving import check_cache_fits, plan_serving
 
     mesh = checked["mesh"]

@@ -42,6 +42,11 @@ priced hierarchically, the way a two-level NCCL/XLA collective runs over a slow 
 ``X_inner(r)`` is the in-island collective with per-device result ``r`` over ``m`` members
 (itself hierarchical when there are deeper levels). Clusters without islands keep the flat
 formulas above unchanged.
+
+**Serving engines** (``Cluster.engine`` ``cuda_graph`` or ``fused``): a ring collective inside
+one node is priced with NCCL's protocol latencies instead of the flat alpha (``nccl.py``: LL,
+LL128 or Simple, whichever is least; the latency grows with the ring's ``2(n-1)`` steps). The
+``eager`` clusters keep the table above.
 """
 
 from __future__ import annotations
@@ -57,6 +62,7 @@ from shardplan.ir.mesh import Mesh
 
 from .cluster import Cluster, cluster_of, get_cluster
 from .links import INTRA_NODE, GroupLink, group_link, in_domain, local_factors
+from .nccl import RING_KINDS, ring_time
 
 COLLECTIVE_KINDS = (
     "all-reduce",
@@ -145,6 +151,9 @@ def collective_time(
     link = group_link(group, mesh, resolved)
     if kind == "all-to-all" and link.inner is None:
         return link.latency + _all_to_all_volume(nbytes, n, group, mesh, link, resolved)
+    if resolved.engine != "eager" and link.level == INTRA_NODE and kind in RING_KINDS:
+        full = nbytes * n if kind == "reduce-scatter" else nbytes  # S, the full buffer
+        return ring_time(kind, float(full), n, link.ring_bandwidth)  # NCCL protocols (nccl.py)
     return _time(kind, float(nbytes), n, link)
 
 

@@ -12,9 +12,12 @@ per kernel, and what it launches at all:
   next to it (no launch of its own; its HBM bytes stay counted).
 
 ``eager`` is PyTorch eager (HF ``generate``); vLLM and TensorRT-LLM replay CUDA graphs of
-decode steps with fused norm, activation and RoPE kernels (``fused``); NeMo's TensorRT-LLM
-backend is ``fused`` too. Paged KV-cache reads are priced as the cache's bytes at HBM rate, the
-same for every engine. Use ``Mesh(axes, cluster=with_engine("h200-sxm", "cuda_graph"))``.
+decode steps with fused norm, activation and RoPE kernels; ``bench/serving_fidelity.py``
+prices both as ``cuda_graph`` (its docstring and docs/costmodel.md say why). On the
+``cuda_graph`` and ``fused`` engines a ring collective inside one node is priced with NCCL's
+protocol latencies (``nccl.py``), the latency a decode step's small all-reduces pay; ``eager``
+keeps the catalogue's flat alpha. Paged KV-cache reads are priced as the cache's bytes at HBM
+rate, the same for every engine. Use ``Mesh(axes, cluster=with_engine("h200-sxm", "cuda_graph"))``.
 """
 
 from __future__ import annotations

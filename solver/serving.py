@@ -10,6 +10,14 @@ batch the objective prefers:
   to ``max_batch`` (default: the example's batch). A decode step streams every weight once
   whatever the batch, so larger batches share that read; the search stops at the first batch
   whose KV cache or activations do not fit.
+- ``latency_bound=`` (seconds per step: per output token for decode; implies
+  ``"throughput"``): continuous batching's regime, where an engine keeps as many sequences in
+  flight as its KV cache and the latency target allow. The batch is the *largest* whole
+  number whose step meets the bound and whose cache fits (``max_batch`` caps it when given),
+  found by doubling to the first batch that misses and bisecting below it: it assumes the
+  step time does not fall as the batch grows (a decode step reads the same weights and more
+  cache). Its tokens/s are ``batch / step``. Even batch 1 missing the bound is an
+  ``InfeasiblePlanError`` naming the least latency the plan reaches.
 
 Before any planning, a cache that cannot fit even split over every device is refused with the
 bytes it is over by. Each plan carries a ``ServingReport`` (``plan.serving``): both metrics, the
@@ -85,6 +93,8 @@ class ServingReport:
     roofline: Roofline
     candidates: list[Candidate] = field(default_factory=list)
     reason: str = ""
+    latency_bound: float | None = None
+    """Seconds a step may take (``sp.plan(latency_bound=...)``), or None."""
 
     @property
     def tokens_per_second(self) -> float:
@@ -176,7 +186,11 @@ def batch_candidates(batch: int, max_batch: int | None) -> list[int]:
     return out
 
 
-def check_serving_args(objective: str | None, max_batch: object, mode: str | None) -> None:
+def check_serving_args(
+    objective: str | None, max_batch: object, mode: str | None, latency_bound: object = None
+) -> None:
+    if latency_bound is not None:
+        _check_latency_bound(latency_bound, objective, mode)
     if objective is not None and objective not in OBJECTIVES:
         raise ArgumentError(
             f"sp.plan(objective={objective!r}): objective is 'latency' or 'throughput'"
@@ -192,6 +206,29 @@ def check_serving_args(objective: str | None, max_batch: object, mode: str | Non
         )
 
 
+def _check_latency_bound(latency_bound: object, objective: str | None, mode: str | None) -> None:
+    if (
+        isinstance(latency_bound, bool)
+        or not isinstance(latency_bound, int | float)
+        or not math.isfinite(latency_bound)
+        or latency_bound <= 0
+    ):
+        raise ArgumentError(
+            f"sp.plan(latency_bound={latency_bound!r}): latency_bound is seconds per step "
+            "(per output token for mode='decode'), a number > 0, e.g. 0.05"
+        )
+    if objective == "latency":
+        raise ArgumentError(
+            "sp.plan(latency_bound=..., objective='latency'): a latency bound asks for the most "
+            "tokens/s under it; pass objective='throughput' or leave objective out"
+        )
+    if mode not in ("prefill", "decode"):
+        raise ArgumentError(
+            "latency_bound= plans a serving step: pass mode='decode' (with context_len=) or "
+            "mode='prefill'"
+        )
+
+
 def plan_serving(
     plan_at: Callable[[int], Plan],
     batch: int,
@@ -200,11 +237,16 @@ def plan_serving(
     seq: int,
     objective: str | None,
     max_batch: int | None,
+    latency_bound: float | None = None,
 ) -> Plan:
     """Plan each candidate batch with ``plan_at(batch)`` and keep the objective's best.
 
     ``plan_at`` raises ``InfeasiblePlanError`` for a batch that does not fit; the search over
-    increasing batches stops there (a larger batch only holds more)."""
+    increasing batches stops there (a larger batch only holds more). With ``latency_bound``
+    the batch is the largest that meets it (``largest_within``)."""
+    if latency_bound is not None:
+        found, plan, table = largest_within(plan_at, latency_bound, max_batch, mode, seq)
+        return _bounded_plan(found, plan, table, mode, context_len, seq, latency_bound)
     objective = objective or "latency"
     if max_batch is None and objective == "throughput":
         max_batch = batch
@@ -265,3 +307,84 @@ def _reason(objective: str, best: Candidate, table: list[Candidate]) -> str:
         f"{best.step_time / first.step_time:.2f}x the time: {gain:.1f}x the tokens/s per "
         f"device{stop}"
     )
+
+
+def _candidate(plan: Plan, batch: int, mode: str, seq: int, bound: float) -> Candidate:
+    tokens = batch * (seq if mode == "prefill" else 1)
+    note = "" if plan.step_time <= bound else f"misses the {bound * 1e3:.3f} ms bound"
+    rate = tokens / plan.step_time / plan.mesh.size
+    return Candidate(batch, plan.step_time, rate, plan.peak_memory_bytes, note)
+
+
+def largest_within(
+    plan_at: Callable[[int], Plan], bound: float, max_batch: int | None, mode: str, seq: int
+) -> tuple[int, Plan, list[Candidate]]:
+    """The largest batch whose step takes at most ``bound`` seconds and fits
+    (at most ``max_batch``), its plan, and the table of batches tried in the order tried.
+
+    Doubles the batch from 1 to the first that misses the bound or does not fit, then bisects
+    between the last that met it and that one (``1 + log2`` plans each way)."""
+    plans: dict[int, Plan] = {}
+    table: list[Candidate] = []
+
+    def meets(b: int) -> bool:
+        try:
+            plan = plan_at(b)
+        except InfeasiblePlanError as exc:
+            if b == 1:
+                raise
+            table.append(Candidate(b, None, None, None, f"does not fit: {exc}"))
+            return False
+        table.append(_candidate(plan, b, mode, seq, bound))
+        if plan.step_time > bound:
+            return False
+        plans[b] = plan
+        return True
+
+    if not meets(1):
+        least = table[0].step_time
+        assert least is not None
+        raise InfeasiblePlanError(
+            f"latency_bound={bound * 1e3:.3f} ms: even batch 1 takes {least * 1e3:.3f} ms per "
+            "step, the least this mesh reaches; raise the bound to at least that, or plan on "
+            "more devices (a larger tensor-parallel axis) or a faster engine"
+        )
+    low, high = 1, None  # low meets the bound; high (when known) does not
+    while high is None and (max_batch is None or low < max_batch):
+        probe = 2 * low if max_batch is None else min(2 * low, max_batch)
+        if meets(probe):
+            low = probe
+        else:
+            high = probe
+    while high is not None and high - low > 1:
+        middle = (low + high) // 2
+        if meets(middle):
+            low = middle
+        else:
+            high = middle
+    return low, plans[low], table
+
+
+def _bounded_plan(
+    batch: int, plan: Plan, table: list[Candidate], mode: str, context_len: int, seq: int,
+    bound: float,
+) -> Plan:  # fmt: skip
+    """The chosen plan with its ``ServingReport`` (objective ``throughput`` under a bound)."""
+    tokens = batch * (seq if mode == "prefill" else 1)
+    above = [c for c in table if c.batch > batch]
+    first_over = min(above, key=lambda c: c.batch) if above else None
+    if first_over is None:
+        why = "the max_batch cap"
+    elif first_over.step_time is None:
+        why = f"batch {first_over.batch} does not fit"
+    else:
+        why = f"batch {first_over.batch} takes {first_over.step_time * 1e3:.3f} ms"
+    reason = (
+        f"batch {batch}: the largest whose step ({plan.step_time * 1e3:.3f} ms) meets the "
+        f"{bound * 1e3:.3f} ms bound; {why}"
+    )
+    report = ServingReport(
+        mode, "throughput", batch, context_len, tokens, plan.step_time, plan.mesh.size,
+        roofline(plan, cluster_of(plan.mesh)), table, reason, bound,
+    )  # fmt: skip
+    return replace(plan, serving=report)
