@@ -121,17 +121,7 @@ def _drop_forbidden_groups(problem: Problem) -> None:
             continue
         u_group = np.where(u_ok, e.u_group, e.u_group[u_ok][0])
         v_group = np.where(v_ok, e.v_group, e.v_group[v_ok][0])
-        rows, cols = e.cost.shape
-        if _covers(u_group, rows) and _covers(v_group, cols):  # every group still selected:
-            problem.edge_table[key] = Edge(e.u, e.v, u_group, v_group, e.cost)  # as compacted
-        else:
-            problem.edge_table[key] = _compact(Edge(e.u, e.v, u_group, v_group, e.cost))
-
-
-def _covers(group: np.ndarray, count: int) -> bool:
-    """Whether ``group`` selects each of ``0 .. count-1`` (then compacting renumbers nothing;
-    ``np.unique`` per edge was a third of the pruning's time on the JAX GPT)."""
-    return bool(np.bincount(group, minlength=count).all())
+        problem.edge_table[key] = _compact(Edge(e.u, e.v, u_group, v_group, e.cost))
 
 
 def memory_vectors(problem: Problem, memory) -> dict[int, np.ndarray]:  # type: ignore[no-untyped-def]

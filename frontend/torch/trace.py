@@ -230,6 +230,7 @@ def trace(
         fx_traceback.preserve_node_meta(),
         collecting() as pins,
         _TracedCalls(),
+        optim_splice.lazy_code(),
     ):
         gm = make_fx(step, tracing_mode="fake")(fake_params, fake_buffers, states, fake_inputs)
     if train and not optimizer_in_trace:

@@ -92,3 +92,37 @@ def test_spliced_graph_runs_the_optimizer_step() -> None:
     for path, value in new.items():
         assert not torch.equal(value, expected[path]), path
         torch.testing.assert_close(value, params[path].detach(), rtol=1e-4, atol=1e-6)
+
+
+def test_one_trace_per_rank_and_dtype(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Contiguous parameters of one rank and dtypes share a trace (Mixed: 2-D f32, 1-D f32,
+    1-D bf16), and the copies' values take each parameter's own shape (checked above)."""
+    from shardplan.frontend.torch import optim_splice
+
+    traced: list[int] = []
+    inner = optim_splice._templates
+
+    def counting(spec, mark, reps):  # type: ignore[no-untyped-def]
+        traced.append(len(reps))
+        return inner(spec, mark, reps)
+
+    monkeypatch.setattr(optim_splice, "_templates", counting)
+    trace(Mixed(), [torch.randn(4, 8)], True, None, optim.OptimizerSpec())
+    assert traced == [3]
+
+
+def test_an_update_that_is_not_elementwise_is_traced_per_shape(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    """An update with a reduction (a norm-scaled step) has values of other shapes: its wide
+    classes are traced again per shape, and the splice is still the per-parameter trace."""
+    inner = optim.update
+
+    def normed(spec, param, grad, states):  # type: ignore[no-untyped-def]
+        return inner(spec, param, grad / (grad.float().norm() + 1).to(grad.dtype), states)
+
+    monkeypatch.setattr(optim, "update", normed)
+    model, x, spec = Mixed(), torch.randn(4, 8), optim.OptimizerSpec()
+    spliced = trace(model, [x], True, None, spec)
+    reference = trace(model, [x], True, None, spec, optimizer_in_trace=True)
+    assert _signature(spliced) == _signature(reference)
