@@ -177,8 +177,9 @@ class CollectiveLog(TorchDispatchMode):
 
     def __init__(self, device_mesh: DeviceMesh) -> None:
         super().__init__()
+        self.own = mesh_groups(device_mesh)
         self.axes = axis_groups(device_mesh)
-        self.by_ranks = {_group_ranks(name): axes for name, axes in self.axes.items()}
+        self.by_ranks = {_group_ranks(name): axes for name, axes in self.own.items()}
         self.counts: Counter[Collective] = Counter()
 
     def __torch_dispatch__(self, func, types, args=(), kwargs=None):  # type: ignore[no-untyped-def]
@@ -203,13 +204,13 @@ class CollectiveLog(TorchDispatchMode):
         self.counts[(kind, self._axes_of(group), size)] += 1
 
     def _axes_of(self, group: str) -> tuple[str, ...]:
-        """The mesh axes of a group; by its ranks for a group of another, equal-ranked mesh
-        (DTensor reuses an earlier mesh's groups for an equal one: a ``{"tp": 8}`` mesh made
-        by an earlier test file, then a ``{"dp": 8}`` one)."""
-        axes = self.axes.get(group)
-        if axes is None:
-            axes = self.by_ranks.get(_group_ranks(group), (str(group),))
-        return axes
+        """The mesh axes of a group: one of this mesh's by name (a size-1 axis makes two of
+        them equal-ranked), else by its ranks among them, since DTensor reuses an earlier
+        mesh's groups for equal-ranked ones (a ``{"tp": 4}`` mesh made by an earlier test,
+        then a ``{"dp": 2, "tp": 2}`` one whose flattened ``dp x tp`` reduction runs on the old
+        ``tp`` group: by the old name it read as ``tp``), else any earlier mesh's by name."""
+        axes = self.own.get(group) or self.by_ranks.get(_group_ranks(group))
+        return axes if axes is not None else self.axes.get(group, (str(group),))
 
 
 _FUNCTIONAL = {
@@ -250,15 +251,21 @@ def _one_peer(output_splits: Any, input_splits: Any) -> bool:
                                                                  list(input_splits))))  # fmt: skip
 
 
-def axis_groups(device_mesh: DeviceMesh) -> dict[str, tuple[str, ...]]:
-    """Process group name -> the mesh axes it spans (each dimension, and flattened groups)."""
+def mesh_groups(device_mesh: DeviceMesh) -> dict[str, tuple[str, ...]]:
+    """This mesh's process group names -> the mesh axes each spans (each dimension, and the
+    flattened groups)."""
     from .emit import flattened_meshes
 
     names = tuple(device_mesh.mesh_dim_names or ())
-    for i in range(device_mesh.ndim):
-        _GROUP_AXES[device_mesh.get_group(i).group_name] = (names[i],)
+    own = {device_mesh.get_group(i).group_name: (names[i],) for i in range(device_mesh.ndim)}
     for axes, flat in flattened_meshes(device_mesh).items():
-        _GROUP_AXES[flat.get_group().group_name] = axes
+        own[flat.get_group().group_name] = axes
+    return own
+
+
+def axis_groups(device_mesh: DeviceMesh) -> dict[str, tuple[str, ...]]:
+    """Process group name -> mesh axes, for this mesh's groups and every group seen before."""
+    _GROUP_AXES.update(mesh_groups(device_mesh))
     return dict(_GROUP_AXES)
 
 
