@@ -22,6 +22,12 @@ optimizer update traced once per parameter class"): at load ~7 in-trace 56.9 / 9
 44.2 / 6.93), spliced 19.5 / 5.00 (capture 13.5 / 2.98); at load ~3 in-trace 5.65-6.96 /
 5.55-6.67, spliced 4.36-5.08 / 4.31-5.01 (capture 4.2-4.6 -> 2.9-3.0 CPU s); same plan
 (35.46 ms, batch over dp, same layouts digest).
+
+2026-12-03 (the same box, slower today: the baseline row 11.1 -> 8.0 s as the load fell; wall /
+CPU s), before -> after the optimizer trace per rank and dtypes (28 traces -> 3), lazily
+generated graph code and cheaper edge compaction: at load ~0.3 in-trace 11.08 / 10.26, spliced
+9.79 / 8.28; at load ~1-2 in-trace 8.02 / 7.99, spliced 5.40 / 5.39 (capture 3.34, plan_graph
+2.01); same plan (34.51 ms, batch over dp).
 """
 
 from __future__ import annotations
