@@ -151,30 +151,29 @@ def append_updates(
     placeholders = [n for n in graph.nodes if n.op == "placeholder"]
     output = next(n for n in graph.nodes if n.op == "output")
     loss, *grads = output.args[0]
+    keys = [_wide_key(p, g, states) for _, _, p, g, states in updated]
     reps: dict[tuple, tuple] = {}
-    for _, _, p, g, states in updated:
-        reps.setdefault(_wide_key(p, g, states), (p, g, states))
+    for key, (_, _, p, g, states) in zip(keys, updated, strict=True):
+        reps.setdefault(key, (p, g, states))
     templates = _templates(spec, mark, reps)
-    narrow = [
+    narrow = {
         k for k, t in templates.items() if k[0] == "wide" and not _elementwise(t, reps[k][0].shape)
-    ]
+    }
     exact: dict[tuple, tuple] = {}
-    for _, _, p, g, states in updated:  # not elementwise after all: one trace per shape
-        if _wide_key(p, g, states) in narrow:
-            exact.setdefault(_class_key(p, g, states), (p, g, states))
+    for n, (_, _, p, g, states) in enumerate(updated):
+        if keys[n] in narrow:  # not elementwise after all: traced per exact class
+            keys[n] = _class_key(p, g, states)
+            exact.setdefault(keys[n], (p, g, states))
     templates.update(_templates(spec, mark, exact) if exact else {})
     new_params: list[torch.fx.Node] = []
     new_states: list[torch.fx.Node] = []
     cache: dict[tuple, torch.Tensor] = {}
     with graph.inserting_before(output):
-        for (i, name, p, g, states), grad in zip(updated, grads, strict=True):
-            key = _wide_key(p, g, states)
-            key = _class_key(p, g, states) if key in narrow else key
+        for key, (i, name, p, _, _), grad in zip(keys, updated, grads, strict=True):
             shape = p.shape if key[0] == "wide" else None  # exact: its values are the trace's
             first_state = n_params + n_buffers + i * per
             inputs = [placeholders[i], grad, *placeholders[first_state : first_state + per]]
-            template = templates[key]
-            new_p, *new_s = _copy_into(graph, template, inputs, name, shape, cache)
+            new_p, *new_s = _copy_into(graph, templates[key], inputs, name, shape, cache)
             new_params.append(new_p)
             new_states.extend(new_s)
     output.args = ((loss, *new_params, *new_states),)
