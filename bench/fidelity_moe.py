@@ -231,6 +231,9 @@ def predict(row: MoERow) -> dict:
     if row.capture_layers is None:
         ev, strategy = _evaluate(row, None)
         micro, compute, peak = ev.step_time, ev.plan.compute_time, ev.peak_memory_bytes
+    elif (row.overrides or {}).get("pp", 1) > 1:
+        raise ValueError(f"{row.label}: a pipelined row is captured whole (its step is the "
+                         "schedule's, not linear in the layers); drop capture_layers")  # fmt: skip
     else:  # two truncated models, extrapolated to every layer (module docstring)
         a, b = row.capture_layers
         (ev_a, strategy), (ev_b, _) = _evaluate(row, a), _evaluate(row, b)
