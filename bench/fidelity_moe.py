@@ -3,16 +3,34 @@
     .venv/bin/python bench/fidelity_moe.py [--json out.json]
 
 Each row's HF model is captured on ``meta`` (bf16; experts through the GShard dispatch of
-``frontend/torch/moe.py`` at the ``LOAD_IMBALANCE`` capacity) at one micro-batch per GPU, and
-``sp.evaluate`` prices the published layout (``sp.strategies.expert_parallel``) on the row's
-mesh of the calibrated H100 cluster; a step of ``GA`` micro-batches is ``GA`` times that (the
-optimizer step, counted ``GA`` times, is under 1% of it on these rows). Nothing is fitted per
-row: the calibration is the one every fidelity row uses (``costmodel.calibration``).
+``frontend/torch/moe.py`` at the ``LOAD_IMBALANCE`` capacity, or the row's own
+``capacity_factor``) at one micro-batch per GPU, and ``sp.evaluate`` prices the published layout
+(``sp.strategies.expert_parallel``) on the row's mesh of the calibrated H100 cluster; a step of
+``GA`` micro-batches is ``GA`` times that (the optimizer step, counted ``GA`` times, is under 1%
+of it on these rows). Nothing is fitted per row: the calibration is the one every fidelity row
+uses (``costmodel.calibration``).
+
+A row with ``pp > 1`` (``overrides`` carries ``pp`` and ``microbatches``) is captured at its
+global batch instead, on a mesh with a ``pp`` axis: ``sp.evaluate`` prices the pipeline itself
+(``plan_pipeline``'s stage model with Megatron's equal stages and the row's micro-batch count,
+1F1B, bubble, p2p, embedding on the first stage and head and loss on the last) and its step is
+the row's step; its ``compute_s`` is the plan's compute (every layer, the whole batch, on one
+stage's devices) over ``pp``: a device's compute with no bubble.
 
 A row with ``capture_layers = (a, b)`` is too large to capture whole in the bench's time (94
 layers of 128 experts): it is evaluated with ``a`` and with ``b`` decoder layers and the step
 extrapolated linearly to all of them (``t(a) + (L - a) * (t(b) - t(a)) / (b - a)``: every
 layer is the same, and the embedding, head and loss are in ``t(a)``).
+
+The Mixtral-8x22B row is Megatron-Core's token-drop run (``--moe-expert-capacity-factor 1.0
+--moe-pad-expert-input-to-capacity``), captured at capacity 1.0: padded to capacity, every
+expert runs exactly ``C = S * K / E`` slots per group, which is what the GShard dispatch
+captures, so no load imbalance is assumed (the dropless run, 455 TFLOP/s, would need one: its
+busiest expert sets the pace). Its published throughput is model TFLOP/s per GPU; it is turned
+into seconds per step with Megatron-LM's model-FLOPs count (``megatron/training/training.py``
+``num_floating_point_operations``, the form before the causal-mask halving of the attention
+scores: ``12 L h^2 B s [(1 + g/n + s/h) q/h + (f/h) K 3/2 + V/(2 L h)]``; the later form,
+``s/(2h)``, counts 3.4% fewer FLOPs and would make the published step 4.22 s).
 """
 
 from __future__ import annotations
@@ -23,7 +41,7 @@ import math
 import sys
 import time
 import warnings
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
@@ -39,7 +57,7 @@ class MoERow:
     config: dict
     """HF config keyword arguments (the model's ``config.json``)."""
     family: str
-    """``qwen3_moe`` (HF class)."""
+    """``qwen3_moe`` or ``mixtral`` (HF class)."""
     gpus: int
     micro_batch: int
     """Sequences per GPU per micro-batch (the source's MBS / LBS)."""
@@ -53,6 +71,12 @@ class MoERow:
     """``sp.strategies.expert_parallel`` arguments (default: EP over the data axes + FSDP)."""
     capture_layers: tuple[int, int] | None = None
     """Two layer counts to capture and extrapolate from (None: the whole model)."""
+    capacity_factor: float | None = None
+    """Expert capacity the model is captured at (``use_dispatch``); None: the frontend's
+    ``LOAD_IMBALANCE`` for a model on ``meta``."""
+    overrides: dict | None = None
+    """``ParallelStrategy`` fields set over ``expert_parallel``'s (``pp``, ``microbatches``,
+    ``sequence_parallel``, ``tp_comm_overlap``): what ``expert_parallel`` does not take."""
 
 
 NEMO_AUTOMODEL = (
@@ -86,6 +110,39 @@ QWEN3_235B_A22B = dict(
 )  # fmt: skip
 """Qwen/Qwen3-235B-A22B config.json (235B parameters, 22B active per token)."""
 
+MCORE_MIXTRAL = (
+    "Megatron-Core MoE model zoo (github.com/yanring/Megatron-MoE-ModelZoo), Mixtral-8x22B: "
+    "runtime_configs/benchmarking/runtime.conf (TP 2, PP 8, EP 8, CP 1, VPP 1, MBS 1, GBS 256, "
+    "56 layers, alltoall dispatcher, grouped GEMM, 16 nodes = 128 H100, seq 4096), "
+    "model_configs/benchmarking/Mixtral-8x22B.yaml (expert TP 1, distributed optimizer, "
+    "overlapped grad reduce and param gather, sequence parallel, TP comm overlap, flash "
+    "attention, BF16, no recompute), best_practice/Mixtral/run_mixtral_8x22B.sh: token-drop "
+    "training (capacity factor 1.0, padded to capacity) 'around 470TFLOPS for H100' = "
+    "4.37 s per step by Megatron-LM's model-FLOPs count"
+)
+
+MIXTRAL_8X22B = dict(
+    vocab_size=32000, hidden_size=6144, intermediate_size=16384, num_hidden_layers=56,
+    num_attention_heads=48, num_key_value_heads=8, head_dim=128, num_local_experts=8,
+    num_experts_per_tok=2, rope_theta=1e6, max_position_embeddings=65536, rms_norm_eps=1e-5,
+    sliding_window=None, tie_word_embeddings=False,
+)  # fmt: skip
+"""mistralai/Mixtral-8x22B-v0.1 config.json (141B parameters, 39B active per token)."""
+
+
+def _megatron_step_seconds(config: dict, batch: int, seq: int, gpus: int, flops: float) -> float:
+    """Seconds per step of a run reported at ``flops`` model FLOP/s per GPU: Megatron-LM's
+    ``num_floating_point_operations`` (module docstring) over ``gpus * flops``."""
+    h, layers = config["hidden_size"], config["num_hidden_layers"]
+    heads, groups = config["num_attention_heads"], config["num_key_value_heads"]
+    query = config["head_dim"] * heads / h
+    attention = (1 + groups / heads + seq / h) * query
+    mlp = config["intermediate_size"] / h * config["num_experts_per_tok"] * 3 / 2  # SwiGLU
+    logits = config["vocab_size"] / (2 * layers * h)
+    total = 12 * batch * seq * layers * h * h * (attention + mlp + logits)
+    return total / (gpus * flops)
+
+
 ROWS = [
     MoERow(NEMO_AUTOMODEL, "Qwen3-30B-A3B 8xH100 EP8 FSDP8", QWEN3_30B_A3B, "qwen3_moe",
            gpus=8, micro_batch=4, accumulation=16, seq=4096, published_step=21.773),
@@ -96,23 +153,45 @@ ROWS = [
            mesh={"dp": 32, "ep": 4, "tp": 2},
            strategy=dict(ep=("ep", "tp"), tp="tp", shard_params=True, recompute="full"),
            capture_layers=(2, 4)),
+    # EP 8 folded over tp x 4 data ranks (ETP 1: whole experts, one node), expert DP 2 = dp,
+    # DP 8 = dp x ep; distributed optimizer (ZeRO-1), sequence parallel + TP comm overlap
+    MoERow(MCORE_MIXTRAL, "Mixtral-8x22B 128xH100 TP2 PP8 EP8", MIXTRAL_8X22B, "mixtral",
+           gpus=128, micro_batch=1, accumulation=32, seq=4096,
+           published_step=_megatron_step_seconds(MIXTRAL_8X22B, 256, 4096, 128, 470e12),
+           mesh={"pp": 8, "dp": 2, "ep": 4, "tp": 2},
+           strategy=dict(ep=("ep", "tp"), tp="tp", shard_states=True),
+           capacity_factor=1.0,
+           overrides=dict(pp=8, microbatches=32, sequence_parallel=True, tp_comm_overlap=True)),
 ]  # fmt: skip
 
 
 def _model(row: MoERow, layers: int | None = None):  # type: ignore[no-untyped-def]
     import torch
+    from transformers import (
+        MixtralConfig,
+        MixtralForCausalLM,
+        Qwen3MoeConfig,
+        Qwen3MoeForCausalLM,
+    )
 
-    if row.family != "qwen3_moe":
-        raise ValueError(f"unknown family {row.family!r}")
-    from transformers import Qwen3MoeConfig, Qwen3MoeForCausalLM
-
+    classes = {"qwen3_moe": (Qwen3MoeConfig, Qwen3MoeForCausalLM),
+               "mixtral": (MixtralConfig, MixtralForCausalLM)}  # fmt: skip
+    if row.family not in classes:
+        raise ValueError(f"unknown family {row.family!r} (one of {sorted(classes)})")
+    config_class, model_class = classes[row.family]
     kwargs = dict(row.config)
     if layers is not None:
         kwargs["num_hidden_layers"] = layers
-    config = Qwen3MoeConfig(**kwargs)
+    config = config_class(**kwargs)
     config._attn_implementation = "sdpa"  # the run's attention is fused (TE), not eager
     with torch.device("meta"):
-        return Qwen3MoeForCausalLM(config).to(torch.bfloat16)
+        model = model_class(config).to(torch.bfloat16)
+    if row.capacity_factor is not None:
+        from shardplan.frontend.torch.moe import use_dispatch
+
+        if not use_dispatch(model, capacity_factor=row.capacity_factor):
+            raise ValueError(f"{row.label}: {model_class.__name__} has no experts to dispatch")
+    return model
 
 
 def _evaluate(row: MoERow, layers: int | None):  # type: ignore[no-untyped-def]
@@ -125,10 +204,19 @@ def _evaluate(row: MoERow, layers: int | None):  # type: ignore[no-untyped-def]
     if math.prod(axes.values()) != row.gpus:
         raise ValueError(f"{row.label}: mesh {axes} is not {row.gpus} GPUs")
     model = _model(row, layers)
-    data = row.gpus // axes.get("tp", 1)  # sequences per micro-batch: one per data rank
-    ids = torch.zeros((data * row.micro_batch, row.seq), dtype=torch.long, device="meta")
+    pp = axes.get("pp", 1)
+    data = row.gpus // (axes.get("tp", 1) * pp)  # data ranks: a micro-batch each
+    batch = data * row.micro_batch * (row.accumulation if pp > 1 else 1)  # pp: the global batch
+    ids = torch.zeros((batch, row.seq), dtype=torch.long, device="meta")
     mesh = sp.Mesh(axes, cluster=_calibrated_cluster("h100-sxm"))
     strategy = sp.strategies.expert_parallel(**(row.strategy or {"shard_params": True}))
+    if row.overrides:
+        extra = "-".join(f"{k}={v}" for k, v in row.overrides.items())
+        strategy = replace(strategy, name=f"{strategy.name}-{extra}", **row.overrides)
+    if strategy.pp != pp or (pp > 1 and strategy.microbatches != row.accumulation):
+        raise ValueError(f"{row.label}: pp {strategy.pp} / micro-batches "
+                         f"{strategy.microbatches} do not match mesh {axes} and GA "
+                         f"{row.accumulation}")  # fmt: skip
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         ev = sp.evaluate(model, {"input_ids": ids, "labels": ids}, mesh=mesh, strategy=strategy,
@@ -137,11 +225,15 @@ def _evaluate(row: MoERow, layers: int | None):  # type: ignore[no-untyped-def]
 
 
 def predict(row: MoERow) -> dict:
-    """``sp.evaluate`` of one micro-batch step of the published layout, times ``GA``."""
+    """``sp.evaluate`` of one micro-batch step of the published layout, times ``GA`` (a
+    pipelined row: of the whole step)."""
     start = time.perf_counter()
     if row.capture_layers is None:
         ev, strategy = _evaluate(row, None)
         micro, compute, peak = ev.step_time, ev.plan.compute_time, ev.peak_memory_bytes
+    elif (row.overrides or {}).get("pp", 1) > 1:
+        raise ValueError(f"{row.label}: a pipelined row is captured whole (its step is the "
+                         "schedule's, not linear in the layers); drop capture_layers")  # fmt: skip
     else:  # two truncated models, extrapolated to every layer (module docstring)
         a, b = row.capture_layers
         (ev_a, strategy), (ev_b, _) = _evaluate(row, a), _evaluate(row, b)
@@ -149,12 +241,15 @@ def predict(row: MoERow) -> dict:
         micro = ev_a.step_time + scale * (ev_b.step_time - ev_a.step_time)
         compute = ev_a.plan.compute_time + scale * (ev_b.plan.compute_time - ev_a.plan.compute_time)
         peak = ev_a.peak_memory_bytes + scale * (ev_b.peak_memory_bytes - ev_a.peak_memory_bytes)
-    step = micro * row.accumulation
+    if strategy.pp > 1:  # the pipeline's step is the whole step (module docstring)
+        step, compute, micro = micro, compute / strategy.pp, micro / row.accumulation
+    else:
+        step, compute = micro * row.accumulation, compute * row.accumulation
     return {
         "source": row.source, "label": row.label, "published_s": row.published_step,
         "predicted_s": step,
         "error": step / row.published_step - 1, "micro_step_s": micro,
-        "compute_s": compute * row.accumulation, "peak_gib": peak / 2**30,
+        "compute_s": compute, "peak_gib": peak / 2**30,
         "wall_s": time.perf_counter() - start, "strategy": strategy.name, "row": asdict(row),
     }  # fmt: skip
 

@@ -1,0 +1,75 @@
+"""MoE fidelity (issue 41): the Mixtral-8x22B row, a second published large-MoE run.
+
+The record checks read ``bench/records/fidelity_moe.json``; the live check prices the row again
+through the bench (about 30 s: the whole 56-layer model on ``meta``, its pipeline priced by
+``sp.evaluate``), so the record cannot drift from the cost model unnoticed.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import asdict
+from pathlib import Path
+
+import pytest
+
+sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "bench"))
+
+import fidelity_moe
+
+RECORD = Path(__file__).resolve().parents[1] / "bench" / "records" / "fidelity_moe.json"
+LABEL = "Mixtral-8x22B 128xH100 TP2 PP8 EP8"
+
+
+def _row() -> fidelity_moe.MoERow:
+    (row,) = [r for r in fidelity_moe.ROWS if r.label == LABEL]
+    return row
+
+
+def _recorded() -> dict:
+    (result,) = [r for r in json.loads(RECORD.read_text())["results"] if r["label"] == LABEL]
+    return result
+
+
+def test_mixtral_row_of_record_is_within_25_percent():
+    recorded, row = _recorded(), _row()
+    assert recorded["row"] == json.loads(json.dumps(asdict(row)))  # recorded from this row
+    assert recorded["published_s"] == pytest.approx(row.published_step, rel=1e-12)
+    assert recorded["error"] == pytest.approx(recorded["predicted_s"] / row.published_step - 1)
+    assert abs(recorded["error"]) <= 0.25, recorded["error"]
+    assert recorded["compute_s"] < recorded["predicted_s"]  # a device's compute, no bubble
+
+
+def test_the_published_step_is_megatrons_model_flops_at_470_tflops():
+    """470 TFLOP/s per GPU as seconds per step, counted matmul by matmul (forward; training
+    is three times it): Q, K, V and output projections, QK^T and AV over the whole sequence,
+    two SwiGLU experts per token (three GEMMs each) and the logits."""
+    c = fidelity_moe.MIXTRAL_8X22B
+    h, f, s, vocab = c["hidden_size"], c["intermediate_size"], 4096, c["vocab_size"]
+    q = c["head_dim"] * c["num_attention_heads"]
+    kv = c["head_dim"] * c["num_key_value_heads"]
+    layer = 2 * h * (q + 2 * kv) + 2 * q * h + 2 * 2 * s * q + 2 * 3 * 2 * h * f
+    per_token = 3 * (c["num_hidden_layers"] * layer + 2 * h * vocab)
+    step = 256 * s * per_token / (128 * 470e12)
+    assert _row().published_step == pytest.approx(step, rel=1e-12)
+    assert 4.3 < step < 4.45
+
+
+def test_the_row_captures_experts_at_capacity_one_on_a_pipeline():
+    row = _row()
+    assert row.capacity_factor == 1.0  # the token-drop run (capacity 1.0, padded)
+    assert row.mesh == {"pp": 8, "dp": 2, "ep": 4, "tp": 2}
+    assert row.gpus == 128
+    assert row.accumulation * 2 * 4 * row.micro_batch == 256  # GBS over DP 8 = dp x ep
+    assert row.overrides == {"pp": 8, "microbatches": 32, "sequence_parallel": True,
+                             "tp_comm_overlap": True}  # fmt: skip
+
+
+@pytest.mark.torch
+def test_the_mixtral_row_priced_now_matches_its_record():
+    recorded = _recorded()
+    now = fidelity_moe.predict(_row())
+    assert now["predicted_s"] == pytest.approx(recorded["predicted_s"], rel=1e-6)
+    assert now["compute_s"] == pytest.approx(recorded["compute_s"], rel=1e-6)
+    assert abs(now["error"]) <= 0.25
