@@ -77,6 +77,10 @@ class MoERow:
     overrides: dict | None = None
     """``ParallelStrategy`` fields set over ``expert_parallel``'s (``pp``, ``microbatches``,
     ``sequence_parallel``, ``tp_comm_overlap``): what ``expert_parallel`` does not take."""
+    dispatcher: str = "gshard"
+    """The run's token dispatcher (``frontend.torch.moe.DISPATCHER``): ``"deepep"`` for a run
+    on DeepEP (each token sent once per rank holding any of its experts), ``"gshard"`` for
+    Megatron-Core's ``alltoall`` one (every token-expert slot)."""
 
 
 NEMO_AUTOMODEL = (
@@ -145,14 +149,15 @@ def _megatron_step_seconds(config: dict, batch: int, seq: int, gpus: int, flops:
 
 ROWS = [
     MoERow(NEMO_AUTOMODEL, "Qwen3-30B-A3B 8xH100 EP8 FSDP8", QWEN3_30B_A3B, "qwen3_moe",
-           gpus=8, micro_batch=4, accumulation=16, seq=4096, published_step=21.773),
+           gpus=8, micro_batch=4, accumulation=16, seq=4096, published_step=21.773,
+           dispatcher="deepep"),
     # TP 2 x EP 8 folded (Megatron-Core's parallel folding: the experts split whole over the
     # 8 GPUs of a node, tp among them), DP 128 = dp x ep, expert DP 32 = dp, FSDP over both
     MoERow(MCORE_MOE_ZOO, "Qwen3-235B-A22B 256xH100 TP2 EP8 FSDP", QWEN3_235B_A22B,
            "qwen3_moe", gpus=256, micro_batch=4, accumulation=4, seq=4096, published_step=17.6,
            mesh={"dp": 32, "ep": 4, "tp": 2},
            strategy=dict(ep=("ep", "tp"), tp="tp", shard_params=True, recompute="full"),
-           capture_layers=(2, 4)),
+           capture_layers=(2, 4), dispatcher="deepep"),
     # EP 8 folded over tp x 4 data ranks (ETP 1: whole experts, one node), expert DP 2 = dp,
     # DP 8 = dp x ep; distributed optimizer (ZeRO-1), sequence parallel + TP comm overlap
     MoERow(MCORE_MIXTRAL, "Mixtral-8x22B 128xH100 TP2 PP8 EP8", MIXTRAL_8X22B, "mixtral",
@@ -217,7 +222,9 @@ def _evaluate(row: MoERow, layers: int | None):  # type: ignore[no-untyped-def]
         raise ValueError(f"{row.label}: pp {strategy.pp} / micro-batches "
                          f"{strategy.microbatches} do not match mesh {axes} and GA "
                          f"{row.accumulation}")  # fmt: skip
-    with warnings.catch_warnings():
+    from shardplan.frontend.torch.moe import dispatcher
+
+    with warnings.catch_warnings(), dispatcher(row.dispatcher):
         warnings.simplefilter("ignore")
         ev = sp.evaluate(model, {"input_ids": ids, "labels": ids}, mesh=mesh, strategy=strategy,
                          memory_limit=math.inf)  # fmt: skip

@@ -3,11 +3,13 @@
 One device's step as MAD-Max models it (Hsia et al., ISCA'24; re-derived, no code taken): a
 compute stream runs the ops in graph order, communication streams run collectives in the
 order they become ready, and each task starts at ``max(its stream's clock, its dependencies)``.
-There is one communication stream per process group (its NCCL communicator), and groups run
-concurrently on the links under them (``comm_streams.py``): an FSDP all-gather over the NICs
-overlaps a tensor-parallel or expert all-to-all on NVLink, and collectives of two groups on one
-link split its bandwidth (``SimulationOptions.concurrent_links=False``: one stream for all, as
-before).
+There is one communication stream per process group (its NCCL communicator), plus one for the
+parameters each group gathers ahead (FSDP's all-gather stream: a prefetch never holds up a
+collective needed now), and streams run concurrently on the links under them
+(``comm_streams.py``): an FSDP all-gather over the NICs overlaps a tensor-parallel or expert
+all-to-all on NVLink, and collectives of two streams on one link share its bandwidth, each
+slowed by the time the other is in flight with it (processor sharing;
+``SimulationOptions.concurrent_links=False``: one stream for all, as before).
 
 - an op waits for its operands: a produced value, or the collectives resharding it for this op;
 - a collective waits for its producer (an op result, or a pinned result's own reshard);
@@ -56,10 +58,11 @@ class SimulationOptions:
     ``max(c, g) + min(c, g) / n`` instead of ``c + g``, i.e. the exposed communication is
     ``max(0, c - g) + min(c, g) / n`` (see ``Transfer.pipelined``). Empty: no such overlap."""
     concurrent_links: bool = True
-    """One communication stream per process group (``Transfer.group``), sharing the bandwidth
-    of the link under it (``Transfer.link``): collectives on NVLink and on the NICs run at the
-    same time, and two groups on one link split it. False: every collective queues on one
-    stream."""
+    """One communication stream per process group (``Transfer.group``) and one for its
+    prefetched parameter gathers, sharing the bandwidth of the link under them
+    (``Transfer.link``): collectives on NVLink and on the NICs run at the same time, and two
+    streams on one link share it while both are in flight. False: every collective queues on
+    one stream."""
 
 
 @dataclass(frozen=True, slots=True)
@@ -89,9 +92,9 @@ class Transfer:
     """The link level its collectives ride (``comm_streams.reshard_link``)."""
     group: tuple[str, ...] = ()
     """The mesh axes of its collectives (its process group's communicator): with
-    ``SimulationOptions.concurrent_links`` each group has its own stream, and a collective
-    that starts while ``k`` collectives of other groups are in flight on its link gets
-    ``1 / (k + 1)`` of the link's bandwidth."""
+    ``SimulationOptions.concurrent_links`` each group has its own stream (and one for its
+    prefetched parameter gathers), and a collective that starts while collectives of other
+    streams are in flight on its link shares the link with each for as long as both run."""
     also: tuple[int, ...] = ()
     """Later consumers that read the same resharded buffer (the same value, source and target
     layout): a compiler or Megatron gathers once and every reader reuses the result, so they
@@ -137,8 +140,9 @@ class _Streams:
         # (ready time, first consumer, job id): by readiness, then the one needed soonest
         self.queue: list[tuple[float, int, int]] = []
         self.compute_clock = 0.0
-        self.comm_clocks: dict[tuple, float] = {}  # (link, group) -> when its stream is free
-        self.flight: dict[str, list[tuple[float, tuple[str, ...]]]] = {}  # link -> (end, group)
+        self.comm_clocks: dict[tuple, float] = {}  # (link, group, kind) -> when it is free
+        self.prefetched: set[int] = set()  # jobs on a group's prefetch stream
+        self.flight: dict[str, list[tuple[float, tuple]]] = {}  # link -> (end, stream)
         self.concurrent = options.concurrent_links
         self.pin_job: dict[Value, int] = {}
         self.waiting: dict[Value, list[int]] = {}  # value -> edge jobs released when it is ready
@@ -156,6 +160,7 @@ class _Streams:
                 self.waiting.setdefault(t.value, [])
             elif t.consumer is not None and (stored_view(t.value) or t.carried is not None):
                 self.gated.setdefault(gates[t.consumer], []).append(job)
+                self.prefetched.add(job)
             else:
                 self.waiting.setdefault(t.value, []).append(job)
         for v in graph.inputs:
@@ -188,27 +193,39 @@ class _Streams:
         else:
             self.release(value, time, began)
 
-    def sharing(self, t: Transfer, start: float) -> int:
-        """How many ways ``t``'s link is split when it starts: itself and the collectives of
-        other groups still in flight on it (fair sharing of the link's bandwidth)."""
+    def shared_time(self, t: Transfer, stream: tuple, start: float) -> float:
+        """``t``'s seconds on a link it shares with the collectives of other streams still in
+        flight there (processor sharing: while ``k`` run, each gets ``1 / k`` of the link).
+        One in flight for ``r`` more seconds slows ``t`` by ``min(t.time, r)``, the time both
+        run at half speed; the delay is counted on the newcomer (ends already scheduled stay),
+        so the link still moves every byte at its full bandwidth."""
         if not self.concurrent or not t.link:
-            return 1
-        flight = [(end, g) for end, g in self.flight.get(t.link, []) if end > start]
+            return t.time
+        flight = [(end, s) for end, s in self.flight.get(t.link, []) if end > start]
         self.flight[t.link] = flight
-        return 1 + sum(1 for _, g in flight if g != t.group)
+        return t.time + sum(min(t.time, end - start) for end, s in flight if s != stream)
+
+    def stream(self, job: int) -> tuple:
+        """The stream ``job`` queues on: its group's prefetch stream for a parameter gathered
+        ahead (FSDP's all-gather stream), else its group's stream; one for all when links are
+        not concurrent."""
+        if not self.concurrent:
+            return ("", (), False)
+        t = self.transfers[job]
+        return (t.link, t.group, job in self.prefetched)
 
     def drain_until(self, job: int | None) -> None:
         """Run queued collectives in readiness order until ``job`` has run (``None``: all)."""
         while self.queue and (job is None or job not in self.end):
             ready, _, popped = heapq.heappop(self.queue)
             t = self.transfers[popped]
-            stream = (t.link, t.group) if self.concurrent else ("", ())
+            stream = self.stream(popped)
             start = max(self.comm_clocks.get(stream, 0.0), ready)
-            end = max(start + t.time * self.sharing(t, start), self.floor.get(popped, 0.0))
+            end = max(start + self.shared_time(t, stream, start), self.floor.get(popped, 0.0))
             self.start[popped] = start
             self.comm_clocks[stream] = self.end[popped] = end
             if self.concurrent:
-                self.flight.setdefault(t.link, []).append((end, t.group))
+                self.flight.setdefault(t.link, []).append((end, stream))
             if self.transfers[popped].pin:
                 self.release(self.transfers[popped].value, end)
         if job is not None and job not in self.end:

@@ -11,6 +11,7 @@ from ..costmodel.cluster import Cluster
 from ..costmodel.fusion import unfused_penalty
 from ..costmodel.simulate import shared_reshards, simulate
 from ..ir import Role, Sharding
+from ..ir.moe import wire_type
 from .costs import (
     PERSISTENT_ROLES,
     Space,
@@ -20,6 +21,7 @@ from .costs import (
     op_vectors_key,
     pinned_result,
     seen_layout,
+    wire_buffers,
 )
 from .ilp import Solution
 from .memory_terms import cache_write
@@ -76,8 +78,9 @@ class _Parts:
         self.paths: dict = {}
 
     def record(self, name, consumer, src, dst, value, count=1) -> None:  # type: ignore[no-untyped-def]
+        buffer = wire_buffers(self.space).get(value) if consumer.startswith("op:") else None
         _record(self.reshards, name, consumer, src, dst, value, self.space.mesh, self.cluster,
-                self.paths, count)  # fmt: skip
+                self.paths, count, buffer)  # fmt: skip
 
     def add_op(self, i: int, op, strategy) -> None:  # type: ignore[no-untyped-def]
         """The op's result pins / reduce-once reshards, then each operand's reshard."""
@@ -153,12 +156,15 @@ def _with_memory(space, solution, problem, memory, parts) -> Plan:
                 memory_profile=profile, assignments=assignments)  # fmt: skip
 
 
-def _record(reshards, name, consumer, src, dst, value, mesh, cluster, paths, count=1) -> None:  # type: ignore[no-untyped-def]
+def _record(
+    reshards, name, consumer, src, dst, value, mesh, cluster, paths, count=1, buffer=None
+) -> None:  # type: ignore[no-untyped-def]
     if src == dst:
         return
-    key = (src, dst, value.type)
+    moved = wire_type(value.type, buffer, src, dst, mesh) if buffer else value.type
+    key = (src, dst, moved)
     if key not in paths:
-        paths[key] = tuple(reshard(src, dst, value.type, mesh, cluster))
+        paths[key] = tuple(reshard(src, dst, moved, mesh, cluster))
     reshards.append(Reshard(name, consumer, src, dst, paths[key], count))
 
 
@@ -205,6 +211,7 @@ def evaluate_choice(space: Space, cluster: Cluster, choice: list[int]) -> float:
         if value.role in PERSISTENT_ROLES:
             layout = space.strategies[n][choice[n]].results[0]
             total += input_cost(value.type.nbytes // layout.shard_count(mesh), cluster)
+    buffers = wire_buffers(space)
     for i, op in enumerate(graph.ops):
         strategy = space.strategies[space.op_node(i)][choice[space.op_node(i)]]
         total += op.repeat * op_cost(op, strategy, mesh, cluster, space.fusion.of(op))
@@ -216,7 +223,8 @@ def evaluate_choice(space: Space, cluster: Cluster, choice: list[int]) -> float:
                 )
         for j, value in enumerate(op.operands):
             src = space.layout(value, choice)
-            moved = reshard_time(src, strategy.operands[j], value.type, mesh, cluster)
+            wire = wire_type(value.type, buffers.get(value), src, strategy.operands[j], mesh)
+            moved = reshard_time(src, strategy.operands[j], wire, mesh, cluster)
             if (i, j) in space.fusion.edges:
                 moved += unfused_penalty(value.type, src, strategy.operands[j], mesh, cluster)
             total += op.repeat * moved

@@ -29,6 +29,7 @@ from ..ir import (
     op_bytes,
     op_flops,
 )
+from ..ir.moe import Buffer, dedup_buffers, wire_type
 from ..passes.enumerate_strategies import (
     Choice,
     Coords,
@@ -359,18 +360,21 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
     seen = space.prices  # repeated layers ask the same (from, to, type) many times
     reshard_time = _pricer(seen, mesh, cluster)
 
-    def price(type_: TensorType, fused: bool = False):
-        """Reshard seconds; on a fused edge also the HBM round trip the reshard forces."""
+    def price(type_: TensorType, fused: bool = False, buffer: Buffer | None = None):
+        """Reshard seconds; on a fused edge also the HBM round trip the reshard forces; of a
+        deduplicated dispatch ``buffer`` (``ir.moe.wire_type``), the bytes its dispatcher
+        sends."""
 
-        table = seen.get((type_, fused))  # per type: (a, b) keys hash and compare faster
+        table = seen.get((type_, fused, buffer))  # per type: (a, b) keys hash and compare faster
         if table is None:
-            table = seen[(type_, fused)] = {}
+            table = seen[(type_, fused, buffer)] = {}
 
         def time(a: Sharding, b: Sharding) -> float:
             key = (a, b)
             found = table.get(key)
             if found is None:
-                found = reshard_time(a, b, type_)
+                moved = wire_type(type_, buffer, a, b, mesh) if buffer else type_
+                found = reshard_time(a, b, moved)
                 if fused:
                     found += unfused_penalty(type_, a, b, mesh, cluster)
                 table[key] = found
@@ -389,20 +393,31 @@ def build_problem(space: Space, cluster: Cluster, memory_limit: float | None) ->
 
 def _add_operand_edges(problem: Problem, space: Space, i: int, op: Op, v: int, price, cache):  # type: ignore[no-untyped-def]
     """One edge per operand of op ``i`` (node ``v``) from its producer, priced per table."""
+    buffers = wire_buffers(space)
     for j, value in enumerate(op.operands):
         u, k = space.producer[value]
         pin = pinned_result(value)
         once = value in space.reduce_once
         fused = (i, j) in space.fusion.edges
+        buffer = buffers.get(value)
         key = ("edge", id(space.strategies[u]), k, pin, once, id(space.strategies[v]), j)
-        key += (value.type, fused)
+        key += (value.type, fused, buffer)
         layouts = partial(_operand_layouts, space, u, k, pin, once, v, j)
-        u_group, v_group, matrix = _edge(cache, key, layouts, price(value.type, fused))
+        u_group, v_group, matrix = _edge(cache, key, layouts, price(value.type, fused, buffer))
         if matrix is None:  # no layout pair reshards: no edge
             continue
         if op.repeat != 1:  # an edge into a scan body's op reshards every iteration
             matrix = matrix * op.repeat
         problem.add_grouped_edge(u, v, u_group, v_group, matrix, nonzero=True)
+
+
+def wire_buffers(space: Space) -> dict[Value, Buffer]:
+    """The graph's deduplicated dispatch buffers (``ir.moe.dedup_buffers``), found once per
+    space: their expert all-to-alls are priced at the bytes the dispatcher sends."""
+    found = space.tables.get(("wire_buffers",))
+    if found is None:
+        found = space.tables[("wire_buffers",)] = dedup_buffers(space.graph)
+    return found
 
 
 def _pricer(prices: dict, mesh: Mesh, cluster: Cluster) -> ReshardPricer:

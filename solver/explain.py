@@ -27,6 +27,7 @@ from ..costmodel.fusion import fusion
 from ..costmodel.op_times import _op_time
 from ..ir import Op, Sharding, Value
 from ..ir.errors import UnknownTensorError
+from ..ir.moe import dedup_buffers, wire_type
 from ..passes.enumerate_strategies import input_choices, op_choices, value_layouts
 from .plan import Plan
 from .report import format_bytes, format_seconds
@@ -136,11 +137,13 @@ class _Pricer:
         self.plan, self.mesh = plan, plan.stage_mesh
         self.cluster = cluster_of(plan.mesh)
         self.position = {op: i for i, op in enumerate(plan.graph.ops)}
+        self.buffers = dedup_buffers(plan.graph)
 
     def move(self, src: Sharding, dst: Sharding, value: Value, count: int = 1) -> float:
         if src == dst:
             return 0.0
-        return count * reshard_time(src, dst, value.type, self.mesh, self.cluster)
+        moved = wire_type(value.type, self.buffers.get(value), src, dst, self.mesh)
+        return count * reshard_time(src, dst, moved, self.mesh, self.cluster)
 
     def to_consumers(self, value: Value, layout: Sharding) -> float:
         """Collectives from ``layout`` to every consumer's planned operand layout, and to the

@@ -274,12 +274,14 @@ class PlanFollower(TorchDispatchMode):
         tensors = [
             follow_calls.balanced(self, t, n) for t, n in zip(tensors, step.operands, strict=True)
         ]
+        by_op = nn_local.interprets(self.plan, step)  # its ops move their own operands
         moved = [
             t
             if (inplace and i == 0) or name is None or _legacy_empty(t)
-            else self._to(self._through_identities(t, name, step), self._want(step, i), step)
+            else self._to(self._through_identities(t, name, step),
+                          self._placements(None, name) if by_op else self._want(step, i), step)
             for i, (t, name) in enumerate(zip(tensors, step.operands, strict=True))
-        ]
+        ]  # fmt: skip
         if inplace and torch.Tag.inplace_view in func.tags and isinstance(args[0], DTensor):
             return follow_calls.in_place_view(self, step, func, args, kwargs)
         if (

@@ -22,7 +22,9 @@ expert output is 0), which is what capacity-based systems run and price.
 
 from __future__ import annotations
 
+import contextlib
 import math
+from collections.abc import Iterator
 
 import torch
 from torch import nn
@@ -38,9 +40,32 @@ busiest expert takes 1.25x the mean load runs as long as a capacity-1.25 one (ev
 for it), so expert matmuls, dispatch buffers and all-to-alls are priced at that load. 1.25 is
 the capacity factor Switch Transformer and GShard train with (Fedus et al. 2021, Table 1:
 1.0-2.0; Lepikhin et al. 2020)."""
+DISPATCHERS = ("gshard", "deepep")
+DISPATCHER = "gshard"
+"""How the run being priced moves tokens to their experts (settable; ``dispatcher(name)``
+sets it for a block). ``"gshard"``: the all-to-all carries every (token, expert) slot of the
+capacity buffer (GShard; Megatron-Core's ``alltoall`` dispatcher). ``"deepep"``: each token
+goes once to each rank holding any of its top-k experts and is copied to them there (DeepEP's
+dispatch and combine kernels, Megatron-Core's ``flex`` dispatcher), so the expert all-to-alls
+move ``distinct ranks / top_k`` of the slots (``ir.moe.wire_type``: 0.67 for top-8 of 128
+experts on 8 ranks). Pricing only: the emitted step runs the GShard dispatch either way, so a
+``follow_plan`` check of a ``"deepep"`` plan sees the full buffer's bytes."""
 DEFAULT_GROUPS = 64
 """Token groups: ``gcd(tokens, DEFAULT_GROUPS)``. Groups are what data and expert axes split on
 the token side, so their count must be divisible by those axes' product."""
+
+
+@contextlib.contextmanager
+def dispatcher(name: str) -> Iterator[None]:
+    """Capture with ``DISPATCHER = name`` inside the block (``"gshard"`` or ``"deepep"``)."""
+    global DISPATCHER
+    if name not in DISPATCHERS:
+        raise ArgumentError(f"unknown MoE dispatcher {name!r}; use one of {DISPATCHERS}")
+    saved, DISPATCHER = DISPATCHER, name
+    try:
+        yield
+    finally:
+        DISPATCHER = saved
 
 
 def _slots(idx: torch.Tensor, experts: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:

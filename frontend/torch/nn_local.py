@@ -311,6 +311,13 @@ NN_KINDS = frozenset({
 _BATCH_NORM = ("batch_norm_apply", "batch_norm_backward_reduce")
 
 
+def interprets(plan: Any, step: Any) -> bool:
+    """True for a call run op by op (batch norm's lowering): each op moves its operands from
+    the layout the plan gives the value, as the plan prices each edge, so the call's operands
+    arrive at those layouts rather than at the first op's."""
+    return any(plan.graph.ops[i].kind in _BATCH_NORM for i in step.ops)
+
+
 def handles(kinds: Sequence[str]) -> bool:
     """True for a traced call lowered to (only) these ops: it has no DTensor strategy."""
     return bool(kinds) and any(k in NN_KINDS for k in kinds)
@@ -323,7 +330,7 @@ def run_step(follower: Any, step: Any, func: Any, args: tuple, kwargs: dict,
     lowering op by op (``_interpret``)."""
     graph = follower.plan.graph
     ops = [graph.ops[i] for i in step.ops]
-    if not any(op.kind in _BATCH_NORM for op in ops):
+    if not interprets(follower.plan, step):
         local_args, local_kwargs = _to_local((args, kwargs))
         if ops[0].kind.startswith("group_norm"):  # N: the rank's batch rows
             n = 3 if ops[0].kind == "group_norm" else 5

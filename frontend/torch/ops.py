@@ -341,9 +341,11 @@ def moe(kind: str, n_tensors: int) -> Row:
 
     def row(low: Lowering, node: fx.Node) -> Value:
         operands = low.tensors([a for a in node.args[:n_tensors] if a is not None])
-        attrs = {}
+        from . import moe as dispatch
+
+        attrs: dict = {"dedup": True} if dispatch.DISPATCHER == "deepep" else {}
         if kind == "moe_dispatch":
-            attrs = {"experts": int(node.args[3]), "capacity": int(node.args[4])}
+            attrs |= {"experts": int(node.args[3]), "capacity": int(node.args[4])}
         return _single(low, kind, operands, node, **attrs)
 
     return row

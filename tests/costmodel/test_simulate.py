@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from dataclasses import replace
+
 import pytest
 from shardplan.costmodel import get_cluster
 from shardplan.costmodel.collectives import Collective
@@ -348,9 +350,10 @@ def test_reshard_link_is_the_outermost_level_crossed():
     assert link_rank("inter-island-2") > link_rank("inter-island") > link_rank("inter-node")
 
 
-def test_simulate_two_groups_on_one_link_split_its_bandwidth():
-    """Two communicators on the NICs: the second collective, starting while the first is in
-    flight, gets half the link (2c); the same group queues behind it instead (first + 2c)."""
+def test_simulate_two_groups_on_one_link_share_it_while_both_run():
+    """Two communicators on the NICs (processor sharing): the second collective, starting while
+    the first has ``r`` left, runs at half speed for ``r`` and then alone: ``c + r``. The link
+    never idles and moves both at full bandwidth: the step ends ``2c`` after the first starts."""
     g = deep_linear(layers=2)
     times = [0.0 if op.kind == "sub" else 1.0 for op in g.ops]
     c = 5.0
@@ -361,6 +364,40 @@ def test_simulate_two_groups_on_one_link_split_its_bandwidth():
     timeline: list[tuple[str, int, float, float]] = []
     result = simulate_graph(g, times, split, timeline=timeline)
     ends = {i: (a, b) for kind, i, a, b in timeline if kind == "comm"}
-    assert ends[1][1] - ends[1][0] == pytest.approx(c)  # g_w1 starts alone
-    assert ends[0][1] - ends[0][0] == pytest.approx(2 * c)  # g_w0 shares the link with it
-    assert result.step_time == pytest.approx(sum(times) + 2 * c)
+    (start1, end1), (start0, end0) = ends[1], ends[0]
+    assert end1 - start1 == pytest.approx(c)  # g_w1 starts alone
+    assert start1 < start0 < end1  # g_w0 starts while g_w1 is in flight
+    assert end0 - start0 == pytest.approx(c + (end1 - start0))  # shared for what g_w1 has left
+    assert result.step_time == pytest.approx(start1 + 2 * c)
+    # a short collective in flight slows a long one by its remainder only, not by half
+    late = [replace(split[0], time=4 * c), replace(split[1], time=c / 10)]
+    timeline = []
+    simulate_graph(g, times, late, timeline=timeline)
+    ends = {i: (a, b) for kind, i, a, b in timeline if kind == "comm"}
+    assert ends[0][1] - ends[0][0] == pytest.approx(4 * c + max(0.0, ends[1][1] - ends[0][0]))
+
+
+def test_simulate_prefetch_stream_does_not_hold_up_a_collective_needed_now():
+    """A parameter gathered ahead runs on its group's prefetch stream (FSDP's all-gather
+    stream): a collective of the same group needed at once starts when its operand is ready and
+    shares the link with the prefetch, instead of queueing behind it on one stream."""
+    g = deep_linear(layers=3)
+    times = [1.0] * len(g.ops)
+    h2, h3 = (g.ops.index(_op(g, name)) for name in ("h2", "h3"))
+    a = 10.0
+    transfers = [
+        Transfer(g.value("w2"), h3, a, link="inter-node", group=("dp",)),  # prefetched from t=0
+        Transfer(g.value("h1"), h2, 1.0, link="inter-node", group=("dp",)),  # needed at t=1
+    ]
+    for concurrent, start in ((True, 1.0), (False, a)):
+        timeline: list[tuple[str, int, float, float]] = []
+        options = SimulationOptions(prefetch_window=None, concurrent_links=concurrent)
+        simulate_graph(g, times, transfers, options, timeline=timeline)
+        ends = {i: (s, e) for kind, i, s, e in timeline if kind == "comm"}
+        assert ends[0][0] == pytest.approx(0.0)
+        assert ends[1][0] == pytest.approx(start)
+    assert ends[1][1] == pytest.approx(a + 1.0)  # one stream: after the prefetch
+    timeline = []
+    simulate_graph(g, times, transfers, SimulationOptions(prefetch_window=None), timeline=timeline)
+    concurrent_end = {i: e for kind, i, _, e in timeline if kind == "comm"}[1]
+    assert concurrent_end == pytest.approx(3.0)  # 1 s of work at half the link: 2 s
