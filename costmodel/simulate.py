@@ -140,7 +140,7 @@ class _Streams:
         # (ready time, first consumer, job id): by readiness, then the one needed soonest
         self.queue: list[tuple[float, int, int]] = []
         self.compute_clock = 0.0
-        self.comm_clocks: dict[tuple, float] = {}  # (link, group, kind) -> when it is free
+        self.comm_clocks: dict[tuple, float] = {}  # (link, group, prefetch?) -> when free
         self.prefetched: set[int] = set()  # jobs on a group's prefetch stream
         self.flight: dict[str, list[tuple[float, tuple]]] = {}  # link -> (end, stream)
         self.concurrent = options.concurrent_links
