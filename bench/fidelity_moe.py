@@ -6,9 +6,18 @@ Each row's HF model is captured on ``meta`` (bf16; experts through the GShard di
 ``frontend/torch/moe.py`` at the ``LOAD_IMBALANCE`` capacity, or the row's own
 ``capacity_factor``) at one micro-batch per GPU, and ``sp.evaluate`` prices the published layout
 (``sp.strategies.expert_parallel``) on the row's mesh of the calibrated H100 cluster; a step of
-``GA`` micro-batches is ``GA`` times that (the optimizer step, counted ``GA`` times, is under 1%
-of it on these rows). Nothing is fitted per row: the calibration is the one every fidelity row
-uses (``costmodel.calibration``).
+``GA`` micro-batches is ``GA`` times the micro-batch's forward and backward plus one optimizer
+update (its ops, ``costmodel.phases.Phase.UPDATE``, run once per step: on these rows the AdamW
+update of every local expert is 9-12% of a micro-batch's time, so counting it ``GA`` times
+over-priced the 30B row by 13%). Nothing is fitted per row: the calibration is the one every
+fidelity row uses (``costmodel.calibration``).
+
+Each row is captured as its run was configured: the Qwen3-30B-A3B row is NeMo Automodel's
+benchmark recipe (``examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml``), which trains
+with ``fake_balanced_gate: true`` (every expert gets exactly its share: capacity 1.0, no load
+imbalance), ``activation_checkpointing: true`` (each decoder block recomputed whole in the
+backward: ``recompute="full"``; without it the step needs ~250 GiB per GPU) and a
+cross-entropy on the bf16 logits (``MaskedCrossEntropy`` with ``fp32_upcast: false``).
 
 A row with ``pp > 1`` (``overrides`` carries ``pp`` and ``microbatches``) is captured at its
 global batch instead, on a mesh with a ``pp`` axis: ``sp.evaluate`` prices the pipeline itself
@@ -46,7 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fidelity_capture import _calibrated_cluster
+from fidelity_capture import _calibrated_cluster, _without_update
 from shardplan.api.records import WallClock, add_record_argument, save_record
 
 
@@ -81,13 +90,19 @@ class MoERow:
     """The run's token dispatcher (``frontend.torch.moe.DISPATCHER``): ``"deepep"`` for a run
     on DeepEP (each token sent once per rank holding any of its experts), ``"gshard"`` for
     Megatron-Core's ``alltoall`` one (every token-expert slot)."""
+    loss_upcast: bool = True
+    """Whether the run's cross-entropy upcasts the logits to fp32 (HF's loss, Megatron's); False
+    for a loss on the bf16 logits (NeMo Automodel's ``MaskedCrossEntropy(fp32_upcast=False)``),
+    captured as ``F.cross_entropy`` of the model's logits."""
 
 
 NEMO_AUTOMODEL = (
     "NeMo Automodel performance summary, DGX-H100 BF16 pre-training table "
     "(docs.nvidia.com/nemo/automodel/nightly/performance-summary.html): Qwen3 MoE 30B on 8 GPUs, "
     "GBS 512, LBS 4, GA 16, seq 4096, EP 8, FSDP 8, TE + DeepEP, 21.773 s per global step "
-    "(12,040 tokens/s/GPU, 277 model TFLOP/s/GPU)"
+    "(12,040 tokens/s/GPU, 277 model TFLOP/s/GPU); recipe "
+    "github.com/NVIDIA-NeMo/Automodel examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml "
+    "(fake balanced gate, activation checkpointing, Adam, loss without fp32 upcast)"
 )
 
 QWEN3_30B_A3B = dict(
@@ -148,9 +163,11 @@ def _megatron_step_seconds(config: dict, batch: int, seq: int, gpus: int, flops:
 
 
 ROWS = [
+    # the benchmark recipe's balanced gate, block checkpointing and bf16 loss (docstring)
     MoERow(NEMO_AUTOMODEL, "Qwen3-30B-A3B 8xH100 EP8 FSDP8", QWEN3_30B_A3B, "qwen3_moe",
            gpus=8, micro_batch=4, accumulation=16, seq=4096, published_step=21.773,
-           dispatcher="deepep"),
+           strategy=dict(shard_params=True, recompute="full"), capacity_factor=1.0,
+           dispatcher="deepep", loss_upcast=False),
     # TP 2 x EP 8 folded (Megatron-Core's parallel folding: the experts split whole over the
     # 8 GPUs of a node, tp among them), DP 128 = dp x ep, expert DP 32 = dp, FSDP over both
     MoERow(MCORE_MOE_ZOO, "Qwen3-235B-A22B 256xH100 TP2 EP8 FSDP", QWEN3_235B_A22B,
@@ -224,11 +241,28 @@ def _evaluate(row: MoERow, layers: int | None):  # type: ignore[no-untyped-def]
                          f"{row.accumulation}")  # fmt: skip
     from shardplan.frontend.torch.moe import dispatcher
 
+    inputs, loss = {"input_ids": ids, "labels": ids}, {}
+    if not row.loss_upcast:  # the loss on the bf16 logits, as the run computes it
+        inputs, loss = {"input_ids": ids}, dict(loss_fn=_bf16_loss, loss_inputs=(ids,))
     with warnings.catch_warnings(), dispatcher(row.dispatcher):
         warnings.simplefilter("ignore")
-        ev = sp.evaluate(model, {"input_ids": ids, "labels": ids}, mesh=mesh, strategy=strategy,
-                         memory_limit=math.inf)  # fmt: skip
+        ev = sp.evaluate(model, inputs, mesh=mesh, strategy=strategy, memory_limit=math.inf,
+                         **loss)  # fmt: skip
     return ev, strategy
+
+
+def _bf16_loss(output, labels):  # type: ignore[no-untyped-def]
+    """Token cross-entropy of the logits in their own dtype (no fp32 upcast)."""
+    import torch.nn.functional as F
+
+    return F.cross_entropy(output.logits.flatten(0, 1), labels.flatten())
+
+
+def _split(ev) -> tuple[float, float]:  # type: ignore[no-untyped-def]
+    """``(micro-batch seconds without the optimizer update, the update's seconds)``: the update
+    runs once per step, after the last micro-batch (``fidelity_capture._without_update``)."""
+    rest = _without_update(ev.plan)
+    return rest, ev.step_time - rest
 
 
 def predict(row: MoERow) -> dict:
@@ -237,7 +271,10 @@ def predict(row: MoERow) -> dict:
     start = time.perf_counter()
     if row.capture_layers is None:
         ev, strategy = _evaluate(row, None)
-        micro, compute, peak = ev.step_time, ev.plan.compute_time, ev.peak_memory_bytes
+        compute = ev.plan.compute_time
+        # a pipeline's step prices its one update itself (module docstring)
+        micro, update = (ev.step_time, 0.0) if strategy.pp > 1 else _split(ev)
+        peak = ev.peak_memory_bytes
     elif (row.overrides or {}).get("pp", 1) > 1:
         raise ValueError(f"{row.label}: a pipelined row is captured whole (its step is the "
                          "schedule's, not linear in the layers); drop capture_layers")  # fmt: skip
@@ -245,17 +282,23 @@ def predict(row: MoERow) -> dict:
         a, b = row.capture_layers
         (ev_a, strategy), (ev_b, _) = _evaluate(row, a), _evaluate(row, b)
         scale = (row.config["num_hidden_layers"] - a) / (b - a)
-        micro = ev_a.step_time + scale * (ev_b.step_time - ev_a.step_time)
-        compute = ev_a.plan.compute_time + scale * (ev_b.plan.compute_time - ev_a.plan.compute_time)
-        peak = ev_a.peak_memory_bytes + scale * (ev_b.peak_memory_bytes - ev_a.peak_memory_bytes)
+
+        def extrapolated(x: float, y: float) -> float:
+            return x + scale * (y - x)
+
+        (micro_a, update_a), (micro_b, update_b) = _split(ev_a), _split(ev_b)
+        micro, update = extrapolated(micro_a, micro_b), extrapolated(update_a, update_b)
+        compute = extrapolated(ev_a.plan.compute_time, ev_b.plan.compute_time)
+        peak = extrapolated(ev_a.peak_memory_bytes, ev_b.peak_memory_bytes)
     if strategy.pp > 1:  # the pipeline's step is the whole step (module docstring)
         step, compute, micro = micro, compute / strategy.pp, micro / row.accumulation
-    else:
-        step, compute = micro * row.accumulation, compute * row.accumulation
+    else:  # GA micro-batches, then one optimizer update (its ops are compute only)
+        step = micro * row.accumulation + update
+        compute = (compute - update) * row.accumulation + update
     return {
         "source": row.source, "label": row.label, "published_s": row.published_step,
         "predicted_s": step,
-        "error": step / row.published_step - 1, "micro_step_s": micro,
+        "error": step / row.published_step - 1, "micro_step_s": micro, "update_s": update,
         "compute_s": compute, "peak_gib": peak / 2**30,
         "wall_s": time.perf_counter() - start, "strategy": strategy.name, "row": asdict(row),
     }  # fmt: skip
