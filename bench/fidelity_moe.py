@@ -7,9 +7,9 @@ Each row's HF model is captured on ``meta`` (bf16; experts through the GShard di
 ``capacity_factor``) at one micro-batch per GPU, and ``sp.evaluate`` prices the published layout
 (``sp.strategies.expert_parallel``) on the row's mesh of the calibrated H100 cluster; a step of
 ``GA`` micro-batches is ``GA`` times the micro-batch's forward and backward plus one optimizer
-update (its ops, ``costmodel.phases.Phase.UPDATE``, run once per step: on these rows the AdamW
-update of every local expert is 9-12% of a micro-batch's time, so counting it ``GA`` times
-over-priced the 30B row by 13%). Nothing is fitted per row: the calibration is the one every
+update (the ops traced under the ``optimizer`` module, once per step: the 30B row's AdamW
+update of its 3.8B local parameters is 4.5% of a micro-batch's time, so counting it ``GA``
+times over-priced that row by 5%). Nothing is fitted per row: the calibration is the one every
 fidelity row uses (``costmodel.calibration``).
 
 Each row is captured as its run was configured: the Qwen3-30B-A3B row is NeMo Automodel's
@@ -55,7 +55,7 @@ from pathlib import Path
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))
 
-from fidelity_capture import _calibrated_cluster, _without_update
+from fidelity_capture import _calibrated_cluster
 from shardplan.api.records import WallClock, add_record_argument, save_record
 
 
@@ -260,9 +260,20 @@ def _bf16_loss(output, labels):  # type: ignore[no-untyped-def]
 
 def _split(ev) -> tuple[float, float]:  # type: ignore[no-untyped-def]
     """``(micro-batch seconds without the optimizer update, the update's seconds)``: the update
-    runs once per step, after the last micro-batch (``fidelity_capture._without_update``)."""
-    rest = _without_update(ev.plan)
-    return rest, ev.step_time - rest
+    runs once per step, after the last micro-batch, on the compute stream, so removing its ops
+    shortens the step by their time. Its ops are the ones the torch capture traces under the
+    ``optimizer`` module (``frontend/torch/optim_splice.py``), not ``costmodel.phases``'
+    ``UPDATE``, which also files the experts' weight-gradient matmuls there (they read a
+    transpose the backward takes of the saved dispatch buffer, not a forward value itself)."""
+    from shardplan.costmodel.op_times import plan_op_times
+
+    plan = ev.plan
+    times = plan_op_times(plan)
+    update = sum(t for op, t in zip(plan.graph.ops, times, strict=True)
+                 if op.origin.module == "optimizer")  # fmt: skip
+    if not update:
+        raise ValueError(f"{plan.graph.name}: no optimizer ops in the captured step")
+    return ev.step_time - update, update
 
 
 def predict(row: MoERow) -> dict:
