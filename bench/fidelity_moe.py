@@ -277,8 +277,8 @@ def _split(ev) -> tuple[float, float]:  # type: ignore[no-untyped-def]
 
 
 def predict(row: MoERow) -> dict:
-    """``sp.evaluate`` of one micro-batch step of the published layout, times ``GA`` (a
-    pipelined row: of the whole step)."""
+    """``sp.evaluate`` of one micro-batch step of the published layout: ``GA`` times its
+    forward and backward plus one optimizer update (a pipelined row: the whole step)."""
     start = time.perf_counter()
     if row.capture_layers is None:
         ev, strategy = _evaluate(row, None)
