@@ -128,10 +128,10 @@ def test_the_bf16_loss_captures_no_fp32_logits():
     (row,) = [r for r in fidelity_moe.ROWS if r.label.startswith("Qwen3-30B-A3B")]
     small = dict(row.config, num_hidden_layers=1, num_experts=8, vocab_size=16384)
     logits = 8 * 4 * 128 * 16384  # 8 GPUs x micro-batch 4 x seq 128 x vocab
-    sizes = {}
+    sizes, evaluations = {}, {}
     for upcast in (True, False):
         tiny = dataclasses.replace(row, config=small, seq=128, loss_upcast=upcast)
-        ev, _ = fidelity_moe._evaluate(tiny, None)
+        ev, _ = evaluations[upcast] = fidelity_moe._evaluate(tiny, None)
         sizes[upcast] = [
             v for op in ev.plan.graph.ops for v in op.results
             if v.type.dtype == "f32" and v.type.numel >= logits
@@ -139,6 +139,7 @@ def test_the_bf16_loss_captures_no_fp32_logits():
     assert sizes[True]  # HF's loss: the logits upcast
     assert not sizes[False]
     # the update counted once per step is the optimizer's ops, with no matmul among them
+    ev, _ = evaluations[False]  # the row's own capture
     rest, update = fidelity_moe._split(ev)
     optimizer = [op for op in ev.plan.graph.ops if op.origin.module == "optimizer"]
     assert optimizer
