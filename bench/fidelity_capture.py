@@ -24,7 +24,7 @@ from functools import cache
 
 from shardplan.api.evaluate import model_flops
 from shardplan.costmodel import get_cluster
-from shardplan.costmodel.calibration import apply, default_calibration
+from shardplan.costmodel.calibration import apply, default_calibration, with_attention_kernel
 from shardplan.costmodel.cluster import register_cluster
 from shardplan.costmodel.op_times import plan_op_times
 from shardplan.costmodel.phases import Phase, op_phases
@@ -82,9 +82,14 @@ def _hf_model(m: Model, layers: int, seq: int, flash_attention: bool = True):
         return cls(config).to(torch.bfloat16)
 
 
-def _calibrated_cluster(cluster: str) -> str:
-    """Register the cluster with its generation's calibration; return the registered name."""
-    calibrated = apply(default_calibration(cluster), get_cluster(cluster))
+def _calibrated_cluster(cluster: str, attention: str | None = None) -> str:
+    """Register the cluster with its generation's calibration (and the fused-attention kernel
+    the run launched, ``calibration.ATTENTION_KERNELS``; None: the default's); return the
+    registered name."""
+    calibration = default_calibration(cluster)
+    if attention is not None:
+        calibration = with_attention_kernel(calibration, attention)
+    calibrated = apply(calibration, get_cluster(cluster))
     register_cluster(calibrated)
     return calibrated.name
 

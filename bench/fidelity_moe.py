@@ -19,6 +19,15 @@ imbalance), ``activation_checkpointing: true`` (each decoder block recomputed wh
 backward: ``recompute="full"``; without it the step needs ~250 GiB per GPU) and a
 cross-entropy on the bf16 logits (``MaskedCrossEntropy`` with ``fp32_upcast: false``).
 
+Every row ran on Transformer Engine on H100 (the 30B recipe's ``backend: attn: te, linear: te,
+rms_norm: te``; Megatron-Core's TE layer specs for the other two), so every row is captured
+with the kernels TE launches there: its attention is cuDNN's fused attention (TE's
+``DotProductAttention`` drops FlashAttention for FusedAttention on Hopper; priced at
+``ATTENTION_KERNELS["h100-sxm"]["cudnn"]``, this project's H100 measurement, not the default
+FA2 level) and its RMSNorms one fused kernel each (``frontend.torch.norms.use_fused_rms_norm``:
+forward reads ``x`` and writes ``y``, where HF's eager chain writes an fp32 copy of ``x`` and
+several intermediates).
+
 A row with ``pp > 1`` (``overrides`` carries ``pp`` and ``microbatches``) is captured at its
 global batch instead, on a mesh with a ``pp`` axis: ``sp.evaluate`` prices the pipeline itself
 (``plan_pipeline``'s stage model with Megatron's equal stages and the row's micro-batch count,
@@ -94,6 +103,13 @@ class MoERow:
     """Whether the run's cross-entropy upcasts the logits to fp32 (HF's loss, Megatron's); False
     for a loss on the bf16 logits (NeMo Automodel's ``MaskedCrossEntropy(fp32_upcast=False)``),
     captured as ``F.cross_entropy`` of the model's logits."""
+    attention: str = "fa2"
+    """The fused-attention kernel the run launched (``costmodel.calibration.ATTENTION_KERNELS``):
+    ``"cudnn"`` for Transformer Engine on Hopper (its DotProductAttention selects cuDNN's
+    FusedAttention there), ``"fa2"`` for FlashAttention-2."""
+    fused_norms: bool = False
+    """Whether the run's RMSNorms are one fused kernel (TE's, Megatron-Core's TENorm): captured
+    through ``frontend.torch.norms.use_fused_rms_norm``; False: HF's eager chain."""
 
 
 NEMO_AUTOMODEL = (
@@ -163,18 +179,19 @@ def _megatron_step_seconds(config: dict, batch: int, seq: int, gpus: int, flops:
 
 
 ROWS = [
-    # the benchmark recipe's balanced gate, block checkpointing and bf16 loss (docstring)
+    # the benchmark recipe's balanced gate, block checkpointing and bf16 loss; its TE
+    # attention, linear and RMSNorm (``backend: attn: te, rms_norm: te``; docstring)
     MoERow(NEMO_AUTOMODEL, "Qwen3-30B-A3B 8xH100 EP8 FSDP8", QWEN3_30B_A3B, "qwen3_moe",
            gpus=8, micro_batch=4, accumulation=16, seq=4096, published_step=21.773,
            strategy=dict(shard_params=True, recompute="full"), capacity_factor=1.0,
-           dispatcher="deepep", loss_upcast=False),
+           dispatcher="deepep", loss_upcast=False, attention="cudnn", fused_norms=True),
     # TP 2 x EP 8 folded (Megatron-Core's parallel folding: the experts split whole over the
     # 8 GPUs of a node, tp among them), DP 128 = dp x ep, expert DP 32 = dp, FSDP over both
     MoERow(MCORE_MOE_ZOO, "Qwen3-235B-A22B 256xH100 TP2 EP8 FSDP", QWEN3_235B_A22B,
            "qwen3_moe", gpus=256, micro_batch=4, accumulation=4, seq=4096, published_step=17.6,
            mesh={"dp": 32, "ep": 4, "tp": 2},
            strategy=dict(ep=("ep", "tp"), tp="tp", shard_params=True, recompute="full"),
-           capture_layers=(2, 4), dispatcher="deepep"),
+           capture_layers=(2, 4), dispatcher="deepep", attention="cudnn", fused_norms=True),
     # EP 8 folded over tp x 4 data ranks (ETP 1: whole experts, one node), expert DP 2 = dp,
     # DP 8 = dp x ep; distributed optimizer (ZeRO-1), sequence parallel + TP comm overlap
     MoERow(MCORE_MIXTRAL, "Mixtral-8x22B 128xH100 TP2 PP8 EP8", MIXTRAL_8X22B, "mixtral",
@@ -182,7 +199,7 @@ ROWS = [
            published_step=_megatron_step_seconds(MIXTRAL_8X22B, 256, 4096, 128, 470e12),
            mesh={"pp": 8, "dp": 2, "ep": 4, "tp": 2},
            strategy=dict(ep=("ep", "tp"), tp="tp", shard_states=True),
-           capacity_factor=1.0,
+           capacity_factor=1.0, attention="cudnn", fused_norms=True,
            overrides=dict(pp=8, microbatches=32, sequence_parallel=True, tp_comm_overlap=True)),
 ]  # fmt: skip
 
@@ -208,6 +225,11 @@ def _model(row: MoERow, layers: int | None = None):  # type: ignore[no-untyped-d
     config._attn_implementation = "sdpa"  # the run's attention is fused (TE), not eager
     with torch.device("meta"):
         model = model_class(config).to(torch.bfloat16)
+    if row.fused_norms:
+        from shardplan.frontend.torch.norms import use_fused_rms_norm
+
+        if not use_fused_rms_norm(model):
+            raise ValueError(f"{row.label}: {model_class.__name__} has no RMSNorm to fuse")
     if row.capacity_factor is not None:
         from shardplan.frontend.torch.moe import use_dispatch
 
@@ -230,7 +252,7 @@ def _evaluate(row: MoERow, layers: int | None):  # type: ignore[no-untyped-def]
     data = row.gpus // (axes.get("tp", 1) * pp)  # data ranks: a micro-batch each
     batch = data * row.micro_batch * (row.accumulation if pp > 1 else 1)  # pp: the global batch
     ids = torch.zeros((batch, row.seq), dtype=torch.long, device="meta")
-    mesh = sp.Mesh(axes, cluster=_calibrated_cluster("h100-sxm"))
+    mesh = sp.Mesh(axes, cluster=_calibrated_cluster("h100-sxm", row.attention))
     strategy = sp.strategies.expert_parallel(**(row.strategy or {"shard_params": True}))
     if row.overrides:
         extra = "-".join(f"{k}={v}" for k, v in row.overrides.items())

@@ -172,7 +172,9 @@ DEFAULTS: dict[str, Calibration] = {
         matmul_efficiency=0.67,
         matmul_half_flops=1.8e9,
         # FlashAttention-3 (Shah et al. 2024, abstract): FlashAttention-2 reaches only 35% of
-        # H100 peak; FA3 75% (fp16 fwd). 2024 Megatron-Core runs predate FA3 in TE: FA2 level.
+        # H100 peak; FA3 75% (fp16 fwd). The default is that FA2 level (ATTENTION_KERNELS'
+        # "fa2"), assumed for the 2023-24 dense H100 rows, whose kernel is not published; a
+        # run on cuDNN's fused attention (TE on Hopper, torch >= 2.11 SDPA) names "cudnn".
         attention_efficiency=0.35,
         # The same measurement's causal forward+backward runs at >= 4K tokens: the backward
         # takes 1.18-1.38x (median 1.25) of 2.5x the forward's time (_fit_attention).
@@ -185,6 +187,43 @@ DEFAULTS: dict[str, Calibration] = {
         "memory ref §3 priors 0.70-0.84",
     ),
 }
+
+
+ATTENTION_KERNELS: dict[str, dict[str, tuple[float, float, str]]] = {
+    "h100-sxm": {
+        # FlashAttention-3 (Shah et al. 2024, abstract): FA2 reaches 35% of H100 peak (and
+        # tritonbench's H100 run in pytorch/pytorch#142132: FA2 329 TF/s at 4608 x 128).
+        "fa2": (0.35, 1.25, "FlashAttention-2 on H100 (FA3 abstract: 35% of peak)"),
+        # cuDNN's fused attention: what torch's SDPA runs on sm90 once the bundled cuDNN is
+        # 9.15 or newer (sdp_utils' cuDNN-first order, torch 2.11; huggingface/transformers
+        # #48163) and what Transformer Engine's DotProductAttention selects on Hopper (it drops
+        # FlashAttention for FusedAttention there). Measured on one H100 SXM with torch 2.11
+        # (data/calibration/h100-sxm-measured-raw.json, ``fit``: 0.4997 of peak, backward
+        # 1.249x; 503 TF/s causal forward at 4K tokens, beyond FA2's reach).
+        "cudnn": (0.50, 1.25, "cuDNN fused attention on H100, measured (torch 2.11 SDPA)"),
+    },
+}
+"""Fused-attention kernels per GPU generation: ``(attention_efficiency,
+attention_backward_slowdown, source)``. Which kernel a run launched is a property of its
+software stack, so a fidelity row names it; ``with_attention_kernel`` applies one."""
+
+
+def with_attention_kernel(calibration: Calibration, kernel: str) -> Calibration:
+    """``calibration`` with the attention level of ``kernel`` (``ATTENTION_KERNELS``)."""
+    kernels = ATTENTION_KERNELS.get(calibration.name.split("+", 1)[0], {})
+    if kernel not in kernels:
+        raise ClusterConfigError(
+            f"calibration {calibration.name!r}: no measured or sourced attention kernel "
+            f"{kernel!r}; known here: {sorted(kernels) or 'none'}"
+        )
+    efficiency, slowdown, source = kernels[kernel]
+    return replace(
+        calibration,
+        name=f"{calibration.name}+{kernel}-attention",
+        attention_efficiency=efficiency,
+        attention_backward_slowdown=slowdown,
+        source=f"{calibration.source}; attention: {source}",
+    )
 
 
 def default_calibration(cluster: Cluster | str) -> Calibration:
@@ -347,6 +386,7 @@ def load_calibration(path: str | Path) -> Calibration:
 
 
 __all__ = [
+    "ATTENTION_KERNELS",
     "DEFAULTS",
     "Calibration",
     "apply",
@@ -355,4 +395,5 @@ __all__ = [
     "fit",
     "gpu_seconds",
     "load_calibration",
+    "with_attention_kernel",
 ]

@@ -77,13 +77,11 @@ def test_the_mixtral_row_priced_now_matches_its_record():
 
 @pytest.mark.parametrize(
     ("label", "bound"),
-    [("Qwen3-235B-A22B 256xH100 TP2 EP8 FSDP", 0.20), ("Qwen3-30B-A3B 8xH100 EP8 FSDP8", 0.30)],
+    [("Qwen3-235B-A22B 256xH100 TP2 EP8 FSDP", 0.20), ("Qwen3-30B-A3B 8xH100 EP8 FSDP8", 0.15)],
 )
 def test_qwen3_rows_of_record_are_priced_with_deepeps_dispatch(label: str, bound: float):
     """Both runs used DeepEP: their rows price the deduplicated dispatch, and the record is of
-    the row as defined. The 235B bound is issue 41's; the 30B one (issue: 15%) is where the row
-    stands captured as its recipe ran (block recomputation, balanced gate: +26.1%), its compute
-    alone over the published step (docs/costmodel.md, "Validation")."""
+    the row as defined. The bounds are issue 41's."""
     (row,) = [r for r in fidelity_moe.ROWS if r.label == label]
     (recorded,) = [r for r in json.loads(RECORD.read_text())["results"] if r["label"] == label]
     assert row.dispatcher == "deepep"
@@ -99,6 +97,8 @@ def test_the_30b_row_is_captured_as_its_benchmark_recipe_ran():
     assert row.capacity_factor == 1.0
     assert row.strategy == {"shard_params": True, "recompute": "full"}
     assert row.loss_upcast is False
+    assert row.attention == "cudnn"  # backend: attn: te (TE on Hopper: cuDNN's attention)
+    assert row.fused_norms  # backend: rms_norm: te
     assert row.gpus * row.micro_batch * row.accumulation == 512  # GBS
 
 
@@ -146,3 +146,9 @@ def test_the_bf16_loss_captures_no_fp32_logits():
     assert not [op for op in optimizer if op.kind == "matmul"]
     assert 0 < update < rest
     assert rest + update == pytest.approx(ev.step_time)
+
+
+def test_every_row_is_priced_with_te_kernels_on_hopper():
+    """All three runs are Transformer Engine on H100: cuDNN fused attention, fused RMSNorm."""
+    for row in fidelity_moe.ROWS:
+        assert (row.attention, row.fused_norms) == ("cudnn", True), row.label

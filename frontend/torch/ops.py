@@ -221,6 +221,18 @@ def rms_norm(kind: str, first_weight: int) -> Row:
     return row
 
 
+def fused_rms_norm(low: Lowering, node: fx.Node) -> list:
+    """shardplan::rms_norm_fused(x, w, eps) -> (y, rstd) (``frontend/torch/norms.py``)."""
+    rank = low.value(node.args[0]).type.rank
+    return _multi(low, "rms_norm", low.tensors(node.args[:2]), node, axis=(rank - 1,))
+
+
+def fused_rms_norm_backward(low: Lowering, node: fx.Node) -> list:
+    """shardplan::rms_norm_fused_backward(g, x, rstd, w) -> (dx, dw)."""
+    rank = low.value(node.args[1]).type.rank
+    return _multi(low, "rms_norm_backward", low.tensors(node.args[:4]), node, axis=(rank - 1,))
+
+
 def nll_loss(low: Lowering, node: fx.Node) -> list:
     x, target = low.value(node.args[0]), low.value(node.args[1])
     return _multi(
@@ -431,6 +443,7 @@ def _table() -> dict[str, Row]:
     table.update(native_layer_norm=layer_norm, native_layer_norm_backward=layer_norm_backward)
     table["_fused_rms_norm"] = rms_norm("rms_norm", 2)
     table["_fused_rms_norm_backward"] = rms_norm("rms_norm_backward", 3)
+    table.update(rms_norm_fused=fused_rms_norm, rms_norm_fused_backward=fused_rms_norm_backward)
     table.update(nll_loss_forward=nll_loss, nll_loss_backward=nll_loss_backward)
     table.update(nll_loss2d_forward=nll_loss, nll_loss2d_backward=nll_loss_backward)  # (N, C, H, W)
     table.update(embedding=embedding, embedding_dense_backward=embedding_backward)

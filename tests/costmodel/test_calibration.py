@@ -131,3 +131,28 @@ def test_calibration_overlap_penalty_is_the_collectives_sm_share():
     assert Calibration("t").overlap_penalty(1.0) == 0.0
     with pytest.raises(ClusterConfigError, match="comm_sm_share"):
         Calibration("t", comm_sm_share=1.0)
+
+
+def test_the_cudnn_attention_kernel_is_the_h100_measurement():
+    """``ATTENTION_KERNELS["h100-sxm"]["cudnn"]`` is what ``fit`` reads off the committed H100
+    measurement (torch 2.11's SDPA, cuDNN on sm90); the shipped default is the FA2 entry."""
+    from pathlib import Path
+
+    from shardplan.costmodel.calibration import ATTENTION_KERNELS, with_attention_kernel
+
+    raw = Path(__file__).resolve().parents[2] / "data/calibration/h100-sxm-measured-raw.json"
+    measured = fit(raw, "h100-sxm")
+    efficiency, slowdown, _ = ATTENTION_KERNELS["h100-sxm"]["cudnn"]
+    assert abs(measured.attention_efficiency - efficiency) < 0.01
+    assert abs(measured.attention_backward_slowdown - slowdown) < 0.01
+    default = DEFAULTS["h100-sxm"]
+    fa2 = ATTENTION_KERNELS["h100-sxm"]["fa2"]
+    assert (default.attention_efficiency, default.attention_backward_slowdown) == fa2[:2]
+    cudnn = with_attention_kernel(default, "cudnn")
+    assert cudnn.attention_efficiency == efficiency
+    assert cudnn.matmul_efficiency == default.matmul_efficiency
+    assert apply(cudnn, "h100-sxm").attention_efficiency == efficiency
+    with pytest.raises(ClusterConfigError, match=r"attention kernel 'fa3'.*known here"):
+        with_attention_kernel(default, "fa3")
+    with pytest.raises(ClusterConfigError, match="known here: none"):
+        with_attention_kernel(DEFAULTS["a100-80gb"], "cudnn")
