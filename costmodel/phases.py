@@ -6,6 +6,7 @@ from __future__ import annotations
 import enum
 import re
 
+from shardplan.ir import VIEW_KINDS
 from shardplan.ir.graph import Graph, Op, Role, Value
 
 
@@ -22,8 +23,11 @@ def op_phases(graph: Graph) -> dict[Op, Phase]:
 
     Forward ops reach a non-aliased output (the loss). Of the rest, backward ops are those that
     (or whose descendants) read a forward value - a saved activation or a data input; update
-    ops read only gradients, parameters and optimizer states. A graph with no aliased outputs
-    (inference) is all forward.
+    ops read only gradients, parameters and optimizer states. A layout-only view of a forward
+    value taken in backward (``x^T`` of a saved activation, read by a weight-gradient matmul
+    ``x^T @ g``) is itself a forward value. A graph with no aliased outputs (inference) is all
+    forward. Same logic as ``passes.liveness.op_phases`` (the two layers are peers and do not
+    import each other).
     """
     aliased = set(graph.output_aliases)
     loss = {v for j, v in enumerate(graph.outputs) if j not in aliased}
@@ -34,6 +38,9 @@ def op_phases(graph: Graph) -> dict[Op, Phase]:
     forward_values |= {
         v for v in graph.inputs if v.role in (Role.INPUT, Role.CONSTANT, Role.KV_CACHE)
     }
+    for op in graph.ops:  # backward-time views of forward values (in order: chains propagate)
+        if op not in forward and op.kind in VIEW_KINDS and op.operands[0] in forward_values:
+            forward_values.update(op.results)
     reads_forward: dict[Op, bool] = {}
     phases: dict[Op, Phase] = {}
     for op in reversed(graph.ops):

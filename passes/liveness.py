@@ -18,7 +18,7 @@ from __future__ import annotations
 import enum
 from dataclasses import dataclass, field
 
-from ..ir import Graph, Op, Role, Value, op_info
+from ..ir import VIEW_KINDS, Graph, Op, Role, Value, op_info
 from .repeated_layers import layer_key
 
 RECOMPUTE_MODES = ("selective", "full")
@@ -75,7 +75,10 @@ class Liveness:
 def op_phases(graph: Graph) -> list[Phase]:
     """Forward: ancestors of a non-aliased output (the loss). Of the rest, backward ops read a
     forward value (a saved activation or a data input), or feed an op that does; update ops
-    read only gradients, parameters and optimizer states. No aliased output: all forward."""
+    read only gradients, parameters and optimizer states. A layout-only view of a forward value
+    taken in backward (``x^T`` of a saved activation, read by a weight-gradient matmul
+    ``x^T @ g``) is itself a forward value. No aliased output: all forward. Same logic as
+    ``costmodel.phases.op_phases`` (the two layers are peers and do not import each other)."""
     aliased = set(graph.output_aliases)
     if not aliased:
         return [Phase.FORWARD] * len(graph.ops)
@@ -84,6 +87,9 @@ def op_phases(graph: Graph) -> list[Phase]:
     forward_values |= {
         v for v in graph.inputs if v.role in (Role.INPUT, Role.CONSTANT, Role.KV_CACHE)
     }
+    for op in graph.ops:  # backward-time views of forward values (in order: chains propagate)
+        if op not in forward and op.kind in VIEW_KINDS and op.operands[0] in forward_values:
+            forward_values.update(op.results)
     reads: dict[Op, bool] = {}
     for op in reversed(graph.ops):
         reads[op] = any(v in forward_values for v in op.operands) or any(

@@ -26,6 +26,8 @@ from shardplan.costmodel.simulate import (
     stored_view,
 )
 from shardplan.ir import Graph, Mesh, Origin, Role, Sharding, TensorType
+from shardplan.ir.builder import GraphBuilder
+from shardplan.passes.liveness import op_phases as liveness_op_phases
 from shardplan.solver.costs import build_problem, build_space
 from shardplan.solver.ilp import solve
 from shardplan.solver.planner import build_plan, plan_graph
@@ -88,6 +90,35 @@ def test_simulate_phases_from_structure():
     assert phases["g_h1"] is Phase.BACKWARD
     assert phases["w0_new"] is Phase.UPDATE
     assert phases["w1_new"] is Phase.UPDATE
+
+
+def liveness_phases(graph: Graph) -> list[Phase]:
+    """``passes.liveness.op_phases``, in the cost model's ``Phase`` members."""
+    return [Phase(p.value) for p in liveness_op_phases(graph)]
+
+
+def test_a_weight_gradient_of_a_transposed_activation_is_backward():
+    """``g_w2 = a^T @ g_h``, where ``a^T`` is a backward-time view (reshape, then transpose) of
+    the saved activation: the matmul reads no forward value itself, only a view of one and a
+    gradient (an MoE expert's weight gradient reads its dispatch buffer so). It is backward, in
+    the cost model's and in liveness's classification alike; the SGD step stays update."""
+    b = GraphBuilder("transposed_activation")
+    x = b.input("x", (8, 16))
+    w1, w2 = b.param("w1", (16, 32)), b.param("w2", (32, 16))
+    a = b.reshape(b.relu(b.dot(x, w1)), (2, 4, 32))  # saved for backward
+    h = b.matmul(a, w2)
+    loss = b.reduce_sum(b.mul(h, h), axes=(0, 1, 2))
+    g_h = b.reshape(b.add(h, h), (8, 16))
+    a_t = b.transpose(b.reshape(a, (8, 32)), (1, 0))
+    g_w2 = b.dot(a_t, g_h)
+    b.output(loss, b.sub(w2, g_w2), aliases={1: 2})
+    graph = b.build()
+    phases = op_phases(graph)
+    assert phases[g_w2.producer] is Phase.BACKWARD
+    assert phases[a_t.producer] is Phase.BACKWARD
+    assert phases[graph.outputs[1].producer] is Phase.UPDATE
+    assert phases[h.producer] is Phase.FORWARD
+    assert liveness_phases(graph) == list(phases.values())
 
 
 def test_simulate_inference_graph_is_all_forward():

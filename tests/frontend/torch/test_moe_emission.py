@@ -153,7 +153,8 @@ def test_follow_plan_on_other_meshes(family, cell: str) -> None:  # type: ignore
     """(4, 2) and (2, 2, 2) pinned to EP over ``ep``, and the free plan on (2, 2, 2) (experts
     over all three axes, attention split over ``tp``): the step under ``follow_plan`` equals
     the plain model's, the expert weights are DTensors split on the expert dim, and the
-    collectives run are the cost model's (kind, axes, bytes; collective-permutes included)."""
+    collectives run are the cost model's (kind, axes, bytes; collective-permutes included),
+    whichever way the plan pays for the experts' split over ``ep``."""
     _, _, _, _, want_loss, want_grads, _ = family
     axes, kind = OTHER_MESHES[cell]
     device_mesh = init_device_mesh("cpu", tuple(axes.values()), mesh_dim_names=tuple(axes))
@@ -169,7 +170,12 @@ def test_follow_plan_on_other_meshes(family, cell: str) -> None:  # type: ignore
         assert isinstance(p, DTensor), name
         assert all(p.placements[i] == Shard(0) for i, a in enumerate(axes) if a in split), name
     planned = simulate.planned_collective_list(plan)
-    assert any(k[0] == "all-to-all" for k in planned)
+    # experts split over ep: the planner, by cost, moves the tokens to them (all-to-all) or
+    # them to the tokens (all-gather of the weights over ep, reduce-scatter of their gradients:
+    # the cheaper on (4, 2) for these tiny experts on the cpu-test cluster); either way the
+    # collectives run are the planned ones (the last assert)
+    over_ep = {k[0] for k in planned if "ep" in k[1]}
+    assert "all-to-all" in over_ep or {"all-gather", "reduce-scatter"} <= over_ep, over_ep
     if cell == "2x2x2-ep":  # the token ids' permute (the case this cell is here for)
         assert any(k[0] == "collective-permute" for k in planned)
     assert observed == planned, (
