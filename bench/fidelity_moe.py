@@ -10,7 +10,8 @@ Each row's HF model is captured on ``meta`` (bf16; experts through the GShard di
 update (the ops traced under the ``optimizer`` module, once per step: the 30B row's AdamW
 update of its 3.8B local parameters is 4.5% of a micro-batch's time, so counting it ``GA``
 times over-priced that row by 5%). Nothing is fitted per row: the calibration is the one every
-fidelity row uses (``costmodel.calibration``).
+fidelity row uses (``costmodel.calibration``), with the attention kernel each run's software
+launched (``MoERow.attention``, below).
 
 Each row is captured as its run was configured: the Qwen3-30B-A3B row is NeMo Automodel's
 benchmark recipe (``examples/benchmark/configs/qwen3_moe_30b_te_deepep.yaml``), which trains
