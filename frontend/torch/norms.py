@@ -64,9 +64,13 @@ def _(grad, x, rstd, weight):  # type: ignore[no-untyped-def]
 def _setup(ctx, inputs, output) -> None:  # type: ignore[no-untyped-def]
     x, weight, _ = inputs
     ctx.save_for_backward(x, output[1], weight)
+    ctx.mark_non_differentiable(output[1])  # rstd: no gradient flows in (no zeros traced)
+    ctx.set_materialize_grads(False)
 
 
 def _backward(ctx, grad_y, grad_rstd):  # type: ignore[no-untyped-def]
+    if grad_y is None:  # y unused
+        return None, None, None
     x, rstd, weight = ctx.saved_tensors
     dx, dweight = rms_norm_fused_backward(grad_y, x, rstd, weight)
     return dx, dweight, None

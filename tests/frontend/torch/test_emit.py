@@ -2,77 +2,19 @@
 
 from __future__ import annotations
 
-import contextlib
 import copy
-from collections import Counter
-from dataclasses import dataclass, field
 
 import pytest
 import shardplan as sp
 import torch
+from applied import check_numerics as _check_numerics
+from applied import device_mesh as _mesh
 from shardplan.frontend.torch import simulate
-from shardplan.frontend.torch.follow import follow_plan
-from shardplan.frontend.torch.train import step_loss
 from torch.distributed.device_mesh import init_device_mesh
 from torch.distributed.tensor import Shard
 from torch.distributed.tensor.parallel import ColwiseParallel, RowwiseParallel
 
 pytestmark = pytest.mark.torch
-
-
-_MESHES: dict[tuple, tuple[object, object]] = {}
-
-
-def _mesh(plan: sp.Plan):  # type: ignore[no-untyped-def]
-    """One device mesh per shape and world: DTensor caches redistribution plans per (equal)
-    mesh; a world of another size (a test on another mesh ran in between) destroys the
-    process groups a mesh of the old world was built on."""
-    simulate.simulated_world(plan.mesh.size)
-    key = tuple(plan.mesh.axes)
-    world = torch.distributed.group.WORLD
-    if key not in _MESHES or _MESHES[key][0] is not world:
-        sizes = tuple(plan.mesh.shape[a] for a in plan.mesh.axis_names)
-        mesh = init_device_mesh("cpu", sizes, mesh_dim_names=plan.mesh.axis_names)
-        _MESHES[key] = (world, mesh)
-    return _MESHES[key][1]
-
-
-@dataclass
-class Applied:
-    """One applied forward + backward on simulated ranks (rank 0's view)."""
-
-    loss: torch.Tensor
-    grads: dict[str, torch.Tensor]
-    observed: Counter[simulate.Collective]
-    """Collectives the step issued: (kind, mesh axes, bytes per device)."""
-    deviations: list[str] = field(default_factory=list)
-
-
-def _run_applied(plan, model, inputs, follow: bool = False) -> Applied:  # type: ignore[no-untyped-def]
-    """Apply ``plan`` to a copy of ``model``; with ``follow`` every op runs at planned layouts."""
-    mesh = _mesh(plan)
-    with simulate.local_ranks(plan.mesh.size):
-        sharded = plan.apply(copy.deepcopy(model), mesh)
-        replay = follow_plan(plan, mesh) if follow else contextlib.nullcontext()
-        log = simulate.CollectiveLog(mesh)
-        with log, replay as follower:
-            loss = step_loss(sharded, inputs)
-            loss.backward()
-        grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
-    deviations = follower.deviations if follow else []
-    return Applied(simulate.rank0(loss), grads, log.counts, deviations)
-
-
-def _check_numerics(plan, model, inputs, follow: bool = False) -> Applied:  # type: ignore[no-untyped-def]
-    reference = copy.deepcopy(model)
-    ref_loss = step_loss(reference, inputs)
-    ref_loss.backward()
-    applied = _run_applied(plan, model, inputs, follow)
-    loss, grads = applied.loss, applied.grads
-    torch.testing.assert_close(loss, ref_loss.detach(), rtol=1e-4, atol=1e-6)
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
-    return applied
 
 
 @pytest.fixture(scope="module")

@@ -10,11 +10,8 @@ import warnings
 import pytest
 import shardplan as sp
 import torch
-from shardplan.frontend.torch import simulate
+from applied import check_numerics
 from shardplan.frontend.torch.norms import rms_norm_fused, use_fused_rms_norm
-from shardplan.frontend.torch.train import step_loss
-from torch.distributed.device_mesh import init_device_mesh
-from torch.distributed.tensor import DTensor
 
 pytestmark = pytest.mark.torch
 
@@ -104,27 +101,25 @@ def test_fused_norms_capture_as_row_kernels_and_cost_less() -> None:
     assert ev_fused.plan.compute_time < ev_plain.plan.compute_time
 
 
-def test_a_plan_with_fused_norms_applies_and_matches_hf() -> None:
+@pytest.mark.parametrize(("kind", "follow"), [("megatron", False), ("free", False), ("free", True)],
+                         ids=["megatron-apply", "free-apply", "free-follow_plan"])  # fmt: skip
+def test_a_plan_with_fused_norms_applies_and_matches_hf(kind: str, follow: bool) -> None:
+    """Under ``follow_plan`` every op runs at its planned layout: the fused norms' included, no
+    deviation. (``megatron("tp")`` is checked under ``apply`` only: HF's embedding gradient
+    deviates from that strategy's vocab-parallel layout under ``follow_plan`` with HF's own
+    norms too.)"""
     model = _qwen3()
-    reference = copy.deepcopy(model)
+    reference = copy.deepcopy(model)  # HF's own norms
     use_fused_rms_norm(model)
-    ids = torch.randint(0, VOCAB, (4, 8))
+    ids = torch.randint(0, VOCAB, (16, 32))  # enough work that the free plan splits the norms
     inputs = ({"input_ids": ids, "labels": ids},)
     mesh = sp.Mesh({"dp": 2, "tp": 2}, cluster="cpu-test")
-    plan = sp.evaluate(model, *inputs, mesh=mesh, strategy=sp.strategies.megatron("tp")).plan
+    if kind == "megatron":
+        plan = sp.evaluate(model, *inputs, mesh=mesh, strategy=sp.strategies.megatron("tp")).plan
+    else:
+        plan = sp.plan(model, *inputs, mesh=mesh, time_limit=10)
     norms = [i for i, op in enumerate(plan.graph.ops) if op.kind.startswith("rms_norm")]
     split = [i for i in norms if any(plan.operand_shardings[(i, 0)].dims)]
     assert split, "no fused norm runs on split rows: the check would prove nothing"
-    ref_loss = step_loss(reference, inputs)
-    ref_loss.backward()
-    simulate.simulated_world(mesh.size)
-    device_mesh = init_device_mesh("cpu", (2, 2), mesh_dim_names=("dp", "tp"))
-    with simulate.local_ranks(mesh.size):
-        sharded = plan.apply(copy.deepcopy(model), device_mesh)
-        assert any(isinstance(p, DTensor) for p in sharded.parameters())
-        loss = step_loss(sharded, inputs)
-        loss.backward()
-        grads = {n: simulate.rank0(p.grad) for n, p in sharded.named_parameters()}
-    torch.testing.assert_close(simulate.rank0(loss), ref_loss.detach(), rtol=1e-4, atol=1e-6)
-    for name, p in reference.named_parameters():
-        torch.testing.assert_close(grads[name], p.grad, rtol=1e-4, atol=1e-6, msg=name)
+    applied = check_numerics(plan, model, inputs, follow=follow, reference=reference)
+    assert not applied.deviations
