@@ -123,3 +123,24 @@ def test_a_plan_with_fused_norms_applies_and_matches_hf(kind: str, follow: bool)
     assert split, "no fused norm runs on split rows: the check would prove nothing"
     applied = check_numerics(plan, model, inputs, follow=follow, reference=reference)
     assert not applied.deviations
+
+
+def test_an_expert_parallel_moe_plan_with_fused_norms_follows_and_matches_hf() -> None:
+    """The bench's configuration in small: a Mixtral with fused norms, its experts split over
+    ``ep`` (all-to-all dispatch), run under ``follow_plan``: HF eager's loss and gradients."""
+    from moe_models import BATCH, SEQ, tiny_mixtral
+    from moe_models import VOCAB as MOE_VOCAB
+
+    model = tiny_mixtral()
+    reference = copy.deepcopy(model)
+    reference.config._experts_implementation = "eager"  # HF's own experts loop and norms
+    assert use_fused_rms_norm(model) == 3
+    ids = torch.randint(0, MOE_VOCAB, (BATCH, SEQ))
+    inputs = ({"input_ids": ids, "labels": ids},)
+    mesh = sp.Mesh({"dp": 2, "ep": 4}, cluster="cpu-test")
+    plan = sp.evaluate(model, *inputs, mesh=mesh, strategy=sp.strategies.expert_parallel("ep")).plan
+    norms = [i for i, op in enumerate(plan.graph.ops) if op.kind.startswith("rms_norm")]
+    assert any(any(plan.operand_shardings[(i, 0)].dims) for i in norms)
+    assert any(r.collectives and r.collectives[0].kind == "all-to-all" for r in plan.reshards)
+    applied = check_numerics(plan, model, inputs, follow=True, reference=reference)
+    assert not applied.deviations
