@@ -148,6 +148,25 @@ def apply(calibration: Calibration, cluster: Cluster | str) -> Cluster:
 
 # -- sourced defaults, one per GPU generation ---------------------------------------------------
 
+ATTENTION_KERNELS: dict[str, dict[str, tuple[float, float, str]]] = {
+    "h100-sxm": {
+        # FlashAttention-3 (Shah et al. 2024, abstract): FA2 reaches 35% of H100 peak (and
+        # tritonbench's H100 run in pytorch/pytorch#142132: FA2 329 TF/s at 4608 x 128).
+        "fa2": (0.35, 1.25, "FlashAttention-2 on H100 (FA3 abstract: 35% of peak)"),
+        # cuDNN's fused attention: what torch's SDPA runs on sm90 once the bundled cuDNN is
+        # 9.15 or newer (sdp_utils' cuDNN-first order, torch 2.11; huggingface/transformers
+        # #48163) and what Transformer Engine's DotProductAttention selects on Hopper (it drops
+        # FlashAttention for FusedAttention there). Measured on one H100 SXM with torch 2.11
+        # (data/calibration/h100-sxm-measured-raw.json, ``fit``: 0.4997 of peak, backward
+        # 1.249x; 503 TF/s causal forward at 4K tokens, beyond FA2's reach).
+        "cudnn": (0.50, 1.25, "cuDNN fused attention on H100, measured (torch 2.11 SDPA)"),
+    },
+}
+"""Fused-attention kernels per GPU generation: ``(attention_efficiency,
+attention_backward_slowdown, source)``. Which kernel a run launched is a property of its
+software stack, so a fidelity row names it; ``with_attention_kernel`` applies one."""
+
+
 DEFAULTS: dict[str, Calibration] = {
     "a100-80gb": Calibration(
         "a100-80gb",
@@ -175,10 +194,10 @@ DEFAULTS: dict[str, Calibration] = {
         # H100 peak; FA3 75% (fp16 fwd). The default is that FA2 level (ATTENTION_KERNELS'
         # "fa2"), assumed for the 2023-24 dense H100 rows, whose kernel is not published; a
         # run on cuDNN's fused attention (TE on Hopper, torch >= 2.11 SDPA) names "cudnn".
-        attention_efficiency=0.35,
+        attention_efficiency=ATTENTION_KERNELS["h100-sxm"]["fa2"][0],
         # The same measurement's causal forward+backward runs at >= 4K tokens: the backward
         # takes 1.18-1.38x (median 1.25) of 2.5x the forward's time (_fit_attention).
-        attention_backward_slowdown=1.25,
+        attention_backward_slowdown=ATTENTION_KERNELS["h100-sxm"]["fa2"][1],
         memory_efficiency=0.80,
         # NCCL's default 16 channels on Hopper (ref §3, NCCL tuning) of the H100 SXM's 132 SMs
         comm_sm_share=16 / 132,
@@ -187,25 +206,6 @@ DEFAULTS: dict[str, Calibration] = {
         "memory ref §3 priors 0.70-0.84",
     ),
 }
-
-
-ATTENTION_KERNELS: dict[str, dict[str, tuple[float, float, str]]] = {
-    "h100-sxm": {
-        # FlashAttention-3 (Shah et al. 2024, abstract): FA2 reaches 35% of H100 peak (and
-        # tritonbench's H100 run in pytorch/pytorch#142132: FA2 329 TF/s at 4608 x 128).
-        "fa2": (0.35, 1.25, "FlashAttention-2 on H100 (FA3 abstract: 35% of peak)"),
-        # cuDNN's fused attention: what torch's SDPA runs on sm90 once the bundled cuDNN is
-        # 9.15 or newer (sdp_utils' cuDNN-first order, torch 2.11; huggingface/transformers
-        # #48163) and what Transformer Engine's DotProductAttention selects on Hopper (it drops
-        # FlashAttention for FusedAttention there). Measured on one H100 SXM with torch 2.11
-        # (data/calibration/h100-sxm-measured-raw.json, ``fit``: 0.4997 of peak, backward
-        # 1.249x; 503 TF/s causal forward at 4K tokens, beyond FA2's reach).
-        "cudnn": (0.50, 1.25, "cuDNN fused attention on H100, measured (torch 2.11 SDPA)"),
-    },
-}
-"""Fused-attention kernels per GPU generation: ``(attention_efficiency,
-attention_backward_slowdown, source)``. Which kernel a run launched is a property of its
-software stack, so a fidelity row names it; ``with_attention_kernel`` applies one."""
 
 
 def with_attention_kernel(calibration: Calibration, kernel: str) -> Calibration:

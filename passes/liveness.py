@@ -15,21 +15,15 @@ Example::
 
 from __future__ import annotations
 
-import enum
 from dataclasses import dataclass, field
 
-from ..ir import VIEW_KINDS, Graph, Op, Role, Value, op_info
+from ..ir import Graph, Op, Role, Value, op_info
+from ..ir.phases import Phase, op_phases
 from .repeated_layers import layer_key
 
 RECOMPUTE_MODES = ("selective", "full")
 """``full``: re-run the layer's whole forward in backward (keep only its input);
 ``selective``: re-run only its cheap ops (everything but weight matmuls), keep matmul outputs."""
-
-
-class Phase(enum.Enum):
-    FORWARD = "forward"
-    BACKWARD = "backward"
-    UPDATE = "update"
 
 
 @dataclass(frozen=True, slots=True)
@@ -70,46 +64,6 @@ class Liveness:
     """(op index, operand index) of the last read, for values some op reads."""
     phase: list[Phase]
     layers: dict[str, LayerLiveness] = field(default_factory=dict)
-
-
-def op_phases(graph: Graph) -> list[Phase]:
-    """Forward: ancestors of a non-aliased output (the loss). Of the rest, backward ops read a
-    forward value (a saved activation or a data input), or feed an op that does; update ops
-    read only gradients, parameters and optimizer states. A layout-only view of a forward value
-    taken in backward (``x^T`` of a saved activation, read by a weight-gradient matmul
-    ``x^T @ g``) is itself a forward value. No aliased output: all forward. Same logic as
-    ``costmodel.phases.op_phases`` (the two layers are peers and do not import each other)."""
-    aliased = set(graph.output_aliases)
-    if not aliased:
-        return [Phase.FORWARD] * len(graph.ops)
-    forward = _ancestors([v for j, v in enumerate(graph.outputs) if j not in aliased])
-    forward_values = {r for op in forward for r in op.results}
-    forward_values |= {
-        v for v in graph.inputs if v.role in (Role.INPUT, Role.CONSTANT, Role.KV_CACHE)
-    }
-    for op in graph.ops:  # backward-time views of forward values (in order: chains propagate)
-        if op not in forward and op.kind in VIEW_KINDS and op.operands[0] in forward_values:
-            forward_values.update(op.results)
-    reads: dict[Op, bool] = {}
-    for op in reversed(graph.ops):
-        reads[op] = any(v in forward_values for v in op.operands) or any(
-            reads.get(u.op, False) for r in op.results for u in r.uses
-        )
-    return [
-        Phase.FORWARD if op in forward else Phase.BACKWARD if reads[op] else Phase.UPDATE
-        for op in graph.ops
-    ]
-
-
-def _ancestors(values: list[Value]) -> set[Op]:
-    seen: set[Op] = set()
-    stack = [v.producer for v in values if v.producer is not None]
-    while stack:
-        op = stack.pop()
-        if op not in seen:
-            seen.add(op)
-            stack.extend(v.producer for v in op.operands if v.producer is not None)
-    return seen
 
 
 def liveness(graph: Graph) -> Liveness:

@@ -92,11 +92,6 @@ def test_simulate_phases_from_structure():
     assert phases["w1_new"] is Phase.UPDATE
 
 
-def liveness_phases(graph: Graph) -> list[Phase]:
-    """``passes.liveness.op_phases``, in the cost model's ``Phase`` members."""
-    return [Phase(p.value) for p in liveness_op_phases(graph)]
-
-
 def test_a_weight_gradient_of_a_transposed_activation_is_backward():
     """``g_w2 = a^T @ g_h``, where ``a^T`` is a backward-time view (reshape, then transpose) of
     the saved activation: the matmul reads no forward value itself, only a view of one and a
@@ -118,7 +113,7 @@ def test_a_weight_gradient_of_a_transposed_activation_is_backward():
     assert phases[a_t.producer] is Phase.BACKWARD
     assert phases[graph.outputs[1].producer] is Phase.UPDATE
     assert phases[h.producer] is Phase.FORWARD
-    assert liveness_phases(graph) == list(phases.values())
+    assert liveness_op_phases(graph) == list(phases.values())
 
 
 def test_simulate_inference_graph_is_all_forward():
