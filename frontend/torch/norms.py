@@ -21,6 +21,8 @@ import types
 import torch
 from torch import nn
 
+from ...ir.errors import ArgumentError
+
 
 def _accumulate(x: torch.Tensor) -> torch.dtype:
     """fp32, as HF computes the norm (fp64 stays fp64)."""
@@ -145,6 +147,11 @@ def use_fused_rms_norm(model: nn.Module) -> int:
     checked on an fp32 and a bf16 probe; LayerNorms, Gemma's ``1 + weight`` and OLMo-2's
     weight-before-cast are left alone) to the fused ops. Returns how many were switched; the
     switch stays on the model, so ``plan.apply`` runs the same ops (their results equal HF's)."""
+    if not isinstance(model, nn.Module):
+        raise ArgumentError(
+            f"use_fused_rms_norm takes a torch.nn.Module, got {type(model).__name__}: pass the "
+            "model whose RMSNorms to switch (before sp.plan / sp.evaluate)"
+        )
     switched = 0
     for module in model.modules():
         weight, eps = getattr(module, "weight", None), _eps(module)

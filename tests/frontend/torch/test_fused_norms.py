@@ -63,6 +63,13 @@ def test_a_non_rms_formula_is_left_alone() -> None:
     assert use_fused_rms_norm(gemma) == use_fused_rms_norm(olmo) == 0
 
 
+def test_a_non_module_is_a_clear_error() -> None:
+    from shardplan.ir.errors import ArgumentError
+
+    with pytest.raises(ArgumentError, match=r"takes a torch\.nn\.Module, got str"):
+        use_fused_rms_norm("Qwen/Qwen3-0.6B")
+
+
 def test_t5s_layer_norm_is_an_rms_norm_and_is_switched() -> None:
     from transformers import T5Config, T5ForConditionalGeneration
 
